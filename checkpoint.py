@@ -1,0 +1,85 @@
+"""
+Checkpoints: written atomically, read without running any code.
+
+A checkpoint is a dict of tensors and plain Python values:
+  model, optimizer, model_args, iter_num, best_val_loss, config   (nanoGPT's keys)
+  tokenizer   the tokenizer's description, so sampling needs only the folder
+  rng, data   RNG and data-sampling state, so a resumed run repeats exactly
+"""
+
+import os
+import pickle
+import re
+import zipfile
+
+import torch
+
+CKPT_NAME = "ckpt.pt"
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be written or read; the message is for the user."""
+
+
+def checkpoint_path(out_dir):
+    return os.path.join(out_dir, CKPT_NAME)
+
+
+def save_checkpoint(obj, path):
+    """Write to a temporary file beside path, then rename it over path.
+
+    os.replace is atomic on POSIX and Windows, so a crash, kill or full disk
+    during the write leaves the previous checkpoint untouched.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        kept = "the previous checkpoint is kept" if os.path.exists(path) else "no checkpoint was written"
+        raise CheckpointError(f"could not write checkpoint {path}: {e}; {kept}") from None
+
+
+def load_checkpoint(path, map_location="cpu"):
+    """Load a checkpoint with weights_only=True: tensors and plain data only, so a
+    file holding a pickled object that would run code is refused, not executed."""
+    if os.path.isdir(path):
+        path = checkpoint_path(path)
+    if not os.path.exists(path):
+        raise CheckpointError(f"no checkpoint at {path}; train one with "
+                              "`python train.py config/shakespeare.py` or point --out_dir at one")
+    # torch.save writes a zip archive; anything else (random bytes, a cut-off
+    # file whose central directory is gone) is not worth unpickling at all
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(f"{path} is truncated or not a checkpoint (not a PyTorch zip archive); "
+                              "delete it and train again or resume from another copy")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"(?:unsupported|Unsupported global:) (?:GLOBAL )?([\w.]+)", str(e))
+        what = found.group(1) if found else "a non-data object"
+        raise CheckpointError(f"refused to load {path}: it holds {what}, which could run code when "
+                              "unpickled; only load checkpoints you trust, made by this project") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, KeyError) as e:
+        raise CheckpointError(f"{path} is truncated or not a checkpoint ({type(e).__name__}); "
+                              "delete it and train again or resume from another copy") from None
+    if not isinstance(ckpt, dict) or not {"model", "model_args"} <= set(ckpt):
+        raise CheckpointError(f"{path} is not a checkpoint of this project (missing 'model' or 'model_args')")
+    return ckpt
+
+
+def clean_state_dict(state_dict):
+    """Drop the prefixes torch.compile and DDP add, so any model can load it."""
+    out = {}
+    for key, value in state_dict.items():
+        for prefix in ("_orig_mod.", "module."):
+            key = key.removeprefix(prefix)
+        out[key] = value
+    return out

@@ -1,0 +1,119 @@
+"""
+Plain-Python configuration: defaults, then config files, then --key=value overrides.
+
+A config file is Python that sets variables (it runs as code: only run config
+files you trust). Overrides on the command line are parsed as literals and never
+evaluated, so `--out_dir="__import__('os')"` stays a string. Every key must
+exist in the defaults and keep its type; anything else is a ConfigError with a
+one-line message.
+"""
+
+import ast
+import difflib
+import os
+import types
+
+
+class ConfigError(Exception):
+    """A bad config file, key or value; the message is meant for the user as is."""
+
+
+def _unknown(key, known):
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    return ConfigError(f"unknown config key '{key}'{hint}")
+
+
+def _type_name(value):
+    return "str" if value is None else type(value).__name__
+
+
+def coerce(key, value, default):
+    """Return value converted to the type of default, or raise ConfigError."""
+    if default is None or value is None:
+        return value  # optional keys (default None) take any literal
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+    elif isinstance(default, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)  # 5e3 is a fine way to write 5000
+    elif isinstance(default, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif isinstance(default, str):
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    elif isinstance(default, (tuple, list)) and isinstance(value, (tuple, list)):
+        return type(default)(value)
+    raise ConfigError(f"{key} expects {type(default).__name__} (like {default!r}), got {value!r}")
+
+
+def parse_value(text):
+    """A command-line value as a Python literal; anything else is the raw string."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return text
+
+
+def run_config_file(path, config):
+    """Execute a config file on top of config; return the keys it set."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file not found: {path}")
+    namespace = dict(config)
+    try:
+        with open(path, encoding="utf-8") as f:
+            code = compile(f.read(), path, "exec")
+        exec(code, namespace)
+    except Exception as e:  # a config file is user code: report, don't crash
+        raise ConfigError(f"error in config file {path}: {type(e).__name__}: {e}") from None
+    updates = {}
+    for key, value in namespace.items():
+        if key.startswith("_") or isinstance(value, (types.ModuleType, types.FunctionType, type)):
+            continue  # imports, helpers and dunders a config file may define
+        if key not in config:
+            raise _unknown(key, list(config))
+        if value is not config[key]:
+            updates[key] = coerce(key, value, config[key])
+    return updates
+
+
+def parse_args(defaults, argv, allow_files=True):
+    """defaults: dict of every known key. argv: config files and overrides in the
+    forms --key=value, --key value, and --flag for a boolean set to True.
+    Returns a new dict."""
+    config = dict(defaults)
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if not arg.startswith("--"):
+            if not allow_files:
+                raise ConfigError(f"unexpected argument {arg!r}; options look like --key=value")
+            config.update(run_config_file(arg, config))
+            continue
+        key, sep, text = arg[2:].partition("=")
+        if key not in defaults:
+            raise _unknown(key, list(defaults))
+        if not sep:
+            if isinstance(defaults[key], bool) and (i == len(argv) or argv[i].startswith("--")):
+                text = "True"  # a bare --flag switches a boolean on
+            elif i < len(argv):
+                text = argv[i]
+                i += 1
+            else:
+                raise ConfigError(f"--{key} needs a value")
+        config[key] = coerce(key, parse_value(text), defaults[key])
+    return config
+
+
+def describe(defaults):
+    """One line per key, for --help."""
+    return "\n".join(f"  --{k}={v!r}" for k, v in defaults.items())
