@@ -498,7 +498,7 @@ class GPT(nn.Module):
         if block_size > args["block_size"]:
             raise ValueError(f"block_size {block_size} is larger than the pretrained model's "
                              f"{args['block_size']}")
-        args.update(overrides)
+        args.update(overrides, block_size=block_size)
         model = cls(GPTConfig(**args))
 
         sd = {}

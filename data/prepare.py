@@ -87,7 +87,7 @@ def _write_atomic(path, data):
         f.write(data)
 
 
-def _chunks(text, size=CHUNK_CHARS):
+def _chunks(text, size):
     start = 0
     while len(text) - start > size:
         cut = _SAFE_CUT.search(text, start + size)
@@ -104,7 +104,7 @@ def _encode_to_file(tok, text, path, label):
     bar = tqdm(total=len(text), unit="char", unit_scale=True, desc=f"encoding {label}",
                disable=len(text) < PROGRESS_MIN_CHARS)
     with bar, _atomic_open(path) as f:
-        for piece in _chunks(text):
+        for piece in _chunks(text, CHUNK_CHARS):
             ids = np.array(tok.encode(piece), dtype=np.uint16)
             ids.tofile(f)
             count += len(ids)
@@ -128,7 +128,7 @@ def prepare_text(text, out_dir, tokenizer_kind, val_fraction=0.1, source=None):
 
     os.makedirs(out_dir, exist_ok=True)
     meta_path = os.path.join(out_dir, "meta.json")
-    # meta.json marks a complete dataset, so it goes first and comes back last.
+    # meta.json marks a complete dataset: drop it now, write it only once the .bin files are in place.
     if os.path.exists(meta_path):
         os.remove(meta_path)
     # Split by characters, as nanoGPT does, so the val text is the same
@@ -310,7 +310,7 @@ def shakespeare_dir(kind, data_root=None):
     return os.path.join(data_root or DATA_ROOT, _FOLDER_FOR_KIND[kind])
 
 
-def prepare_shakespeare(kind, data_root=DATA_ROOT, input_path=None):
+def prepare_shakespeare(kind, data_root=None, input_path=None):
     """Prepare tiny Shakespeare with the 'char' or 'gpt2' tokenizer; returns the meta dict."""
     dataset_dir = shakespeare_dir(kind, data_root)
     text = shakespeare_text(dataset_dir, input_path)
@@ -371,7 +371,7 @@ def _dataset_name(path, name):
 def _prepare_corpus(args):
     name = _dataset_name(args.path, args.name)
     text = read_corpus(args.path)
-    out_dir = os.path.join(args.data_root, name)
+    out_dir = os.path.join(args.data_root or DATA_ROOT, name)
     meta = prepare_text(text, out_dir, args.tokenizer, args.val_fraction, source=os.path.abspath(args.path))
     return summary(out_dir, meta)
 
@@ -383,7 +383,7 @@ def main(argv=None):
                         help="char: one token per character (small corpora); gpt2: GPT-2 BPE (default: char)")
     parser.add_argument("--name", help="dataset folder name (default: the file or folder name)")
     parser.add_argument("--val_fraction", type=float, default=0.1, help="share of the text kept for validation")
-    parser.add_argument("--data_root", default=DATA_ROOT, help="where dataset folders live (default: data/)")
+    parser.add_argument("--data_root", help="where dataset folders live (default: data/ in this repo)")
     args = parser.parse_args(argv)
     _run(lambda: _prepare_corpus(args))
 

@@ -1,0 +1,359 @@
+"""model.py against independent oracles: worked numbers from the attention
+literature, PyTorch's scaled_dot_product_attention, and Hugging Face GPT-2."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import GPT, GPTConfig, Head, KVCache, MultiHeadAttention, attention, causal_mask, sample_next
+
+
+def tiny_config(**kw):
+    args = dict(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
+    args.update(kw)
+    return GPTConfig(**args)
+
+
+def tiny_model(seed=0, **kw):
+    torch.manual_seed(seed)
+    return GPT(tiny_config(**kw)).eval()
+
+
+# ---------------------------------------------------------------------------
+# attention and the causal mask
+
+
+def test_worked_example():
+    q = torch.tensor([[1.0, 0.0, 1.0]])
+    K = torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0], [1.0, 0.0, 1.0]])
+    V = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    out, weights = attention(q, K, V)
+    assert torch.allclose(weights, torch.tensor([[0.264, 0.264, 0.471]]), atol=1e-3)
+    assert torch.allclose(out, torch.tensor([[3.41, 4.41]]), atol=1e-2)
+
+
+def test_attention_equals_hand_computation_and_rows_sum_to_one():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 4)
+    out, weights = attention(q, k, v)
+    scores = torch.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(8)
+    expected_w = scores.exp() / scores.exp().sum(-1, keepdim=True)
+    assert torch.allclose(weights, expected_w, atol=1e-6)
+    assert torch.allclose(out, torch.einsum("bhqk,bhkd->bhqd", expected_w, v), atol=1e-5)
+    assert torch.allclose(weights.sum(-1), torch.ones(2, 3, 5), atol=1e-6)
+
+
+@pytest.mark.parametrize("t_q,t_k", [(6, 6), (1, 6), (3, 6)])
+def test_attention_matches_sdpa(t_q, t_k):
+    torch.manual_seed(1)
+    q, k, v = torch.randn(2, 3, t_q, 16), torch.randn(2, 3, t_k, 16), torch.randn(2, 3, t_k, 16)
+    out, _ = attention(q, k, v)
+    assert torch.allclose(out, F.scaled_dot_product_attention(q, k, v), atol=1e-5)
+    mask = causal_mask(t_q, t_k)
+    out, weights = attention(q, k, v, mask)
+    assert torch.allclose(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), atol=1e-5)
+    assert torch.all(weights[..., ~mask] == 0)
+
+
+def test_causal_mask_values():
+    expected = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    assert torch.equal(causal_mask(3, 5), expected)
+    assert torch.equal(causal_mask(4, 4), torch.ones(4, 4, dtype=torch.bool).tril())
+    assert torch.equal(causal_mask(1, 7), torch.ones(1, 7, dtype=torch.bool))
+
+
+def test_attention_is_permutation_equivariant():
+    torch.manual_seed(2)
+    x = torch.randn(6, 8)
+    Wq, Wk, Wv = torch.randn(8, 8), torch.randn(8, 8), torch.randn(8, 8)
+    perm = torch.randperm(6)
+    out, _ = attention(x @ Wq, x @ Wk, x @ Wv)
+    xp = x[perm]
+    out_p, _ = attention(xp @ Wq, xp @ Wk, xp @ Wv)
+    assert torch.allclose(out_p, out[perm], atol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# heads
+
+
+def copy_heads_from(mha, heads):
+    """Give each Head the slice of the batched projection that belongs to it."""
+    C, hs = mha.c_proj.weight.size(0), mha.head_size
+    group = mha.n_head // mha.n_kv_head
+    w, b = mha.c_attn.weight, mha.c_attn.bias
+    for h, head in enumerate(heads):
+        g = h // group  # the key/value head this query head shares
+        rows = {"query": h * hs, "key": C + g * hs, "value": C + mha.n_kv_head * hs + g * hs}
+        for name, start in rows.items():
+            lin = getattr(head, name)
+            lin.weight.data.copy_(w[start:start + hs])
+            lin.bias.data.copy_(b[start:start + hs])
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2, 1])
+def test_multihead_equals_heads_concatenated_then_w_o(n_kv_head):
+    torch.manual_seed(3)
+    config = tiny_config(n_kv_head=n_kv_head)
+    mha = MultiHeadAttention(config).eval()
+    heads = [Head(32, 8) for _ in range(4)]
+    copy_heads_from(mha, heads)
+    x = torch.randn(2, 10, 32)
+    concat = torch.cat([head(x)[0] for head in heads], dim=-1)  # (B, T, C)
+    expected = mha.c_proj(concat)
+    for return_attention in (False, True):
+        out, weights = mha(x, return_attention=return_attention)
+        assert torch.allclose(out, expected, atol=1e-5)
+    per_head = torch.stack([head(x)[1] for head in heads], dim=1)  # (B, nh, T, T)
+    assert torch.allclose(weights, per_head, atol=1e-6)
+
+
+def test_sdpa_path_equals_explicit_path():
+    model = tiny_model()
+    idx = torch.randint(0, 37, (3, 16))
+    logits, _ = model(idx)
+    logits_explicit, _, maps = model(idx, return_attention=True)
+    assert torch.allclose(logits, logits_explicit, atol=1e-5)
+    assert len(maps) == 2 and maps[0].shape == (3, 4, 16, 16)
+
+
+def test_grouped_query_cache_is_smaller():
+    full = tiny_model().make_kv_cache(2)
+    for n_kv_head in (2, 1):
+        model = tiny_model(n_kv_head=n_kv_head)
+        cache = model.make_kv_cache(2)
+        assert cache.k.shape == (2, 2, n_kv_head, 16, 8)
+        assert full.nbytes == cache.nbytes * (4 // n_kv_head)
+        logits, _ = model(torch.randint(0, 37, (2, 5)), kv_cache=cache)
+        assert logits.shape == (2, 5, 37) and cache.pos == 5
+
+
+# ---------------------------------------------------------------------------
+# causality
+
+
+def test_future_tokens_do_not_change_past_logits():
+    model = tiny_model()
+    idx = torch.randint(0, 37, (1, 16))
+    t = 7
+    changed = idx.clone()
+    changed[0, t + 1:] = torch.randint(0, 37, (16 - t - 1,))
+    a, _, maps = model(idx, return_attention=True)
+    b, _ = model(changed)
+    assert torch.allclose(a[0, :t + 1], b[0, :t + 1], atol=1e-6)
+    assert not torch.allclose(a[0, t + 1:], b[0, t + 1:])
+    upper = ~causal_mask(16, 16)
+    for m in maps:
+        assert torch.all(m[..., upper] == 0)
+        assert torch.allclose(m.sum(-1), torch.ones_like(m.sum(-1)), atol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# KV cache
+
+
+VARIANTS = [dict(), dict(n_kv_head=2), dict(rope=True, qk_norm=True, activation="relu2"), dict(bias=False)]
+
+
+@pytest.mark.parametrize("options", VARIANTS)
+def test_cache_token_by_token_equals_full_forward(options):
+    model = tiny_model(**options)
+    idx = torch.randint(0, 37, (2, 16))
+    full, _ = model(idx)
+    cache = model.make_kv_cache(2)
+    k_ptr = cache.k.data_ptr()
+    steps = [model(idx[:, t:t + 1], kv_cache=cache)[0] for t in range(16)]
+    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+    assert cache.pos == 16 and cache.k.data_ptr() == k_ptr  # written in place
+    # a prefill in chunks gives the same logits too
+    cache.reset()
+    chunks = [model(idx[:, :5], kv_cache=cache)[0], model(idx[:, 5:11], kv_cache=cache)[0],
+              model(idx[:, 11:], kv_cache=cache)[0]]
+    assert torch.allclose(torch.cat(chunks, dim=1), full, atol=1e-5)
+
+
+def test_cached_attention_rows_equal_full_forward_maps():
+    model = tiny_model()
+    idx = torch.randint(0, 37, (1, 12))
+    _, _, full_maps = model(idx, return_attention=True)
+    cache = model.make_kv_cache(1)
+    _, _, prefill = model(idx[:, :4], kv_cache=cache, return_attention=True)
+    assert torch.allclose(prefill[1], full_maps[1][:, :, :4, :4], atol=1e-6)
+    for t in range(4, 12):
+        _, _, row = model(idx[:, t:t + 1], kv_cache=cache, return_attention=True)
+        assert torch.allclose(row[1][:, :, 0], full_maps[1][:, :, t, :t + 1], atol=1e-6)
+
+
+@pytest.mark.parametrize("options", VARIANTS[:3])
+def test_greedy_generation_same_with_and_without_cache(options):
+    model = tiny_model(seed=4, **options)
+    prompt = torch.randint(0, 37, (2, 3))
+    n = 3 * model.config.block_size
+    with_cache = model.generate(prompt, n, temperature=0)
+    without = model.generate(prompt, n, temperature=0, use_cache=False)
+    assert with_cache.shape == (2, 3 + n)
+    assert torch.equal(with_cache, without)
+    assert torch.equal(with_cache[:, :3], prompt)
+
+
+def test_sliding_rule():
+    model = tiny_model()  # block_size 16: slide keeps the newest 12
+    assert model.context_start(16, 0) == 0
+    assert model.context_start(17, 0) == 5
+    assert model.context_start(17, 5) == 5
+    assert model.context_start(21, 5) == 5
+    assert model.context_start(22, 5) == 10
+    starts = [s for _, _, s in model.generate_stream(torch.zeros(1, 1, dtype=torch.long), 40, temperature=0)]
+    assert starts[15] == 0 and starts[16] == 5 and starts[-1] > 5
+
+
+def test_generation_with_long_prompt_keeps_last_window():
+    model = tiny_model()
+    prompt = torch.randint(0, 37, (1, 40))
+    out = model.generate(prompt, 5, temperature=0)
+    assert out.shape == (1, 45) and torch.equal(out[:, :40], prompt)
+    assert torch.equal(out, model.generate(prompt, 5, temperature=0, use_cache=False))
+
+
+def test_sampling_controls():
+    torch.manual_seed(5)
+    logits = torch.randn(4, 37)
+    greedy = logits.argmax(-1, keepdim=True)
+    assert torch.equal(sample_next(logits, 0.0), greedy)
+    assert torch.equal(sample_next(logits, 1.0, top_k=1), greedy)
+    assert torch.equal(sample_next(logits, 1.0, top_p=1e-6), greedy)
+    # top_k=3 only ever picks among the three largest logits
+    top3 = logits.topk(3).indices
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        pick = sample_next(logits, 1.5, top_k=3, generator=g)
+        assert torch.all((top3 == pick).any(-1))
+    # the same generator seed gives the same samples
+    model = tiny_model()
+    a = model.generate(torch.zeros(1, 1, dtype=torch.long), 20, generator=torch.Generator().manual_seed(7))
+    b = model.generate(torch.zeros(1, 1, dtype=torch.long), 20, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------------------
+# bad input
+
+
+def test_too_long_input_and_cache_overflow_raise():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="longer than block_size"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+    cache = model.make_kv_cache(1)
+    model(torch.zeros(1, 10, dtype=torch.long), kv_cache=cache)
+    with pytest.raises(ValueError, match="overflow"):
+        model(torch.zeros(1, 7, dtype=torch.long), kv_cache=cache)
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(torch.zeros(1, 1, dtype=torch.long), 3, temperature=-1)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(n_embd=30), "divisible by n_head"),
+    (dict(n_kv_head=3), "divisible by n_kv_head"),
+    (dict(n_layer=0), "n_layer must be a positive integer"),
+    (dict(block_size=-4), "block_size must be a positive integer"),
+    (dict(dropout=1.5), "dropout"),
+    (dict(activation="swish"), "activation"),
+])
+def test_config_validation(bad, match):
+    with pytest.raises(ValueError, match=match):
+        tiny_config(**bad)
+
+
+# ---------------------------------------------------------------------------
+# initialisation and training helpers
+
+
+def test_gpt2_initialisation_and_tied_head():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=64, vocab_size=500, n_layer=8, n_head=4, n_embd=256))
+    assert model.lm_head.weight is model.transformer.wte.weight
+    proj = torch.cat([b.attn.c_proj.weight.flatten() for b in model.transformer.h])
+    assert abs(proj.std().item() - 0.02 / math.sqrt(16)) < 0.0005
+    assert abs(model.transformer.h[0].mlp.c_fc.weight.std().item() - 0.02) < 0.0005
+    assert model.num_params() == sum(p.numel() for p in model.parameters())
+
+
+def test_configure_optimizers_decays_matrices_only():
+    model = tiny_model()
+    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+    assert model.estimate_mfu(1000, 0.1) is None  # no GPU peak to compare with on CPU
+
+
+def test_loss_ignores_minus_one_and_matches_cross_entropy():
+    model = tiny_model()
+    idx = torch.randint(0, 37, (2, 8))
+    targets = torch.randint(0, 37, (2, 8))
+    targets[0, :3] = -1
+    logits, loss = model(idx, targets)
+    keep = targets != -1
+    expected = F.cross_entropy(logits[keep], targets[keep])
+    assert torch.allclose(loss, expected, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# Hugging Face GPT-2: same weights, same logits, same greedy tokens
+
+
+@pytest.fixture(scope="module")
+def hf_gpt2(tmp_path_factory):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_positions=32, n_embd=48, n_layer=3, n_head=4, vocab_size=101,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():  # non-zero biases and gains, so a missed transpose or copy shows
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    folder = tmp_path_factory.mktemp("hf-gpt2")
+    hf.save_pretrained(folder)
+    return hf, folder
+
+
+def test_from_pretrained_matches_hugging_face_logits(hf_gpt2):
+    hf, folder = hf_gpt2
+    ours = GPT.from_pretrained(str(folder)).eval()
+    idx = torch.randint(0, 101, (2, 32))
+    with torch.no_grad():
+        expected = hf(idx).logits
+    logits, _ = ours(idx)
+    assert torch.allclose(logits, expected, atol=1e-4)
+
+
+def test_from_pretrained_matches_hugging_face_greedy_generation(hf_gpt2):
+    hf, folder = hf_gpt2
+    ours = GPT.from_pretrained(str(folder)).eval()
+    prompt = torch.randint(0, 101, (1, 5))
+    with torch.no_grad():
+        expected = hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                               max_new_tokens=25, min_new_tokens=25, pad_token_id=0)
+    assert torch.equal(ours.generate(prompt, 25, temperature=0), expected)
+
+
+def test_from_pretrained_pytorch_bin_and_smaller_block(hf_gpt2, tmp_path):
+    hf, folder = hf_gpt2
+    torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
+    (tmp_path / "config.json").write_text((folder / "config.json").read_text())
+    ours = GPT.from_pretrained(str(tmp_path), block_size=16).eval()
+    idx = torch.randint(0, 101, (1, 16))
+    with torch.no_grad():
+        expected = hf(idx).logits
+    assert torch.allclose(ours(idx)[0], expected, atol=1e-4)
+    with pytest.raises(ValueError, match="larger than the pretrained"):
+        GPT.from_pretrained(str(folder), block_size=64)
+
+
+def test_from_pretrained_offline_name_fails_clearly(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match="local folder|huggingface_hub"):
+        GPT.from_pretrained("gpt2-not-a-real-model-name")
