@@ -21,7 +21,7 @@ class ConfigError(Exception):
 def _unknown(key, known):
     close = difflib.get_close_matches(key, known, n=1)
     hint = f"; did you mean '{close[0]}'?" if close else ""
-    return ConfigError(f"unknown config key '{key}'{hint}")
+    return ConfigError(f"unknown config key {key!r}{hint}")
 
 
 def _type_name(value):
@@ -73,7 +73,8 @@ def run_config_file(path, config):
             code = compile(f.read(), path, "exec")
         exec(code, namespace)
     except Exception as e:  # a config file is user code: report, don't crash
-        raise ConfigError(f"error in config file {path}: {type(e).__name__}: {e}") from None
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ConfigError(f"error in config file {path}: {type(e).__name__}: {first_line}") from None
     updates = {}
     for key, value in namespace.items():
         if key.startswith("_") or isinstance(value, (types.ModuleType, types.FunctionType, type)):

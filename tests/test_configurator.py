@@ -1,0 +1,90 @@
+"""configurator.py: config files, typed overrides, and errors that name the key."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from configurator import ConfigError, parse_args
+
+DEFAULTS = dict(batch_size=12, learning_rate=1e-3, out_dir="out", compile=True, top_k=None,
+                betas=(0.9, 0.95), dataset="shakespeare_char")
+
+
+def test_overrides_in_both_forms_and_bare_flags():
+    c = parse_args(DEFAULTS, ["--batch_size=32", "--learning_rate", "3e-4", "--compile=False",
+                              "--out_dir", "runs/a", "--top_k=5"])
+    assert c == dict(DEFAULTS, batch_size=32, learning_rate=3e-4, compile=False, out_dir="runs/a", top_k=5)
+    assert parse_args(dict(DEFAULTS, compile=False), ["--compile"])["compile"] is True
+    assert parse_args(DEFAULTS, ["--learning_rate=1"])["learning_rate"] == 1.0  # int widens to float
+    assert parse_args(DEFAULTS, ["--batch_size=5e3"])["batch_size"] == 5000
+    assert DEFAULTS["batch_size"] == 12  # the defaults are never modified
+
+
+def test_config_file_sets_globals_and_overrides_win(tmp_path):
+    f = tmp_path / "c.py"
+    f.write_text("import math\nbatch_size = 64\nlearning_rate = math.sqrt(1e-6)\n_helper = 3\n")
+    c = parse_args(DEFAULTS, [str(f), "--batch_size=8"])
+    assert c["batch_size"] == 8 and c["learning_rate"] == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--batch_sze=3"], "unknown config key 'batch_sze'; did you mean 'batch_size'?"),
+    (["--batch_size=abc"], "batch_size expects int"),
+    (["--batch_size=1.5"], "batch_size expects int"),
+    (["--compile=maybe"], "compile expects bool"),
+    (["--out_dir"], "--out_dir needs a value"),
+    (["nope.py"], "config file not found: nope.py"),
+])
+def test_bad_keys_and_values_name_the_key(argv, message):
+    with pytest.raises(ConfigError) as e:
+        parse_args(DEFAULTS, argv)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_bad_config_files(tmp_path):
+    unknown = tmp_path / "u.py"
+    unknown.write_text("batchsize = 3\n")
+    with pytest.raises(ConfigError, match="did you mean 'batch_size'"):
+        parse_args(DEFAULTS, [str(unknown)])
+    broken = tmp_path / "b.py"
+    broken.write_text("batch_size = (\n")
+    with pytest.raises(ConfigError, match="error in config file"):
+        parse_args(DEFAULTS, [str(broken)])
+    wrong = tmp_path / "w.py"
+    wrong.write_text("batch_size = 'many'\n")
+    with pytest.raises(ConfigError, match="batch_size expects int"):
+        parse_args(DEFAULTS, [str(wrong)])
+
+
+def test_overrides_are_literals_never_evaluated(tmp_path):
+    marker = tmp_path / "ran"
+    payload = f"__import__('os').system('touch {marker}')"
+    c = parse_args(DEFAULTS, [f"--out_dir={payload}"])
+    assert c["out_dir"] == payload and not marker.exists()
+    with pytest.raises(ConfigError):
+        parse_args(DEFAULTS, [f"--batch_size={payload}"])
+    assert not marker.exists()
+
+
+def test_files_refused_where_not_allowed():
+    with pytest.raises(ConfigError, match="unexpected argument"):
+        parse_args(DEFAULTS, ["config.py"], allow_files=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(
+    st.text(max_size=20),
+    st.builds(lambda s: "--" + s, st.text(max_size=12)),
+    st.builds(lambda k, v: f"--{k}={v}", st.sampled_from(list(DEFAULTS) + ["x", "batch"]), st.text(max_size=30)),
+    st.builds(lambda k: f"--{k}", st.sampled_from(list(DEFAULTS))),
+), max_size=6))
+def test_parser_raises_only_its_own_error(argv):
+    argv = [a for a in argv if not a or a.startswith("--") or not a.endswith(".py")]
+    try:
+        config = parse_args(DEFAULTS, argv, allow_files=False)
+    except ConfigError as e:
+        assert "\n" not in str(e)
+        return
+    for key, value in config.items():  # whatever got through kept its type
+        if DEFAULTS[key] is not None:
+            assert type(value) is type(DEFAULTS[key])
