@@ -1,0 +1,563 @@
+"""
+How fast is model.py, against Hugging Face's GPT-2 on the same machine in the same run?
+
+    python bench.py [--device=cpu|cuda] [--quick] [--compile] [--out=bench.json]
+
+Three sections, each printed as a markdown table and written to --out as JSON:
+  1. train      one optimizer step (forward, backward, AdamW) for three model sizes,
+                ours against transformers' GPT2LMHeadModel with the same weights
+  2. generate   greedy decoding to the full context on the baby model: ours with the
+                KV cache, ours recomputing the window, and Hugging Face's generate
+  3. attention  model.attention (explicit, materialises the (T, T) weights) against
+                F.scaled_dot_product_attention as the context grows
+
+Timings alternate between the contenders in the same process (rotating which goes
+first) and report medians, so a busy machine slows all of them alike.
+transformers is a test-only dependency (requirements-dev.txt).
+"""
+
+import contextlib
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from configurator import ConfigError, describe, parse_args
+from model import GPT, GPTConfig, attention, causal_mask
+
+DEFAULTS = dict(
+    device="cpu",  # cpu or cuda
+    quick=False,  # small repeat counts, no GPT-2 124M training, shorter generation: under a minute
+    compile=False,  # torch.compile our model for the training section (cuda only)
+    out="bench.json",  # where every figure goes
+)
+
+# name, model shape, batch on CPU, batch on GPU
+TRAIN_CASES = [
+    ("nanoGPT CPU settings", dict(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=65), 12, 12),
+    ("baby model", dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=65), 8, 64),
+    ("GPT-2 124M", dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257), 1, 12),
+]
+BABY = TRAIN_CASES[1][1]
+
+# Targets for the CPU figures (docs/benchmarks.md says whether they are met).
+TARGET_TRAIN_VS_HF = 1.25  # nanoGPT CPU settings: HF ms/step / ours ms/step
+TARGET_CACHE_VS_NOCACHE = 5.0  # generation at full context, baby model
+TARGET_CACHE_VS_HF = 2.0
+
+
+class BenchError(Exception):
+    """A problem the user can fix; printed as one line."""
+
+
+# -----------------------------------------------------------------------------
+# Timing
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def alternate(fns, repeats, calls, device):
+    """Time each of fns (name -> callable) for `calls` calls per repeat.
+
+    The contenders take turns within every repeat and the order rotates between
+    repeats, so background load and warm caches favour none of them.
+    Returns name -> list of seconds per call, one entry per repeat.
+    """
+    names = list(fns)
+    times = {name: [] for name in names}
+    for r in range(repeats):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            sync(device)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fns[name]()
+            sync(device)
+            times[name].append((time.perf_counter() - t0) / calls)
+    return times
+
+
+def median(xs):
+    return statistics.median(xs)
+
+
+def autocast(device):
+    # bf16 on GPU for every contender alike; plain fp32 on CPU
+    if device == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def peak_rss_bytes():
+    """The process's peak resident memory so far (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024
+
+
+# -----------------------------------------------------------------------------
+# Hugging Face GPT-2 with our weights
+
+
+def hf_config(config, activation="gelu_new"):
+    """GPT2Config with our model's shape. gelu_new is GPT-2's own config value;
+    sdpa is Hugging Face's fastest attention on CPU and GPU."""
+    from transformers import GPT2Config
+    return GPT2Config(
+        n_positions=config.block_size, n_embd=config.n_embd, n_layer=config.n_layer,
+        n_head=config.n_head, vocab_size=config.vocab_size, activation_function=activation,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=None,
+        pad_token_id=0, attn_implementation="sdpa")
+
+
+def to_hf(model, activation="gelu_new"):
+    """A GPT2LMHeadModel holding a copy of our model's weights."""
+    from transformers import GPT2LMHeadModel
+    hf = GPT2LMHeadModel(hf_config(model.config, activation))
+    sd = {}
+    for key, tensor in model.state_dict().items():
+        if key == "lm_head.weight":
+            continue  # tied to wte in both models
+        # Hugging Face keeps these projections as Conv1D, (in, out): Linear's (out, in) transposed
+        if key.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
+            tensor = tensor.t()
+        sd[key] = tensor.clone()
+    missing, unexpected = hf.load_state_dict(sd, strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise BenchError(f"weight conversion to Hugging Face GPT-2 failed: missing {missing}, "
+                         f"unexpected {unexpected}")
+    hf.tie_weights()
+    hf.generation_config.eos_token_id = None  # never stop early: every run makes all its tokens
+    hf.generation_config.pad_token_id = 0
+    return hf.to(next(model.parameters()).device)
+
+
+def check_same_logits(ours, hf, idx, what):
+    """Both models must compute the same function, or the timings compare different work."""
+    with torch.no_grad():
+        a = ours(idx)[0]
+        b = hf(input_ids=idx).logits
+    diff = (a - b).abs().max().item()
+    if diff > 1e-3:
+        raise BenchError(f"{what}: our logits and Hugging Face's differ by {diff:.2e}; "
+                         "the weight converter in bench.py is out of date")
+    return diff
+
+
+# -----------------------------------------------------------------------------
+# 1. Training step
+
+
+def adamw(model, device):
+    """AdamW with weight decay on matrices only, as model.configure_optimizers does."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=1e-4, betas=(0.9, 0.95), fused=device == "cuda")
+
+
+def train_step_fn(model, loss_fn, optimizer, device):
+    def step():
+        with autocast(device):
+            loss = loss_fn(model)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def bench_train(args, log):
+    device, quick = args["device"], args["quick"]
+    gpu = device == "cuda"
+    if gpu:
+        warmup, repeats, calls = 10, 10, 10
+    else:
+        warmup, repeats, calls = (1, 5, 3) if quick else (3, 15, 5)
+    rows = []
+    for name, shape, cpu_batch, gpu_batch in TRAIN_CASES:
+        if name == "GPT-2 124M" and not gpu:
+            if quick:
+                log(f"train: {name} skipped (--quick on CPU)")
+                continue
+            warmup_c, repeats_c, calls_c = 1, 3, 1  # about ten seconds a step on two cores
+        elif name == "baby model" and not gpu:
+            warmup_c, repeats_c, calls_c = (1, 3, 1) if quick else (2, 7, 2)
+        else:
+            warmup_c, repeats_c, calls_c = warmup, repeats, calls
+        batch = gpu_batch if gpu else cpu_batch
+        T = shape["block_size"]
+        log(f"train: {name}, batch {batch} x {T} ...")
+        torch.manual_seed(0)
+        ours = GPT(GPTConfig(dropout=0.0, bias=True, **shape)).to(device)
+        hf = to_hf(ours)  # gelu_new: what GPT-2's config.json asks for
+        hf_fused = to_hf(ours, activation="gelu_pytorch_tanh")  # Hugging Face's fused-kernel option
+        seq = torch.randint(0, shape["vocab_size"], (batch, T + 1), device=device)
+        x, y = seq[:, :-1], seq[:, 1:]
+        logit_diff = check_same_logits(ours, hf, x[:1], name)
+
+        # each model's own training loss: ours takes targets, Hugging Face shifts labels itself
+        ours_loss = lambda m: m(x, y)[1]
+        hf_loss = lambda m: m(input_ids=x, labels=x).loss
+        fns = {}
+        compiled = gpu and args["compile"]
+        our_module = torch.compile(ours) if compiled else ours
+        fns["ours"] = train_step_fn(our_module, ours_loss, ours.configure_optimizers(
+            0.1, 1e-4, (0.9, 0.95), device), device)
+        fns["hf"] = train_step_fn(hf, hf_loss, adamw(hf, device), device)
+        fns["hf_fused_gelu"] = train_step_fn(hf_fused, hf_loss, adamw(hf_fused, device), device)
+        for fn in fns.values():
+            for _ in range(warmup_c):
+                fn()
+        times = alternate(fns, repeats_c, calls_c, device)
+
+        tokens = batch * T
+        row = dict(name=name, model=shape, batch=batch, tokens_per_step=tokens,
+                   warmup_steps=warmup_c, repeats=repeats_c, steps_per_repeat=calls_c,
+                   compiled=compiled, autocast="bf16" if gpu else None,
+                   max_logit_diff_vs_hf=logit_diff)
+        for key, ts in times.items():
+            dt = median(ts)
+            mfu = ours.estimate_mfu(tokens, dt) if gpu else None  # same FLOPs for every contender
+            row[key] = dict(ms_per_step=dt * 1e3, tokens_per_s=tokens / dt, mfu=mfu,
+                            samples_ms=[t * 1e3 for t in ts])
+        row["hf_over_ours"] = row["hf"]["ms_per_step"] / row["ours"]["ms_per_step"]
+        row["hf_fused_gelu_over_ours"] = row["hf_fused_gelu"]["ms_per_step"] / row["ours"]["ms_per_step"]
+        rows.append(row)
+        del ours, hf, hf_fused, fns, our_module
+    return rows
+
+
+def train_table(rows, gpu):
+    head = ["model", "batch x block", "ours ms/step", "HF ms/step", "HF fused-GELU ms/step",
+            "ours tok/s", "HF tok/s", "HF/ours", "HF fused-GELU/ours"]
+    if gpu:
+        head += ["ours MFU", "HF MFU"]
+    lines = [head]
+    for r in rows:
+        line = [r["name"], f"{r['batch']} x {r['model']['block_size']}",
+                f"{r['ours']['ms_per_step']:.1f}", f"{r['hf']['ms_per_step']:.1f}",
+                f"{r['hf_fused_gelu']['ms_per_step']:.1f}",
+                f"{r['ours']['tokens_per_s']:,.0f}", f"{r['hf']['tokens_per_s']:,.0f}",
+                f"{r['hf_over_ours']:.2f}x", f"{r['hf_fused_gelu_over_ours']:.2f}x"]
+        if gpu:
+            line += [_pct(r["ours"]["mfu"]), _pct(r["hf"]["mfu"])]
+        lines.append(line)
+    return markdown(lines)
+
+
+def _pct(x):
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+# -----------------------------------------------------------------------------
+# 2. Generation
+
+
+def bench_generate(args, log):
+    device, quick = args["device"], args["quick"]
+    gpu = device == "cuda"
+    torch.manual_seed(0)
+    ours = GPT(GPTConfig(dropout=0.0, bias=True, **BABY)).to(device).eval()
+    hf = to_hf(ours).eval()
+    block = ours.config.block_size
+    # the full context: a 1-token prompt grows to block_size tokens
+    new_tokens = 63 if quick else block - 1
+    repeats = 1 if quick else 3
+    check_same_logits(ours, hf, torch.randint(0, BABY["vocab_size"], (2, block), device=device),
+                      "baby model")
+    agree = check_greedy_agree(ours, hf, device)
+
+    rows = []
+    for batch in (1, 8):
+        log(f"generate: batch {batch}, {new_tokens} new tokens ...")
+        prompt = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        mask = torch.ones_like(prompt)
+
+        def ours_gen(use_cache):
+            with autocast(device):
+                out = ours.generate(prompt, new_tokens, temperature=0.0, use_cache=use_cache)
+            assert out.shape == (batch, 1 + new_tokens)
+
+        def hf_gen():
+            with torch.no_grad(), autocast(device):
+                out = hf.generate(prompt, attention_mask=mask, use_cache=True, do_sample=False,
+                                  max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+            assert out.shape == (batch, 1 + new_tokens)
+
+        fns = {"ours_cache": lambda: ours_gen(True), "ours_nocache": lambda: ours_gen(False),
+               "hf": hf_gen}
+        for fn in fns.values():  # warm-up, and the GPU peak of each
+            fn()
+        peaks = {}
+        if gpu:
+            for key, fn in fns.items():
+                torch.cuda.reset_peak_memory_stats()
+                fn()
+                peaks[key] = torch.cuda.max_memory_allocated()
+        times = alternate(fns, repeats, 1, device)
+        row = dict(batch=batch, prompt_tokens=1, new_tokens=new_tokens, repeats=repeats,
+                   kv_cache_bytes=ours.make_kv_cache(batch).nbytes,
+                   peak_rss_bytes=peak_rss_bytes(), greedy_tokens_agree=agree)
+        for key, ts in times.items():
+            dt = median(ts)
+            row[key] = dict(s=dt, tokens_per_s=batch * new_tokens / dt,
+                            peak_gpu_bytes=peaks.get(key), samples_s=ts)
+        row["cache_over_nocache"] = row["ours_cache"]["tokens_per_s"] / row["ours_nocache"]["tokens_per_s"]
+        row["cache_over_hf"] = row["ours_cache"]["tokens_per_s"] / row["hf"]["tokens_per_s"]
+        rows.append(row)
+    return rows
+
+
+def check_greedy_agree(ours, hf, device, n=8):
+    """The first n greedy tokens of ours (cache and no cache) and Hugging Face's must agree."""
+    prompt = torch.zeros(1, 1, dtype=torch.long, device=device)
+    a = ours.generate(prompt, n, temperature=0.0, use_cache=True)
+    b = ours.generate(prompt, n, temperature=0.0, use_cache=False)
+    with torch.no_grad():
+        c = hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                        max_new_tokens=n, min_new_tokens=n)
+    if not (torch.equal(a, b) and torch.equal(a, c)):
+        raise BenchError(f"greedy tokens disagree (ours cached {a.tolist()}, ours uncached "
+                         f"{b.tolist()}, Hugging Face {c.tolist()}); the benchmark would compare "
+                         "different work")
+    return n
+
+
+def generate_table(rows, gpu):
+    head = ["batch", "new tokens", "ours cache tok/s", "ours no-cache tok/s", "HF generate tok/s",
+            "cache/no-cache", "cache/HF", "KV cache bytes"]
+    head += ["peak GPU MiB (cache / no-cache / HF)"] if gpu else ["peak RSS MiB (process)"]
+    lines = [head]
+    for r in rows:
+        line = [str(r["batch"]), str(r["new_tokens"]), f"{r['ours_cache']['tokens_per_s']:,.0f}",
+                f"{r['ours_nocache']['tokens_per_s']:,.0f}", f"{r['hf']['tokens_per_s']:,.0f}",
+                f"{r['cache_over_nocache']:.1f}x", f"{r['cache_over_hf']:.1f}x",
+                f"{r['kv_cache_bytes']:,}"]
+        if gpu:
+            line.append(" / ".join(f"{r[k]['peak_gpu_bytes'] / 2**20:.0f}"
+                                   for k in ("ours_cache", "ours_nocache", "hf")))
+        else:
+            line.append(f"{r['peak_rss_bytes'] / 2**20:.0f}")
+        lines.append(line)
+    return markdown(lines)
+
+
+# -----------------------------------------------------------------------------
+# 3. Attention alone
+
+
+def bench_attention(args, log):
+    device, quick = args["device"], args["quick"]
+    gpu = device == "cuda"
+    B, nh, hs = 1, 12, 64
+    dtype = torch.bfloat16 if gpu else torch.float32  # the flash kernel needs half precision on GPU
+    lengths = [64 * 2 ** i for i in range(4 if quick else 7)]  # 64 .. 512 or 4096
+    repeats = 3 if quick else 5
+    rows = []
+    for T in lengths:
+        weights_bytes = B * nh * T * T * torch.finfo(dtype).bits // 8
+        # the explicit path holds about three (T, T) tensors at once: scores, masked, softmax
+        if 4 * weights_bytes > free_memory(device) // 2:
+            log(f"attention: T={T} skipped, not enough free memory")
+            rows.append(dict(T=T, skipped="not enough free memory", weights_bytes=weights_bytes))
+            continue
+        log(f"attention: T={T} ...")
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(B, nh, T, hs, device=device, dtype=dtype) for _ in range(3))
+        mask = causal_mask(T, T, device)
+
+        def explicit():
+            return attention(q, k, v, mask)[0]
+
+        def fused():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        with torch.no_grad():
+            diff = (explicit().float() - fused().float()).abs().max().item()
+            if diff > (2e-2 if gpu else 1e-4):
+                raise BenchError(f"attention at T={T}: explicit and SDPA differ by {diff:.2e}")
+            peaks = {}
+            if gpu:
+                for key, fn in (("explicit", explicit), ("sdpa", fused)):
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                    base = torch.cuda.memory_allocated()
+                    fn()
+                    torch.cuda.synchronize()
+                    peaks[key] = torch.cuda.max_memory_allocated() - base
+            times = alternate({"explicit": explicit, "sdpa": fused}, repeats, 1 if T >= 1024 else 5,
+                              device)
+        rows.append(dict(T=T, B=B, n_head=nh, head_size=hs, dtype=str(dtype).removeprefix("torch."),
+                         weights_bytes=weights_bytes, max_abs_diff=diff,
+                         explicit=dict(ms=median(times["explicit"]) * 1e3,
+                                       peak_gpu_bytes=peaks.get("explicit")),
+                         sdpa=dict(ms=median(times["sdpa"]) * 1e3, peak_gpu_bytes=peaks.get("sdpa")),
+                         explicit_over_sdpa=median(times["explicit"]) / median(times["sdpa"])))
+        del q, k, v, mask
+    return rows
+
+
+def free_memory(device):
+    if device == "cuda":
+        return torch.cuda.mem_get_info()[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * 2**30  # no /proc (macOS): assume a laptop's worth
+
+
+def attention_table(rows, gpu):
+    head = ["T", "explicit ms", "SDPA ms", "explicit/SDPA", "(T, T) weights bytes"]
+    if gpu:
+        head += ["peak extra MiB explicit", "peak extra MiB SDPA"]
+    lines = [head]
+    for r in rows:
+        if "skipped" in r:
+            lines.append([str(r["T"]), "skipped", "skipped", "", f"{r['weights_bytes']:,}"]
+                         + ([""] * 2 if gpu else []))
+            continue
+        line = [str(r["T"]), f"{r['explicit']['ms']:.2f}", f"{r['sdpa']['ms']:.2f}",
+                f"{r['explicit_over_sdpa']:.1f}x", f"{r['weights_bytes']:,}"]
+        if gpu:
+            line += [f"{r['explicit']['peak_gpu_bytes'] / 2**20:.1f}",
+                     f"{r['sdpa']['peak_gpu_bytes'] / 2**20:.1f}"]
+        lines.append(line)
+    return markdown(lines)
+
+
+# -----------------------------------------------------------------------------
+# Report
+
+
+def markdown(lines):
+    out = ["| " + " | ".join(lines[0]) + " |", "|" + "---|" * len(lines[0])]
+    out += ["| " + " | ".join(line) + " |" for line in lines[1:]]
+    return "\n".join(out)
+
+
+def targets(result):
+    """The CPU targets, each with its measured value and whether it is met."""
+    found = []
+    train = {r["name"]: r for r in result["train"]}
+    if "nanoGPT CPU settings" in train:
+        x = train["nanoGPT CPU settings"]["hf_over_ours"]
+        found.append(dict(target=f"training step, nanoGPT CPU settings: >= {TARGET_TRAIN_VS_HF}x "
+                                 "faster than Hugging Face", measured=x, met=x >= TARGET_TRAIN_VS_HF))
+    for r in result["generate"]:
+        x, y = r["cache_over_nocache"], r["cache_over_hf"]
+        found.append(dict(target=f"generation batch {r['batch']}: cache >= {TARGET_CACHE_VS_NOCACHE}x "
+                                 "no-cache", measured=x, met=x >= TARGET_CACHE_VS_NOCACHE))
+        found.append(dict(target=f"generation batch {r['batch']}: cache >= {TARGET_CACHE_VS_HF}x "
+                                 "Hugging Face generate", measured=y, met=y >= TARGET_CACHE_VS_HF))
+    return found
+
+
+def device_name(device):
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def run(args, log=print):
+    device = args["device"]
+    if device not in ("cpu", "cuda"):
+        raise BenchError(f"--device must be cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BenchError("CUDA is not available here; run with --device=cpu")
+    try:
+        import transformers
+    except ImportError:
+        raise BenchError("bench.py compares against Hugging Face GPT-2: "
+                         "pip install transformers (see requirements-dev.txt)") from None
+    transformers.logging.set_verbosity_error()
+    if device == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 for every contender alike
+
+    gpu = device == "cuda"
+    result = dict(
+        device=dict(type=device, name=device_name(device), threads=torch.get_num_threads()),
+        torch=torch.__version__, transformers=transformers.__version__, python=platform.python_version(),
+        date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        command=" ".join(["python", "bench.py"] + sys.argv[1:]), quick=args["quick"],
+        notes=["Hugging Face GPT2LMHeadModel runs with attn_implementation='sdpa', its fastest "
+               "attention; 'HF' uses activation gelu_new as GPT-2's config does, 'HF fused-GELU' "
+               "uses gelu_pytorch_tanh (same function, PyTorch's fused kernel)",
+               "both models hold the same weights (converted from ours) and dropout 0",
+               "medians of alternating repeats; on CUDA both run under bf16 autocast"],
+    )
+    t0 = time.perf_counter()
+    result["train"] = bench_train(args, log)
+    result["generate"] = bench_generate(args, log)
+    result["attention"] = bench_attention(args, log)
+    result["targets"] = targets(result) if not gpu else []
+    result["seconds"] = time.perf_counter() - t0
+
+    header = (f"{result['device']['name']} ({device}, {result['device']['threads']} threads), "
+              f"torch {result['torch']}, transformers {result['transformers']}, {result['date']}\n"
+              f"command: {result['command']}")
+    tables = [
+        "## Training step (forward, backward, AdamW)\n\n" + train_table(result["train"], gpu),
+        "## Generation (greedy, 1-token prompt, baby model)\n\n" + generate_table(result["generate"], gpu),
+        f"## Attention alone (B=1, 12 heads, head size 64, causal, forward)\n\n"
+        + attention_table(result["attention"], gpu),
+    ]
+    if result["targets"]:
+        tables.append("## Targets\n\n" + "\n".join(
+            f"- {t['target']}: {t['measured']:.2f}x, {'met' if t['met'] else 'NOT met'}"
+            for t in result["targets"]))
+    result["markdown"] = header + "\n\n" + "\n\n".join(tables)
+    return result
+
+
+def main(argv):
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__.strip() + "\n\noptions:\n" + describe(DEFAULTS))
+        return 0
+    try:
+        args = parse_args(DEFAULTS, argv, allow_files=False)
+        result = run(args, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    except (ConfigError, BenchError) as e:
+        print(f"bench.py: {e}", file=sys.stderr)
+        return 2 if isinstance(e, ConfigError) else 1
+    except torch.OutOfMemoryError:
+        print("bench.py: out of GPU memory; free the GPU or run with --quick", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("bench.py: interrupted; nothing written", file=sys.stderr)
+        return 130
+    print(result["markdown"])
+    try:
+        tmp = args["out"] + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(result, f, indent=1)
+        os.replace(tmp, args["out"])
+    except OSError as e:
+        print(f"bench.py: cannot write {args['out']} ({e.strerror}); pass --out=PATH "
+              "somewhere writable", file=sys.stderr)
+        return 1
+    print(f"\nwrote {args['out']} ({result['seconds']:.0f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,321 @@
+"""
+Sample text from a trained model, and save what its attention heads looked at.
+
+    python sample.py --prompt "ROMEO:"            # the checkpoint in out-shakespeare-char/
+    python sample.py --out_dir=out-mine --num_samples=5 --temperature=0.9 --top_k=50
+    python sample.py --prompt FILE:prompt.txt --stream --seed=7
+    python sample.py --init_from=path/to/gpt2 --prompt "Hello, I'm a language model,"
+
+Options are --key=value or --key value; `python sample.py --help` lists them.
+The attention maps of the first sample go to <out_dir>/attention/ (open its
+index.html in a browser); --attn_dir DIR writes them elsewhere and
+--attn_dir "" turns them off.
+"""
+
+import os
+import sys
+import time
+
+import torch
+
+import attention_maps
+from checkpoint import CheckpointError, checkpoint_path, clean_state_dict, load_checkpoint
+from configurator import ConfigError, describe, parse_args
+from model import GPT, GPTConfig
+from tokenizer import TokenizerError, get_tokenizer
+
+DEFAULTS = dict(
+    out_dir="out-shakespeare-char",  # the folder config/shakespeare.py trains into
+    init_from="",  # "" = out_dir's checkpoint; or a checkpoint folder, or a Hugging Face GPT-2 folder
+    prompt="\n",  # text, or FILE:path to read it from a file
+    num_samples=3,
+    max_new_tokens=500,
+    temperature=0.8,  # 0 = greedy; below 1 sharper, above 1 more random
+    top_k=200,  # keep only the k most likely tokens (None: all)
+    top_p=1.0,  # nucleus sampling: keep the most likely tokens up to this much probability
+    seed=1337,
+    device="auto",  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
+    dtype="auto",  # auto (bfloat16 on a GPU that has it, else float32), float32, bfloat16, float16
+    no_cache=False,  # recompute the whole context every token: same output, slower
+    stream=False,  # print tokens as they are generated
+    attn_dir=None,  # None = <out_dir>/attention; "" = do not save attention maps
+)
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+class SampleError(Exception):
+    """A problem with the user's input; the message is one line saying what to do."""
+
+
+# -----------------------------------------------------------------------------
+# Options
+
+
+def parse_options(argv):
+    cfg = parse_args(DEFAULTS, argv, allow_files=False)
+    if cfg["max_new_tokens"] < 1:
+        raise SampleError(f"--max_new_tokens must be at least 1, got {cfg['max_new_tokens']}")
+    if cfg["num_samples"] < 1:
+        raise SampleError(f"--num_samples must be at least 1, got {cfg['num_samples']}")
+    if cfg["temperature"] < 0:
+        raise SampleError(f"--temperature must be >= 0 (0 is greedy), got {cfg['temperature']}")
+    if cfg["top_k"] is not None and (not isinstance(cfg["top_k"], int) or cfg["top_k"] < 1):
+        raise SampleError(f"--top_k must be a positive integer or None, got {cfg['top_k']!r}")
+    if cfg["top_p"] is None:
+        cfg["top_p"] = 1.0
+    if not isinstance(cfg["top_p"], (int, float)) or not 0 < cfg["top_p"] <= 1:
+        raise SampleError(f"--top_p must be in (0, 1], got {cfg['top_p']!r}")
+    if cfg["attn_dir"] is not None:
+        cfg["attn_dir"] = str(cfg["attn_dir"])
+    return cfg
+
+
+def pick_device(name):
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise SampleError(f"unknown --device {name!r}; use auto, cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SampleError(f"--device={name} but no CUDA GPU is available; use --device=cpu (or auto)")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise SampleError(f"--device={name} but there are {torch.cuda.device_count()} GPUs; "
+                          "use cuda:0 .. cuda:N-1")
+    if device.type == "mps" and not mps:
+        raise SampleError(f"--device={name} but MPS is not available; use --device=cpu (or auto)")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise SampleError(f"unsupported --device {name!r}; use auto, cpu, cuda, cuda:N or mps")
+    return name
+
+
+def pick_dtype(name, device):
+    if name == "auto":
+        on_gpu = device.startswith("cuda")
+        return torch.bfloat16 if on_gpu and torch.cuda.is_bf16_supported() else torch.float32
+    if name not in DTYPES:
+        raise SampleError(f"unknown --dtype {name!r}; use auto, float32, bfloat16 or float16")
+    return DTYPES[name]
+
+
+# -----------------------------------------------------------------------------
+# Model, tokenizer and prompt
+
+
+def load_model(cfg):
+    """Return (model, tokenizer, folder): folder is where the model came from,
+    the default home of its attention maps."""
+    source = cfg["init_from"] or cfg["out_dir"]
+    is_hf = os.path.isfile(os.path.join(source, "config.json")) and not os.path.exists(checkpoint_path(source))
+    if cfg["init_from"] and (is_hf or (cfg["init_from"].startswith("gpt2") and not os.path.exists(source))):
+        try:
+            model = GPT.from_pretrained(source)
+        except (ValueError, OSError, KeyError) as e:
+            raise SampleError(f"could not load GPT-2 weights from {source}: {e}") from None
+        return model, get_tokenizer({"kind": "gpt2"}), cfg["out_dir"]
+    if cfg["init_from"] and not os.path.exists(source):
+        raise SampleError(f"--init_from={source}: no such file or folder; pass a checkpoint folder "
+                          "(with ckpt.pt) or a Hugging Face GPT-2 folder (with config.json)")
+
+    ckpt = load_checkpoint(source)
+    path = checkpoint_path(source) if os.path.isdir(source) else source
+    if "tokenizer" not in ckpt:
+        raise CheckpointError(f"{path} does not say which tokenizer it was trained with "
+                              "(no 'tokenizer' entry); train it again with this version of train.py")
+    try:
+        model = GPT(GPTConfig(**ckpt["model_args"]))
+        model.load_state_dict(clean_state_dict(ckpt["model"]))
+    except (TypeError, ValueError, RuntimeError) as e:
+        first_line = str(e).strip().splitlines()[0]
+        raise CheckpointError(f"{path} does not match this model.py ({first_line}); "
+                              "train it again with this version") from None
+    folder = source if os.path.isdir(source) else os.path.dirname(source)
+    return model, get_tokenizer(ckpt["tokenizer"]), folder
+
+
+def read_prompt(prompt):
+    if prompt is None:
+        prompt = ""
+    if prompt.startswith("FILE:"):
+        path = prompt[len("FILE:"):]
+        try:
+            with open(path, encoding="utf-8") as f:
+                prompt = f.read()
+        except FileNotFoundError:
+            raise SampleError(f"prompt file not found: {path}; check the path after FILE:") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise SampleError(f"cannot read prompt file {path} ({type(e).__name__}); "
+                              "it must be a readable UTF-8 text file") from None
+    if not prompt:
+        raise SampleError('the prompt is empty; pass some text, e.g. --prompt "ROMEO:" '
+                          "(or --prompt FILE:path)")
+    return prompt
+
+
+def encode_prompt(tok, text, model):
+    ids = tok.encode(text)
+    if max(ids) >= model.config.vocab_size:
+        raise SampleError(f"the tokenizer gives token {max(ids)} but the model has only "
+                          f"{model.config.vocab_size}; the checkpoint's tokenizer does not match it")
+    block_size = model.config.block_size
+    if len(ids) > block_size:
+        print(f"note: the prompt has {len(ids)} tokens, more than the model's context of "
+              f"{block_size}; keeping the last {block_size}", file=sys.stderr)
+        ids = ids[-block_size:]
+    return ids
+
+
+# -----------------------------------------------------------------------------
+# Generation
+
+
+def generate_one(model, idx, cfg, generator, attention=False, on_token=None):
+    """Generate one continuation of idx (1, T).
+
+    Returns (new token ids (list), steps), where steps is None unless
+    attention: then it is the (maps, window_start) of each forward since the
+    context window last slid, for attention_maps.assemble.
+
+    The very last token is never fed through the model while generating, so
+    with attention the stream runs one step further: that step's forward
+    takes the last token through the KV cache (or rebuilds the window, if it
+    slides) and gives its attention row. The token it samples is dropped and
+    the generator's state restored, so the samples are the same either way.
+    """
+    n_new = cfg["max_new_tokens"]
+    stream = model.generate_stream(
+        idx, n_new + int(attention), cfg["temperature"], cfg["top_k"], cfg["top_p"],
+        use_cache=not cfg["no_cache"], generator=generator, return_attention=attention)
+    new, steps = [], []
+    for i in range(n_new + int(attention)):
+        if i == n_new:
+            rng_state = generator.get_state()
+        token, maps, window_start = next(stream)
+        if attention:
+            n_q, n_k = maps[0].shape[-2:]
+            if window_start != (steps[-1][1] if steps else None) or n_q == n_k:
+                # the window slid, or this forward covers all of it: earlier rows are stale
+                steps.clear()
+            steps.append(([m[0].float().cpu().numpy() for m in maps], window_start))
+        if i < n_new:
+            new.append(token)
+            if on_token is not None:
+                on_token(token.item())
+    if attention:
+        generator.set_state(rng_state)
+    stream.close()
+    return torch.cat(new, dim=1)[0].tolist(), (steps if attention else None)
+
+
+def make_printer(tok, prompt_ids):
+    """A callback that prints each new token as it comes. It decodes the whole
+    text and prints what is new, holding back an incomplete UTF-8 character
+    (a BPE token can end half-way through one)."""
+    ids = list(prompt_ids)
+    shown = 0
+
+    def on_token(token):
+        nonlocal shown
+        ids.append(token)
+        text = tok.decode(ids)
+        if text.endswith("\ufffd"):
+            return
+        print(text[shown:], end="", flush=True)
+        shown = len(text)
+
+    def finish():
+        text = tok.decode(ids)
+        print(text[shown:])
+
+    print(tok.decode(ids), end="", flush=True)
+    shown = len(tok.decode(ids))
+    return on_token, finish
+
+
+def sync(device):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def main(argv):
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__.strip() + "\n\noptions (defaults):\n" + describe(DEFAULTS))
+        return
+    cfg = parse_options(argv)
+    device = pick_device(cfg["device"])
+    dtype = pick_dtype(cfg["dtype"], device)
+    text = read_prompt(cfg["prompt"])
+    model, tok, folder = load_model(cfg)
+    prompt_ids = encode_prompt(tok, text, model)
+    model.to(device=device, dtype=dtype).eval()
+
+    attn_dir = cfg["attn_dir"]
+    if attn_dir is None:
+        attn_dir = os.path.join(folder, "attention")
+    torch.manual_seed(cfg["seed"])
+    generator = torch.Generator(device=device).manual_seed(cfg["seed"])
+    idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+
+    elapsed, attention = 0.0, None
+    for k in range(cfg["num_samples"]):
+        want_attention = k == 0 and bool(attn_dir)
+        on_token, finish = make_printer(tok, prompt_ids) if cfg["stream"] else (None, None)
+        sync(device)
+        t0 = time.perf_counter()
+        new, steps = generate_one(model, idx, cfg, generator, want_attention, on_token)
+        sync(device)
+        elapsed += time.perf_counter() - t0
+        if cfg["stream"]:
+            finish()
+        else:
+            print(tok.decode(prompt_ids + new))
+        print("-" * 40)
+        if want_attention:
+            attention = (steps, prompt_ids + new)
+    n_new = cfg["num_samples"] * cfg["max_new_tokens"]
+    mode = "kv cache" if not cfg["no_cache"] else "no cache"
+    print(f"prompt {len(prompt_ids)} tokens, {cfg['num_samples']} x {cfg['max_new_tokens']} new tokens, "
+          f"{n_new / max(elapsed, 1e-9):.1f} tokens/s ({mode}, {device}, {str(dtype).removeprefix('torch.')})")
+
+    if attention is not None:
+        save_attention(attn_dir, tok, *attention)
+
+
+def save_attention(attn_dir, tok, steps, ids):
+    layers, start = attention_maps.assemble(steps)
+    window = ids[start:]
+    try:
+        stats = attention_maps.write_all(attn_dir, layers, tok.token_strings(window), window, start)
+    except OSError as e:
+        raise SampleError(f"cannot write attention maps to {attn_dir} ({e.strerror or e}); "
+                          'pass --attn_dir DIR, or --attn_dir "" to skip them') from None
+    n_layer, n_head, T = len(layers), layers[0].shape[0], len(window)
+    print(f"attention of sample 1 ({T} tokens, {n_layer} layers x {n_head} heads): "
+          f"{os.path.join(attn_dir, 'index.html')}")
+    print(attention_maps.format_table(stats))
+
+
+def run(argv):
+    """main() with every expected failure turned into one line on stderr."""
+    try:
+        main(argv)
+        return 0
+    except (ConfigError, CheckpointError, TokenizerError, SampleError) as e:
+        print(f"error: {e}", file=sys.stderr)
+    except torch.OutOfMemoryError:
+        print("error: out of GPU memory; try --device=cpu, a smaller --max_new_tokens "
+              "or --num_samples", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # the reader (e.g. `| head`) went away: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1:]))

@@ -1,0 +1,430 @@
+"""sample.py and attention_maps.py, on a tiny character model trained here.
+
+The command-line runs are started together (they are mostly Python and torch
+start-up) and checked by the tests below; the attention maps are compared with
+one full forward of the model over the final sequence.
+"""
+
+import base64
+import concurrent.futures
+import dataclasses
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import attention_maps
+import sample
+from checkpoint import checkpoint_path, save_checkpoint
+from model import GPT, GPTConfig
+from tokenizer import build_tokenizer, get_tokenizer
+
+BLOCK = 32
+DASHES = "-" * 40
+SUMMARY = re.compile(r"^prompt (\d+) tokens, (\d+) x (\d+) new tokens, [\d.]+ tokens/s \(.*\)$")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+# -----------------------------------------------------------------------------
+# A small trained model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Models this small run faster on one thread, and the machine is shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, corpus_path):
+    """A checkpoint folder: a 2-layer, 64-wide char model after 150 AdamW steps."""
+    with open(corpus_path, encoding="utf-8") as f:
+        text = f.read()
+    tok = build_tokenizer("char", text)
+    data = torch.tensor(tok.encode(text), dtype=torch.long)
+    torch.manual_seed(0)
+    config = GPTConfig(block_size=BLOCK, vocab_size=tok.vocab_size, n_layer=2, n_head=4,
+                       n_embd=64, dropout=0.0)
+    model = GPT(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(150):
+        ix = torch.randint(len(data) - BLOCK - 1, (32,), generator=gen)
+        x = torch.stack([data[i:i + BLOCK] for i in ix])
+        y = torch.stack([data[i + 1:i + BLOCK + 1] for i in ix])
+        _, loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    assert loss.item() < 3.0  # well below log(65) = 4.17: it has learned something
+    folder = tmp_path_factory.mktemp("ckpt")
+    save_checkpoint({
+        "model": model.state_dict(), "optimizer": opt.state_dict(),
+        "model_args": dataclasses.asdict(config), "iter_num": 150, "best_val_loss": loss.item(),
+        "config": {"batch_size": 32, "learning_rate": 3e-3}, "tokenizer": tok.describe(),
+        "dataset": "shakespeare_char", "rng": {"torch": torch.get_rng_state()},
+        "data": {"generator": gen.get_state()},
+    }, checkpoint_path(folder))
+    model.eval()
+    return {"dir": str(folder), "model": model, "tok": tok}
+
+
+# -----------------------------------------------------------------------------
+# The command-line runs, all started at once
+
+PROMPT = "First Citi"  # 10 characters: with 60 new tokens the 32-token window slides
+LONG_PROMPT = "Before we proceed any further, hear me speak. All: Speak, speak."
+
+
+def bad_inputs(ckpt, tmp):
+    """name -> (argv, what the error line must say); write_corrupt(tmp) makes the bad file."""
+    corrupt = os.path.join(tmp, "corrupt")
+    return {
+        "bad_char": ([f"--out_dir={ckpt}", "--prompt=Café"], "'é'"),
+        "empty_prompt": ([f"--out_dir={ckpt}", "--prompt="], "prompt is empty"),
+        "no_checkpoint": ([f"--out_dir={tmp}/nothing-here", "--prompt=ROMEO:"], "no checkpoint at"),
+        "corrupt_checkpoint": ([f"--out_dir={corrupt}", "--prompt=ROMEO:"], "not a checkpoint"),
+        "zero_tokens": ([f"--out_dir={ckpt}", "--max_new_tokens=0"], "--max_new_tokens"),
+        "negative_temperature": ([f"--out_dir={ckpt}", "--temperature=-1"], "--temperature"),
+        "unknown_option": ([f"--out_dir={ckpt}", "--temprature=0.5"], "did you mean 'temperature'"),
+        "missing_prompt_file": ([f"--out_dir={ckpt}", f"--prompt=FILE:{tmp}/missing.txt"],
+                                "prompt file not found"),
+        "cuda_without_gpu": ([f"--out_dir={ckpt}", "--device=cuda"], "no CUDA GPU"),
+    }
+
+
+def write_corrupt(tmp):
+    os.makedirs(os.path.join(tmp, "corrupt"), exist_ok=True)
+    with open(checkpoint_path(os.path.join(tmp, "corrupt")), "wb") as f:
+        f.write(b"PK\x03\x04 not really a checkpoint")
+
+
+def _runs(trained, tmp):
+    ckpt = trained["dir"]
+    # a copy for runs that must not write into the checkpoint folder
+    quiet = os.path.join(tmp, "quiet")
+    os.makedirs(quiet)
+    shutil.copy(checkpoint_path(ckpt), quiet)
+    prompt_file = os.path.join(tmp, "prompt.txt")
+    with open(prompt_file, "w", encoding="utf-8") as f:
+        f.write("ROMEO:")
+    greedy = [f"--out_dir={quiet}", "--temperature=0", "--max_new_tokens=80", "--num_samples=1",
+              "--attn_dir", ""]
+    return {
+        "main": [f"--out_dir={ckpt}", f"--prompt={PROMPT}", "--max_new_tokens=60",
+                 "--num_samples=2", "--seed=3", f"--attn_dir={tmp}/attn_main"],
+        "short": ["--out_dir", ckpt, "--prompt", "ROMEO:", "--max_new_tokens", "20",
+                  "--num_samples=1"],  # attention to the default place, <out_dir>/attention
+        "greedy": greedy + ["--prompt=ROMEO:"],
+        "greedy_no_cache": greedy + ["--prompt=ROMEO:", "--no_cache"],
+        "greedy_stream": greedy + ["--prompt=ROMEO:", "--stream"],
+        "greedy_file": greedy + [f"--prompt=FILE:{prompt_file}"],
+        "long_prompt": greedy + [f"--prompt={LONG_PROMPT}", "--max_new_tokens=5"],
+        # two bad inputs through the real command line; bad_inputs() has them all
+        "bad_char": bad_inputs(ckpt, tmp)["bad_char"][0],
+        "no_checkpoint": bad_inputs(ckpt, tmp)["no_checkpoint"][0],
+    }
+
+
+@pytest.fixture(scope="module")
+def runs(trained, tmp_path_factory, repo_root):
+    tmp = str(tmp_path_factory.mktemp("runs"))
+    argvs = _runs(trained, tmp)
+    env = dict(os.environ, OMP_NUM_THREADS="1")  # several tiny runs share two cores
+
+    def run(argv):
+        return subprocess.run([sys.executable, os.path.join(repo_root, "sample.py"), *argv],
+                              capture_output=True, text=True, env=env, cwd=tmp, timeout=120)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        results = dict(zip(argvs, pool.map(run, argvs.values())))
+    results["tmp"] = tmp
+    return results
+
+
+def samples_of(stdout):
+    """The sample texts (without the final newline print adds) and the summary line."""
+    parts = stdout.split("\n" + DASHES + "\n")
+    return parts[:-1], parts[-1].splitlines()[0]
+
+
+def ok(proc):
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return proc
+
+
+# -----------------------------------------------------------------------------
+# Sampling
+
+
+def test_prints_samples_and_summary(runs):
+    texts, summary = samples_of(ok(runs["main"]).stdout)
+    assert len(texts) == 2
+    for text in texts:
+        assert text.startswith(PROMPT) and len(text) == len(PROMPT) + 60  # one char per token
+    assert texts[0] != texts[1]  # sampled at temperature 0.8, two draws
+    m = SUMMARY.match(summary)
+    assert m and m.groups() == ("10", "2", "60")
+
+
+def test_greedy_same_with_and_without_cache_stream_and_file(runs, trained):
+    greedy, _ = samples_of(ok(runs["greedy"]).stdout)
+    assert len(greedy) == 1 and len(greedy[0]) == len("ROMEO:") + 80
+    for name in ("greedy_no_cache", "greedy_stream", "greedy_file"):
+        assert samples_of(ok(runs[name]).stdout)[0] == greedy, name
+    # the oracle: argmax of a full forward at every step, no cache, no window logic
+    model, tok = trained["model"], trained["tok"]
+    ids = tok.encode("ROMEO:")
+    with torch.no_grad():
+        for _ in range(80):
+            logits, _ = model(torch.tensor([ids[-BLOCK:]]))
+            ids.append(int(logits[0, -1].argmax()))
+    if len(tok.encode("ROMEO:")) + 80 <= BLOCK:
+        assert greedy[0] == tok.decode(ids)
+    else:  # past the window the model slides by a quarter, not one token: compare the start
+        assert greedy[0][:BLOCK + 1] == tok.decode(ids)[:BLOCK + 1]
+    # --attn_dir "" writes no maps
+    assert not os.path.exists(os.path.join(runs["tmp"], "quiet", "attention"))
+
+
+def test_long_prompt_is_cropped_with_a_notice(runs):
+    proc = ok(runs["long_prompt"])
+    notes = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(notes) == 1 and "keeping the last 32" in notes[0]
+    texts, summary = samples_of(proc.stdout)
+    assert texts[0].startswith(LONG_PROMPT[-BLOCK:]) and len(texts[0]) == BLOCK + 5
+    assert SUMMARY.match(summary).group(1) == str(BLOCK)
+
+
+def one_line_error(code, stderr):
+    assert code != 0
+    assert "Traceback" not in stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("name", list(bad_inputs("ckpt", "tmp")))
+def test_bad_input_gives_one_line_error(name, trained, tmp_path, capsys):
+    if name == "cuda_without_gpu" and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    write_corrupt(str(tmp_path))
+    argv, expected = bad_inputs(trained["dir"], str(tmp_path))[name]
+    code = sample.run(argv)  # what `python sample.py ...` exits with
+    line = one_line_error(code, capsys.readouterr().err)
+    assert expected in line
+    if name == "bad_char":
+        assert "did you mean 'e'" in line
+
+
+@pytest.mark.parametrize("name", ["bad_char", "no_checkpoint"])
+def test_bad_input_on_the_command_line(runs, name):
+    proc = runs[name]
+    line = one_line_error(proc.returncode, proc.stderr)
+    assert line.startswith("error: ") and bad_inputs("ckpt", runs["tmp"])[name][1] in line
+
+
+# -----------------------------------------------------------------------------
+# Attention files
+
+
+def attention_dirs(runs, trained):
+    return {"main": os.path.join(runs["tmp"], "attn_main"),
+            "short": os.path.join(trained["dir"], "attention")}
+
+
+def test_attention_files(runs, trained):
+    for name, folder in attention_dirs(runs, trained).items():
+        ok(runs[name])
+        z = np.load(os.path.join(folder, "attention.npz"))
+        assert set(z.files) == {"layer_0", "layer_1", "tokens", "token_ids", "window_start"}
+        T = len(z["tokens"])
+        for key in ("layer_0", "layer_1"):
+            a = z[key]
+            assert a.dtype == np.float32 and a.shape == (4, T, T)
+            np.testing.assert_allclose(a.sum(-1), 1.0, atol=1e-5)
+            assert (np.triu(a, 1) == 0).all()
+            assert (a >= 0).all()
+        # the tokens are the end of the first printed sample
+        text = samples_of(runs[name].stdout)[0][0]
+        assert "".join(z["tokens"]) == text[-T:]
+
+        for layer in (0, 1):
+            with open(os.path.join(folder, f"layer_{layer}.png"), "rb") as f:
+                png = f.read()
+            assert png[:8] == PNG_SIGNATURE and png[12:16] == b"IHDR"
+            width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+            assert width > 200 and height > 200
+
+        with open(os.path.join(folder, "heads.json"), encoding="utf-8") as f:
+            heads = json.load(f)["heads"]
+        assert sorted((h["layer"], h["head"]) for h in heads) == [(l, h) for l in range(2) for h in range(4)]
+        for h in heads:
+            assert h["pattern"] in attention_maps.PATTERNS
+            assert all(0 <= v <= 1 for v in h["scores"].values())
+            assert h["score"] == h["scores"][h["pattern"]] and h["entropy"] >= 0
+            # sample.py prints the same table
+            row = rf"^\s*{h['layer']}\s+{h['head']}\s+{h['entropy']:.2f}\s+{h['pattern']}\s+{h['score']:.2f}$"
+            assert re.search(row, runs[name].stdout, re.M)
+
+        check_html(os.path.join(folder, "index.html"), z)
+
+
+def check_html(path, z):
+    with open(path, encoding="utf-8") as f:
+        html = f.read()
+    # self-contained: nothing fetched from anywhere
+    assert not re.search(r"https?://|//cdn|@import|<link|<script[^>]*\bsrc=|<img", html, re.I)
+    assert "<canvas" in html
+    data = json.loads(re.search(r'<script id="data" type="application/json">(.*?)</script>', html,
+                                re.S).group(1))
+    T = len(z["tokens"])
+    assert data["tokens"] == [attention_maps.display_token(t) for t in z["tokens"]]
+    assert len(data["maps"]) == 2 and all(len(heads) == 4 for heads in data["maps"])
+    # one head decoded as the page does: bytes are round(255 sqrt(w)), lower triangle by rows
+    b = np.frombuffer(base64.b64decode(data["maps"][1][2]), dtype=np.uint8)
+    assert b.size == T * (T + 1) // 2
+    np.testing.assert_allclose((b / 255.0) ** 2, z["layer_1"][2][np.tril_indices(T)], atol=0.005)
+
+
+def full_forward_maps(model, ids):
+    with torch.no_grad():
+        _, _, maps = model(torch.tensor([ids]), return_attention=True)
+    return [m[0].numpy() for m in maps]
+
+
+def test_maps_equal_a_full_forward(runs, trained):
+    tok = trained["tok"]
+    for name, folder in attention_dirs(runs, trained).items():
+        z = np.load(os.path.join(folder, "attention.npz"))
+        full = tok.encode(samples_of(ok(runs[name]).stdout)[0][0])  # the printed first sample
+        T = len(z["tokens"])
+        ids = full[-T:]
+        assert z["token_ids"].tolist() == ids and int(z["window_start"]) == len(full) - T
+        if name == "main":  # 70 tokens through a 32-token window: it slid
+            assert len(full) == 70 and BLOCK * 3 // 4 <= T <= BLOCK
+        else:
+            assert T == len(full) == 26
+        for layer, expected in enumerate(full_forward_maps(trained["model"], ids)):
+            np.testing.assert_allclose(z[f"layer_{layer}"], expected, atol=1e-5, rtol=0)
+
+
+def options(**changes):
+    cfg = dict(sample.DEFAULTS, temperature=1.0, top_k=None, top_p=1.0)
+    cfg.update(changes)
+    return cfg
+
+
+@pytest.mark.parametrize("prompt_len, n_new", [(10, 60), (5, 27), (5, 28), (40, 3)])
+@pytest.mark.parametrize("no_cache", [False, True])
+def test_assembled_maps_equal_a_full_forward(trained, prompt_len, n_new, no_cache):
+    """In process, around the window's edges: 5 + 27 fills the window exactly, 5 + 28 makes the
+    last token slide it, a 40-token prompt starts past it."""
+    model = trained["model"]
+    ids = trained["tok"].encode(LONG_PROMPT[:prompt_len])
+    idx = torch.tensor([ids])
+    cfg = options(max_new_tokens=n_new, no_cache=no_cache)
+    gen = torch.Generator().manual_seed(5)
+    new, steps = sample.generate_one(model, idx, cfg, gen, attention=True)
+    after = gen.get_state()
+    # attention changes neither the sample nor the generator's state afterwards
+    gen_plain = torch.Generator().manual_seed(5)
+    assert sample.generate_one(model, idx, cfg, gen_plain)[0] == new
+    assert torch.equal(gen_plain.get_state(), after)
+
+    layers, start = attention_maps.assemble(steps)
+    full = ids + new
+    T = len(full) - start
+    assert layers[0].shape == (4, T, T)
+    assert (T == len(full)) if len(full) <= BLOCK else (BLOCK * 3 // 4 <= T <= BLOCK)
+    for got, expected in zip(layers, full_forward_maps(model, full[start:])):
+        np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+        assert (np.triu(got, 1) == 0).all()
+
+
+# -----------------------------------------------------------------------------
+# Head patterns against maps whose answer is known
+
+
+def pattern_maps(T):
+    prev = np.eye(T, k=-1)
+    prev[0, 0] = 1.0  # the first token has only itself to attend to
+    first = np.zeros((T, T))
+    first[:, 0] = 1.0
+    uniform = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]
+    return {"previous": prev, "self": np.eye(T), "first": first, "broad": uniform}
+
+
+def test_head_patterns_oracle(tmp_path):
+    T = 12
+    maps = pattern_maps(T)
+    for name, a in maps.items():
+        stats = attention_maps.head_stats(a)
+        assert stats["pattern"] == name and stats["score"] == 1.0, (name, stats)
+        for other in attention_maps.PATTERNS:
+            assert 0 <= stats["scores"][other] <= 1
+    # a one-hot row has no entropy; a uniform row over i + 1 keys has log(i + 1)
+    assert attention_maps.head_stats(maps["previous"])["entropy"] == 0
+    expected = np.mean([math.log(i + 1) for i in range(2, T)])
+    assert attention_maps.head_stats(maps["broad"])["entropy"] == pytest.approx(expected, abs=1e-4)
+    # a head that mostly attends to the previous token, with some spread, is still "previous"
+    mixed = 0.8 * maps["previous"] + 0.2 * maps["broad"]
+    assert attention_maps.head_stats(mixed)["pattern"] == "previous"
+
+    # the same through the files: heads.json lists them in head order
+    layer = np.stack([maps[n] for n in attention_maps.PATTERNS]).astype(np.float32)
+    attention_maps.write_all(str(tmp_path), [layer], [chr(97 + i) for i in range(T)])
+    with open(tmp_path / "heads.json", encoding="utf-8") as f:
+        heads = json.load(f)["heads"]
+    assert [h["pattern"] for h in heads] == list(attention_maps.PATTERNS)
+
+
+# -----------------------------------------------------------------------------
+# A Hugging Face GPT-2 folder
+
+
+def write_hf_gpt2(model, folder):
+    """Save model as Hugging Face GPT-2 files: config.json and model.safetensors,
+    with the (in, out) Conv1D layout that format uses for its projections."""
+    from safetensors.torch import save_file
+    c = model.config
+    tensors = {}
+    for key, tensor in model.state_dict().items():
+        if key == "lm_head.weight":
+            continue  # tied to wte
+        if key.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
+            tensor = tensor.t()
+        tensors[key.removeprefix("transformer.")] = tensor.contiguous().clone()
+    save_file(tensors, os.path.join(folder, "model.safetensors"))
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({"n_positions": c.block_size, "vocab_size": c.vocab_size, "n_layer": c.n_layer,
+                   "n_head": c.n_head, "n_embd": c.n_embd, "activation_function": "gelu_new"}, f)
+
+
+def test_init_from_hugging_face_folder(tmp_path, capsys):
+    torch.manual_seed(1)
+    model = GPT(GPTConfig(block_size=64, vocab_size=50257, n_layer=1, n_head=2, n_embd=16)).eval()
+    hf = tmp_path / "gpt2-tiny"
+    hf.mkdir()
+    write_hf_gpt2(model, str(hf))
+    code = sample.run([f"--init_from={hf}", "--prompt=Hello, world", "--temperature=0",
+                       "--max_new_tokens=6", "--num_samples=1", f"--attn_dir={tmp_path}/attn"])
+    out = capsys.readouterr().out
+    assert code == 0
+    # the oracle: the same weights in memory, greedy, with GPT-2's BPE
+    tok = get_tokenizer({"kind": "gpt2"})
+    expected = model.generate(torch.tensor([tok.encode("Hello, world")]), 6, temperature=0)[0].tolist()
+    assert samples_of(out)[0] == [tok.decode(expected)]
+    z = np.load(tmp_path / "attn" / "attention.npz")
+    assert z["token_ids"].tolist() == expected and z["layer_0"].shape == (2, len(expected), len(expected))

@@ -1,0 +1,349 @@
+"""train.py on CPU with tiny models: learning, exact resume, crash safety,
+DDP equivalence, signals, divergence, wandb, and one-line errors."""
+
+import glob
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import train
+from checkpoint import load_checkpoint
+from data.prepare import ensure_dataset, load_tokens
+from model import GPT, GPTConfig
+
+TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=8",
+        "--gradient_accumulation_steps=1", "--device=cpu", "--compile=False", "--dtype=float32",
+        "--eval_iters=2", "--log_interval=1", "--warmup_iters=2", "--learning_rate=3e-3",
+        "--min_lr=3e-4", "--dropout=0.0", "--seed=7"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # tiny matrices: extra threads only wait on each other on a busy machine
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory, corpus_path):
+    root = str(tmp_path_factory.mktemp("data"))
+    ensure_dataset("shakespeare_char", root, input_path=corpus_path)
+    return root
+
+
+def args(data_root, out_dir, *extra):
+    return ["--dataset=shakespeare_char", f"--data_root={data_root}", f"--out_dir={out_dir}", *TINY, *extra]
+
+
+def run_in_process(argv):
+    train.main(argv)
+
+
+def run_cli(argv, env=None, timeout=120, module=("train.py",)):
+    """train.py as a separate process, from the repo root."""
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    return subprocess.run([sys.executable, *module, *argv], cwd=train.__file__.rsplit(os.sep, 1)[0],
+                          env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def read_log(out_dir):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def losses(log):
+    return [(rec["iter"], rec["train_loss"], rec["val_loss"], rec["lr"], rec["tokens"]) for rec in log]
+
+
+def file_hash(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def assert_one_line_error(stderr, *needles):
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("error: ") and "Traceback" not in stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+# -----------------------------------------------------------------------------
+# Learning
+
+
+def unigram_entropy(tokens):
+    """Entropy (nats) of the train split's character frequencies: the best loss
+    of a model that ignores context."""
+    counts = np.array(list(Counter(tokens.tolist()).values()), dtype=np.float64)
+    p = counts / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+def independent_full_val(model, val, T):
+    """Mean next-token loss over every val token in non-overlapping windows."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for s in range(0, len(val) - 1, T):
+            x = torch.from_numpy(val[s:s + T + 1].astype(np.int64))
+            inp, tgt = x[:-1][None], x[1:][None]
+            logits, _ = model(inp)
+            total += F.cross_entropy(logits[0], tgt[0], reduction="sum").item()
+            count += tgt.numel()
+    return total / count
+
+
+def test_tiny_model_beats_unigram_baseline(data_root, tmp_path):
+    out = tmp_path / "out"
+    run_in_process(args(data_root, out, "--n_embd=64", "--batch_size=16", "--max_iters=300",
+                        "--lr_decay_iters=300", "--learning_rate=1e-2", "--eval_interval=100",
+                        "--eval_iters=10", "--eval_full_val=True"))
+    dataset_dir = os.path.join(data_root, "shakespeare_char")
+    baseline = unigram_entropy(load_tokens(dataset_dir, "train"))
+    assert 3.0 < baseline < 3.6  # sanity of the oracle itself: ln(65) = 4.17 is the uniform one
+
+    final = read_log(out)[-1]
+    assert final["iter"] == 300 and final["tokens"] == 300 * 16 * 32
+    assert final["val_loss_full"] < baseline - 0.5, (final, baseline)
+    assert abs(final["val_loss"] - final["val_loss_full"]) < 0.15  # sampled estimate agrees
+
+    ckpt = load_checkpoint(str(out))
+    model = GPT(GPTConfig(**ckpt["model_args"]))
+    model.load_state_dict(ckpt["model"])
+    model.eval()
+    expected = independent_full_val(model, load_tokens(dataset_dir, "val"), 32)
+    assert final["val_loss_full"] == pytest.approx(expected, abs=1e-4)
+
+
+# -----------------------------------------------------------------------------
+# Checkpoints: exact resume, crash during a save, divergence
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_resume_repeats_the_uninterrupted_run(data_root, tmp_path, optimizer):
+    common = [f"--optimizer={optimizer}", "--eval_interval=4", "--lr_decay_iters=16", "--dropout=0.1"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    run_in_process(args(data_root, a, *common, "--max_iters=16"))
+    run_in_process(args(data_root, b, *common, "--max_iters=8"))
+    assert load_checkpoint(str(b))["iter_num"] == 8
+    run_in_process(args(data_root, b, *common, "--max_iters=16", "--init_from=resume"))
+
+    log_a, log_b = read_log(a), read_log(b)
+    assert [r["iter"] for r in log_a] == [0, 4, 8, 12, 16]
+    assert losses(log_a) == losses(log_b)  # exact, not approximate
+    ca, cb = load_checkpoint(str(a)), load_checkpoint(str(b))
+    assert ca["iter_num"] == cb["iter_num"] == 16
+    for key in ca["model"]:
+        assert torch.equal(ca["model"][key], cb["model"][key]), key
+    assert torch.equal(ca["data"]["generator"], cb["data"]["generator"])
+    assert torch.equal(ca["rng"]["cpu"], cb["rng"]["cpu"])
+
+
+def test_checkpoint_holds_plain_data_only(data_root, tmp_path):
+    out = tmp_path / "out"
+    run_in_process(args(data_root, out, "--max_iters=2", "--eval_interval=2"))
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)  # refuses anything but plain data
+    assert {"model", "optimizer", "model_args", "iter_num", "best_val_loss", "config", "tokenizer",
+            "dataset", "rng", "data"} <= set(ckpt)
+    assert ckpt["tokenizer"]["kind"] == "char" and ckpt["dataset"] == "shakespeare_char"
+    assert ckpt["config"]["n_embd"] == 32 and ckpt["model_args"]["vocab_size"] == 65
+    assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
+
+
+KILLED_CHILD = """
+import os, sys, time
+import torch
+import train
+
+def stuck_save(obj, f, *args, **kwargs):
+    f.write(b"PK\\x03\\x04 a checkpoint that never gets finished")
+    f.flush()
+    open(sys.argv[1], "w").close()  # tell the parent we are inside the write
+    time.sleep(120)
+
+torch.save = stuck_save
+train.main(sys.argv[2:])
+"""
+
+
+def test_kill_during_save_keeps_previous_checkpoint(data_root, tmp_path):
+    out = tmp_path / "out"
+    base = args(data_root, out, "--eval_interval=2", "--always_save_checkpoint=True")
+    run_in_process(base + ["--max_iters=4"])
+    before = file_hash(out / "ckpt.pt")
+
+    marker = tmp_path / "writing"
+    child = subprocess.Popen([sys.executable, "-c", KILLED_CHILD, str(marker), *base,
+                              "--max_iters=8", "--init_from=resume"],
+                             cwd=os.path.dirname(train.__file__), env=dict(os.environ, OMP_NUM_THREADS="1"),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 90
+        while not marker.exists() and child.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), "the child never reached the checkpoint write"
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == -signal.SIGKILL
+    assert file_hash(out / "ckpt.pt") == before
+    assert load_checkpoint(str(out))["iter_num"] == 4
+
+
+def test_divergence_stops_without_touching_the_checkpoint(data_root, tmp_path, capsys):
+    out = tmp_path / "out"
+    run_in_process(args(data_root, out, "--max_iters=4", "--eval_interval=2"))
+    before = file_hash(out / "ckpt.pt")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        run_in_process(args(data_root, out, "--max_iters=200", "--eval_interval=1000", "--init_from=resume",
+                            "--learning_rate=1e6", "--decay_lr=False", "--grad_clip=0"))
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    line = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(line) == 1 and "diverged" in line[0] and "learning_rate" in line[0], err
+    assert file_hash(out / "ckpt.pt") == before
+
+
+# -----------------------------------------------------------------------------
+# Stopping: signals and max_time
+
+
+def test_sigterm_saves_and_resume_continues_exactly(data_root, tmp_path):
+    out = tmp_path / "out"
+    base = args(data_root, out, "--eval_interval=1000", "--lr_decay_iters=1000")
+    child = subprocess.Popen([sys.executable, "train.py", *base, "--max_iters=100000"],
+                             cwd=os.path.dirname(train.__file__), env=dict(os.environ, OMP_NUM_THREADS="1"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 90
+        while not (out / "log.jsonl").exists() and time.time() < deadline:  # iter 0 evaluated
+            time.sleep(0.05)
+        time.sleep(0.5)
+        child.send_signal(signal.SIGTERM)
+        stdout, stderr = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == 0, stderr
+    stopped = load_checkpoint(str(out))["iter_num"]
+    assert stopped >= 1 and f"stopped by SIGTERM at iter {stopped}" in stdout
+
+    run_in_process(base + [f"--max_iters={stopped + 3}", "--init_from=resume"])
+    straight = tmp_path / "straight"
+    run_in_process(args(data_root, straight, "--eval_interval=1000", "--lr_decay_iters=1000",
+                        f"--max_iters={stopped + 3}"))
+    resumed, reference = load_checkpoint(str(out)), load_checkpoint(str(straight))
+    assert resumed["iter_num"] == reference["iter_num"] == stopped + 3
+    for key in reference["model"]:
+        assert torch.equal(resumed["model"][key], reference["model"][key]), key
+
+
+def test_max_time_stops_evaluates_and_saves(data_root, tmp_path, capsys):
+    out = tmp_path / "out"
+    run_in_process(args(data_root, out, "--max_iters=1000000", "--eval_interval=1000000", "--max_time=1.0"))
+    last = read_log(out)[-1]
+    ckpt = load_checkpoint(str(out))
+    assert 0 < ckpt["iter_num"] == last["iter"] < 1000000
+    assert last["elapsed_s"] >= 1.0
+    assert "max_time" in capsys.readouterr().out
+
+
+# -----------------------------------------------------------------------------
+# Data parallel
+
+
+def test_torchrun_two_processes_match_one(data_root, tmp_path):
+    common = ["--gradient_accumulation_steps=2", "--batch_size=4", "--max_iters=6", "--eval_interval=3",
+              "--lr_decay_iters=6", "--eval_iters=4"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_in_process(args(data_root, one, *common))
+    result = run_cli(["--standalone", "--nproc_per_node=2", "train.py", *args(data_root, two, *common)],
+                     module=("-m", "torch.distributed.run"), timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    log_one, log_two = read_log(one), read_log(two)  # rank 0 alone writes the log
+    assert [r["iter"] for r in log_two] == [0, 3, 6]
+    for a, b in zip(log_one, log_two):
+        assert a["tokens"] == b["tokens"]
+        assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-4)
+        assert a["val_loss"] == pytest.approx(b["val_loss"], abs=1e-4)
+    c1, c2 = load_checkpoint(str(one)), load_checkpoint(str(two))
+    for key in c1["model"]:
+        torch.testing.assert_close(c1["model"][key], c2["model"][key], rtol=1e-4, atol=1e-5)
+
+
+def test_gradient_accumulation_must_divide_among_processes(data_root, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit) as exit_info:
+        run_in_process(args(data_root, tmp_path, "--gradient_accumulation_steps=3"))
+    assert exit_info.value.code == 2
+    assert_one_line_error(capsys.readouterr().err, "gradient_accumulation_steps", "divisible")
+
+
+# -----------------------------------------------------------------------------
+# Errors and logging
+
+
+@pytest.mark.parametrize("extra, needles", [
+    (["--batch_sze=3"], ["batch_sze", "batch_size"]),
+    (["--batch_size=abc"], ["batch_size", "int", "abc"]),
+    (["config/no_such_config.py"], ["config file not found", "no_such_config.py"]),
+    (["--n_embd=30", "--n_head=4"], ["n_embd", "divisible"]),
+    (["--dataset=no_such_dataset"], ["unknown dataset", "no_such_dataset"]),
+    (["--block_size=200000"], ["block_size"]),
+    (["--dtype=float8"], ["unknown dtype", "float8"]),
+    (["--optimizer=sgd"], ["unknown optimizer"]),
+    (["--init_from=nowhere"], ["init_from", "nowhere"]),
+    (["--init_from=resume"], ["no checkpoint"]),
+])
+def test_bad_settings_give_one_line_errors(data_root, tmp_path, capsys, extra, needles):
+    with pytest.raises(SystemExit) as exit_info:
+        run_in_process(args(data_root, tmp_path / "out", *extra))
+    assert exit_info.value.code == 2
+    assert_one_line_error(capsys.readouterr().err, *needles)
+    assert not os.path.exists(tmp_path / "out" / "ckpt.pt")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_gpu_is_a_one_line_error(data_root, tmp_path):
+    result = run_cli(args(data_root, tmp_path, "--device=cuda"))
+    assert result.returncode == 2
+    assert_one_line_error(result.stderr, "CUDA is not available", "--device=cpu")
+
+
+def test_help_lists_the_keys():
+    result = run_cli(["--help"])
+    assert result.returncode == 0
+    for key in ("--batch_size=", "--init_from=", "--max_time=", "--optimizer=", "--eval_full_val="):
+        assert key in result.stdout
+
+
+def test_wandb_offline_run_records_the_metrics(data_root, tmp_path):
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+    result = run_cli(args(data_root, tmp_path / "out", "--max_iters=2", "--eval_interval=1", "--wandb_log=True",
+                          "--wandb_project=test", "--wandb_run_name=tiny"), env=env, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = glob.glob(os.path.join(tmp_path, "wandb", "offline-run-*"))
+    assert len(runs) == 1
+    records = glob.glob(os.path.join(runs[0], "*.wandb"))
+    assert len(records) == 1
+    with open(records[0], "rb") as f:
+        record = f.read()  # protobuf records: keys and JSON values are stored as plain bytes
+    assert b"val_loss" in record and b"tiny" in record
+    log = read_log(tmp_path / "out")
+    assert [r["iter"] for r in log] == [0, 1, 2]
+    for rec in log:
+        assert json.dumps(rec["val_loss"]).encode() in record, rec

@@ -1,0 +1,556 @@
+"""
+Train a GPT on a prepared dataset, on one device or data-parallel.
+
+    python train.py config/shakespeare.py                  # a GPU: the character-level baby GPT
+    python train.py config/shakespeare_cpu.py              # a small version for a CPU
+    python train.py config/shakespeare.py --batch_size=32  # any key can be overridden
+    python train.py config/shakespeare.py --init_from=resume          # continue exactly
+    torchrun --standalone --nproc_per_node=8 train.py config/gpt2.py  # DistributedDataParallel
+
+Settings: DEFAULTS below, then config files (Python), then --key=value; see
+`python train.py --help`. Each evaluation is printed and appended to
+out_dir/log.jsonl; out_dir/ckpt.pt holds what resuming or sampling needs.
+"""
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+import types
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+from checkpoint import CheckpointError, checkpoint_path, clean_state_dict, load_checkpoint, save_checkpoint
+from configurator import ConfigError, describe, parse_args
+from data.prepare import DataError, ensure_dataset, load_meta, load_tokens
+from model import GPT, GPTConfig
+from tokenizer import TokenizerError
+
+# -----------------------------------------------------------------------------
+# Configuration, with nanoGPT's key names. The defaults train GPT-2 124M.
+
+DEFAULTS = dict(
+    # evaluation, logging, checkpoints
+    out_dir="out", eval_interval=2000, log_interval=1, eval_iters=200,
+    eval_only=False,  # evaluate once and exit
+    eval_full_val=False,  # the final evaluation also scores the whole val split (the val loss of record)
+    always_save_checkpoint=True,  # False: save only when val loss improves, and at the end
+    init_from="scratch",  # 'scratch', 'resume' (from out_dir), a Hugging Face GPT-2 folder, or 'gpt2*'
+    wandb_log=False, wandb_project="gpt", wandb_run_name=None,  # None: wandb picks a name
+    # data
+    dataset="shakespeare_char",
+    data_root=None,  # the folder of dataset folders; None: data/ in this repo
+    gradient_accumulation_steps=5 * 8,  # micro-steps per iter in all, shared by the DDP processes
+    batch_size=12, block_size=1024,
+    # model; n_kv_head None: as many as n_head
+    n_layer=12, n_head=12, n_embd=768, dropout=0.0, bias=True,
+    n_kv_head=None, rope=False, qk_norm=False, activation="gelu",
+    # optimizer: 'adamw', or 'muon' (Muon for the hidden matrices, AdamW for the rest)
+    optimizer="adamw", learning_rate=6e-4, max_iters=600000, weight_decay=1e-1,
+    beta1=0.9, beta2=0.95, grad_clip=1.0,  # grad_clip 0: no clipping
+    # learning rate: linear warmup, then cosine decay to min_lr
+    decay_lr=True, warmup_iters=2000, lr_decay_iters=600000, min_lr=6e-5,
+    max_time=0.0,  # seconds of training after which to evaluate, save and stop; 0: no limit
+    # system
+    device="auto",  # 'auto' (cuda, then mps, then cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
+    dtype="auto",  # 'auto' (bfloat16, or float16 where CUDA lacks it; float32 off CUDA), 'float32', ...
+    compile=None,  # torch.compile; None: on for CUDA only
+    seed=1337,
+    ddp_timeout=600,  # seconds a process waits for the others before it fails
+)
+
+MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "dropout",
+              "n_kv_head", "rope", "qk_norm", "activation")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+SMALL_DATASET = 100_000_000  # tokens; a smaller split lives on the device as int64
+USER_ERRORS = (ConfigError, DataError, CheckpointError, TokenizerError, ValueError)
+
+
+class TrainingError(Exception):
+    """Training cannot go on (the loss diverged); the message is for the user."""
+
+
+def check_config(cfg):
+    """Refuse bad values before anything slow happens."""
+    for key in ("batch_size", "block_size", "gradient_accumulation_steps", "eval_interval",
+                "eval_iters", "log_interval", "ddp_timeout"):
+        if cfg[key] < 1:
+            raise ValueError(f"{key} must be a positive integer, got {cfg[key]}")
+    for key in ("max_iters", "warmup_iters", "lr_decay_iters", "learning_rate", "min_lr",
+                "weight_decay", "grad_clip", "max_time"):
+        if cfg[key] < 0:
+            raise ValueError(f"{key} must be >= 0, got {cfg[key]}")
+    if cfg["dtype"] not in DTYPES:
+        raise ValueError(f"unknown dtype {cfg['dtype']!r}; use one of {', '.join(DTYPES)}")
+    if cfg["optimizer"] not in ("adamw", "muon"):
+        raise ValueError(f"unknown optimizer {cfg['optimizer']!r}; use 'adamw' or 'muon'")
+    if cfg["optimizer"] == "muon" and not hasattr(torch.optim, "Muon"):
+        raise ValueError("optimizer='muon' needs torch.optim.Muon (torch >= 2.9); use --optimizer=adamw")
+    if cfg["compile"] not in (None, True, False):
+        raise ValueError(f"compile must be True, False or None (auto), got {cfg['compile']!r}")
+    for key in ("data_root", "wandb_run_name"):
+        if cfg[key] is not None and not isinstance(cfg[key], str):
+            raise ValueError(f"{key} must be a string or None, got {cfg[key]!r}")
+    if cfg["init_from"] == "scratch":
+        GPTConfig(**model_args(cfg, vocab_size=1))  # raises on bad model sizes
+
+
+def model_args(cfg, vocab_size):
+    return dict({key: cfg[key] for key in MODEL_KEYS}, vocab_size=vocab_size)
+
+
+def pick_device(cfg, local_rank, ddp):
+    """(device, dtype name): CUDA, then MPS, then CPU; bf16 autocast where CUDA has it."""
+    name = cfg["device"]
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("CUDA is not available; use --device=cpu")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("MPS is not available; use --device=cpu")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"unsupported device {name!r}; use auto, cpu, cuda or mps")
+    if device.type == "cuda" and (ddp or device.index is None):
+        device = torch.device("cuda", local_rank)  # one GPU per process
+    dtype = cfg["dtype"]
+    if dtype == "auto":
+        cuda_dtype = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float16"
+        dtype = cuda_dtype if device.type == "cuda" else "float32"
+    if dtype == "float16" and device.type != "cuda":
+        raise ValueError("float16 training needs CUDA; use --dtype=bfloat16 or --dtype=float32")
+    return device, dtype
+
+
+# -----------------------------------------------------------------------------
+# Data: a batch is a set of random block_size windows of a split
+
+
+def load_split(dataset_dir, split, block_size, device):
+    """A small split becomes one int64 tensor on the device, so a batch is one
+    gather there; a large one stays a memmap, read batch by batch."""
+    tokens = load_tokens(dataset_dir, split)
+    if len(tokens) < block_size + 1:
+        raise ValueError(f"the {split} split of {dataset_dir} has {len(tokens)} tokens, fewer than "
+                         f"block_size + 1 = {block_size + 1}; use a smaller --block_size")
+    if len(tokens) < SMALL_DATASET:
+        return torch.from_numpy(tokens.astype(np.int64)).to(device)
+    return tokens
+
+
+def to_device(t, device):
+    if device.type == "cuda":  # from pinned memory the copy does not stall the host
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def get_batch(data, starts, length, device):
+    """x, y (N, length) for the windows starting at starts (N,); y is x shifted by one."""
+    if isinstance(data, torch.Tensor):
+        rows = to_device(starts, device)[:, None] + torch.arange(length + 1, device=device)
+        chunk = data[rows]  # (N, length + 1)
+    else:
+        rows = starts.numpy()[:, None] + np.arange(length + 1)
+        chunk = to_device(torch.from_numpy(data[rows].astype(np.int64)), device)
+    return chunk[:, :-1], chunk[:, 1:]
+
+
+def step_batches(data, gen, cfg, rank, world, device):
+    """This process's micro-batches of one iter, x and y (accum / world, B, T).
+
+    Every process draws the windows of all micro-steps from the same generator
+    and takes micro-steps rank, rank + world, ...: the update is then the same
+    whatever the number of processes."""
+    n, B, T = cfg["gradient_accumulation_steps"], cfg["batch_size"], cfg["block_size"]
+    starts = torch.randint(len(data) - T, (n, B), generator=gen)[rank::world]  # (n / world, B)
+    x, y = get_batch(data, starts.reshape(-1), T, device)
+    return x.reshape(-1, B, T), y.reshape(-1, B, T)
+
+
+def all_sum(t, world):
+    if world > 1:
+        dist.all_reduce(t)
+    return t
+
+
+@torch.no_grad()
+def estimate_loss(r, seed):
+    """Mean loss of eval_iters random batches per split, shared by the processes.
+    A fresh generator: evaluating never shifts the training batches."""
+    gen, (B, T) = torch.Generator().manual_seed(seed), (r.cfg["batch_size"], r.cfg["block_size"])
+    out = {}
+    r.model.eval()
+    for split, data in r.splits.items():
+        starts = torch.randint(len(data) - T, (r.cfg["eval_iters"], B), generator=gen)
+        total = torch.zeros((), device=r.device)
+        for row in starts[r.rank::r.world]:
+            with r.ctx:
+                total += r.model(*get_batch(data, row, T, r.device))[1].float()
+        out[split] = all_sum(total, r.world).item() / r.cfg["eval_iters"]
+    r.model.train()
+    return out
+
+
+@torch.no_grad()
+def full_val_loss(r):
+    """Mean loss over every token of the val split, in non-overlapping
+    block_size windows (the last one shorter): no sampling noise at all."""
+    data, B, T = r.splits["val"], r.cfg["batch_size"], r.cfg["block_size"]
+    n = len(data) - 1  # tokens with a next token to predict
+    starts = torch.arange(0, n, T)
+    batches = [(s, T) for s in starts[:n // T].split(B)]  # full windows
+    if n % T:
+        batches.append((starts[-1:], n % T))  # the shorter last window
+    total = torch.zeros(2, device=r.device)  # (loss summed over tokens, tokens)
+    r.raw.eval()
+    for batch, length in batches[r.rank::r.world]:
+        x, y = get_batch(data, batch, length, r.device)
+        with r.ctx:
+            total[0] += r.raw(x, y)[1].float() * y.numel()
+        total[1] += y.numel()
+    r.raw.train()
+    total = all_sum(total, r.world)
+    return (total[0] / total[1]).item()
+
+
+# -----------------------------------------------------------------------------
+# Model and optimizer
+
+
+def init_model(cfg, meta, device):
+    """(model, checkpoint or None); cfg's model keys are set to the model's own."""
+    init, ckpt = cfg["init_from"], None
+    if init == "scratch":
+        model = GPT(GPTConfig(**model_args(cfg, meta["vocab_size"])))
+    elif init == "resume":
+        ckpt = load_checkpoint(cfg["out_dir"])
+        missing = {"optimizer", "iter_num", "best_val_loss", "rng", "data"} - set(ckpt)
+        if missing:
+            raise CheckpointError(f"cannot resume from {checkpoint_path(cfg['out_dir'])}: it lacks "
+                                  f"{', '.join(sorted(missing))}")
+        if ckpt.get("tokenizer") != meta["tokenizer"]:
+            raise ValueError(f"the checkpoint in {cfg['out_dir']} was trained on another tokenizer "
+                             f"(dataset {ckpt.get('dataset')!r}); pass --dataset={ckpt.get('dataset')}")
+        model = GPT(GPTConfig(**dict(ckpt["model_args"], dropout=cfg["dropout"])))
+        model.load_state_dict(ckpt["model"])
+    elif os.path.isdir(init) or init.startswith("gpt2"):
+        if meta["tokenizer"]["kind"] != "gpt2":
+            raise ValueError(f"init_from={init!r} needs a dataset tokenized with GPT-2 BPE, and "
+                             f"{cfg['dataset']!r} is not; try --dataset=shakespeare")
+        model = GPT.from_pretrained(init, dropout=cfg["dropout"], block_size=cfg["block_size"])
+    else:
+        raise ValueError(f"init_from must be 'scratch', 'resume', a GPT-2 folder or a 'gpt2*' name, "
+                         f"not {init!r}")
+    if model.config.vocab_size < meta["vocab_size"]:
+        raise ValueError(f"the model's vocabulary ({model.config.vocab_size}) is smaller than the "
+                         f"dataset's ({meta['vocab_size']})")
+    cfg.update({key: getattr(model.config, key) for key in MODEL_KEYS})
+    return model.to(device), ckpt
+
+
+def make_optimizers(model, cfg, device_type):
+    """Optimizers that step together: [AdamW], or [Muon, AdamW]."""
+    lr, wd, betas = cfg["learning_rate"], cfg["weight_decay"], (cfg["beta1"], cfg["beta2"])
+    if cfg["optimizer"] == "adamw":
+        return [model.configure_optimizers(wd, lr, betas, device_type)]
+    # Muon orthogonalises the update of each hidden matrix. Embeddings (and the
+    # head tied to them), biases and gains are not hidden matrices: AdamW.
+    # match_rms_adamw scales Muon's steps like AdamW's, so one lr serves both.
+    hidden = [p for p in model.transformer.h.parameters() if p.dim() == 2]
+    hidden_ids = {id(p) for p in hidden}
+    rest = [p for p in model.parameters() if id(p) not in hidden_ids]
+    muon = torch.optim.Muon(hidden, lr=lr, weight_decay=wd, adjust_lr_fn="match_rms_adamw")
+    adamw = torch.optim.AdamW([{"params": [p for p in rest if p.dim() >= 2], "weight_decay": wd},
+                               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}],
+                              lr=lr, betas=betas, fused=device_type == "cuda")
+    return [muon, adamw]
+
+
+def get_lr(it, cfg):
+    """Linear warmup, cosine decay to min_lr at lr_decay_iters, then min_lr."""
+    lr, warmup, end, min_lr = cfg["learning_rate"], cfg["warmup_iters"], cfg["lr_decay_iters"], cfg["min_lr"]
+    if not cfg["decay_lr"]:
+        return lr
+    if it < warmup:
+        return lr * (it + 1) / (warmup + 1)
+    if it >= end:
+        return min_lr
+    progress = (it - warmup) / (end - warmup)  # 0 -> 1
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
+
+
+# -----------------------------------------------------------------------------
+# Setup: everything that can fail because of the settings happens here
+
+
+def setup(cfg):
+    rank, local_rank, world = (int(os.environ.get(k, d)) for k, d in
+                               (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1)))  # set by torchrun
+    if cfg["gradient_accumulation_steps"] % world:
+        raise ValueError(f"gradient_accumulation_steps ({cfg['gradient_accumulation_steps']}) must be "
+                         f"divisible by the number of processes ({world})")
+    device, dtype = pick_device(cfg, local_rank, world > 1)
+    if world > 1:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                timeout=datetime.timedelta(seconds=cfg["ddp_timeout"]))
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls
+    torch.manual_seed(cfg["seed"] + rank)  # model init, then dropout
+
+    if local_rank == 0:  # prepares a missing dataset while the other processes wait
+        ensure_dataset(cfg["dataset"], cfg["data_root"])
+    if world > 1:
+        dist.barrier()
+    dataset_dir = ensure_dataset(cfg["dataset"], cfg["data_root"])
+    meta = load_meta(dataset_dir)
+    raw, ckpt = init_model(cfg, meta, device)
+    splits = {split: load_split(dataset_dir, split, cfg["block_size"], device) for split in ("train", "val")}
+    optimizers = make_optimizers(raw, cfg, device.type)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == "float16")
+    data_gen = torch.Generator().manual_seed(cfg["seed"])  # the same on every process
+    iter_num, best_val_loss = 0, float("inf")
+    if ckpt is not None:
+        iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
+        if iter_num >= cfg["max_iters"] and not cfg["eval_only"]:
+            raise ValueError(f"the checkpoint is at iter {iter_num} and max_iters is {cfg['max_iters']}; "
+                             "raise --max_iters to train further")
+        states = ckpt["optimizer"] if isinstance(ckpt["optimizer"], list) else [ckpt["optimizer"]]
+        if len(states) != len(optimizers):
+            raise ValueError(f"the checkpoint was trained with optimizer="
+                             f"{ckpt['config'].get('optimizer')!r}; resume with the same one")
+        for opt, state in zip(optimizers, states):
+            opt.load_state_dict(state)
+        if "scaler" in ckpt:
+            scaler.load_state_dict(ckpt["scaler"])
+        data_gen.set_state(ckpt["data"]["generator"])
+        torch.set_rng_state(ckpt["rng"]["cpu"])
+        if device.type == "cuda" and "cuda" in ckpt["rng"]:
+            torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
+
+    # raw: the plain module (saved); model: maybe compiled (evaluated); ddp_model: trained
+    model = torch.compile(raw) if (device.type == "cuda" if cfg["compile"] is None else cfg["compile"]) else raw
+    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if world > 1 else model
+    ctx = contextlib.nullcontext() if dtype == "float32" else torch.autocast(device.type, getattr(torch, dtype))
+    wandb = None
+    if cfg["wandb_log"] and rank == 0:
+        try:
+            import wandb  # here only: a slow import that most runs do not need
+        except ImportError:
+            raise ValueError("wandb_log=True needs wandb: pip install wandb") from None
+        wandb.init(project=cfg["wandb_project"], name=cfg["wandb_run_name"], config=cfg)
+    tokens_per_iter = cfg["gradient_accumulation_steps"] * cfg["batch_size"] * cfg["block_size"]
+    if rank == 0:
+        os.makedirs(cfg["out_dir"], exist_ok=True)
+        print(f"{raw.num_params() / 1e6:.2f}M parameters | {device}, {dtype} | {world} process(es) | "
+              f"{tokens_per_iter:,} tokens per iter | {dataset_dir}")
+    return types.SimpleNamespace(
+        cfg=cfg, rank=rank, world=world, master=rank == 0, device=device, ctx=ctx, raw=raw, model=model,
+        ddp_model=ddp_model, optimizers=optimizers, scaler=scaler, data_gen=data_gen, splits=splits,
+        meta=meta, tokens_per_iter=tokens_per_iter, start_iter=iter_num, best_val_loss=best_val_loss,
+        resumed=ckpt is not None, wandb=wandb)
+
+
+# -----------------------------------------------------------------------------
+# Training
+
+
+def train_step(r, lr):
+    """One iter: all micro-steps, then one optimizer step. Returns this
+    process's loss summed over its micro-steps, left on the device."""
+    for opt in r.optimizers:
+        for group in opt.param_groups:
+            group["lr"] = lr
+    x, y = step_batches(r.splits["train"], r.data_gen, r.cfg, r.rank, r.world, r.device)
+    n = x.size(0)
+    loss_sum = torch.zeros((), device=r.device)
+    for micro in range(n):
+        # DDP averages the gradients across processes on the last micro-step only
+        sync = r.ddp_model.no_sync() if r.world > 1 and micro < n - 1 else contextlib.nullcontext()
+        with sync:
+            with r.ctx:
+                _, loss = r.ddp_model(x[micro], y[micro])
+            loss_sum += loss.detach().float()
+            r.scaler.scale(loss / n).backward()
+    if r.cfg["grad_clip"] > 0:
+        for opt in r.optimizers:
+            r.scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(r.raw.parameters(), r.cfg["grad_clip"])
+    for opt in r.optimizers:
+        r.scaler.step(opt)
+    r.scaler.update()
+    for opt in r.optimizers:
+        opt.zero_grad(set_to_none=True)
+    return loss_sum
+
+
+def save(r, iter_num, best_val_loss):
+    """The state right before iter iter_num, so that resuming repeats it exactly."""
+    if not r.master:
+        return
+    rng = {"cpu": torch.get_rng_state()}
+    if r.device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(r.device)
+    states = [opt.state_dict() for opt in r.optimizers]
+    ckpt = dict(model=clean_state_dict(r.raw.state_dict()), optimizer=states[0] if len(states) == 1 else states,
+                model_args=dataclasses.asdict(r.raw.config), iter_num=iter_num, best_val_loss=best_val_loss,
+                config=dict(r.cfg), tokenizer=r.meta["tokenizer"], dataset=r.cfg["dataset"], rng=rng,
+                data={"generator": r.data_gen.get_state()})
+    if r.scaler.is_enabled():
+        ckpt["scaler"] = r.scaler.state_dict()
+    save_checkpoint(ckpt, checkpoint_path(r.cfg["out_dir"]))
+
+
+def diverged(loss, iter_num):
+    return TrainingError(f"the loss is {loss} at iter {iter_num}: training diverged; "
+                         "try a lower --learning_rate (the last checkpoint is kept)")
+
+
+def evaluate(r, iter_num, elapsed, final):
+    """Evaluate; print and log one line to out_dir/log.jsonl (and wandb)."""
+    losses = estimate_loss(r, r.cfg["seed"] + iter_num)
+    rec = dict(iter=iter_num, train_loss=losses["train"], val_loss=losses["val"], lr=get_lr(iter_num, r.cfg),
+               elapsed_s=round(elapsed, 3), tokens=iter_num * r.tokens_per_iter)
+    if final and r.cfg["eval_full_val"]:
+        rec["val_loss_full"] = full_val_loss(r)
+    if not (math.isfinite(rec["train_loss"]) and math.isfinite(rec["val_loss"])):
+        raise diverged(rec["val_loss"], iter_num)
+    if r.master:
+        full = f", whole val split {rec['val_loss_full']:.4f}" if "val_loss_full" in rec else ""
+        tqdm.write(f"iter {iter_num}: train loss {rec['train_loss']:.4f}, val loss {rec['val_loss']:.4f}{full}")
+        with open(os.path.join(r.cfg["out_dir"], "log.jsonl"), "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        if r.wandb is not None:
+            r.wandb.log(rec, step=iter_num)
+    return rec
+
+
+class StopSignals:
+    """SIGINT and SIGTERM ask the loop to stop after the current step; a second one stops at once."""
+
+    def __init__(self):
+        self.name, self.saved = None, {}
+
+    def handle(self, signum, frame):
+        self.name = signal.Signals(signum).name
+        signal.signal(signum, self.saved[signum])
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+            self.saved = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+
+
+def train(r):
+    cfg, iter_num, best = r.cfg, r.start_iter, r.best_val_loss
+    clock = {"start": time.perf_counter(), "paused": 0.0}  # training time leaves evaluations out
+
+    def elapsed():
+        return time.perf_counter() - clock["start"] - clock["paused"]
+
+    def evaluate_and_save(final):
+        nonlocal best
+        if r.device.type == "cuda":
+            torch.cuda.synchronize()  # charge the queued steps to training time
+        paused_at = time.perf_counter()
+        rec = evaluate(r, iter_num, elapsed(), final)
+        improved, best = rec["val_loss"] < best, min(best, rec["val_loss"])
+        if final or (iter_num > 0 and (improved or cfg["always_save_checkpoint"])):
+            save(r, iter_num, best)
+        clock["paused"] += time.perf_counter() - paused_at
+
+    if cfg["eval_only"]:
+        evaluate(r, iter_num, 0.0, final=True)
+        return
+    last_log, stop = (iter_num, 0.0), None  # (iter, elapsed) at the last log step
+    with tqdm(total=cfg["max_iters"], initial=iter_num, disable=not r.master, dynamic_ncols=True) as bar, \
+            StopSignals() as signals:
+        while iter_num < cfg["max_iters"] and stop is None:
+            # a resumed run was evaluated just before its checkpoint was saved
+            if iter_num % cfg["eval_interval"] == 0 and not (r.resumed and iter_num == r.start_iter):
+                evaluate_and_save(final=False)
+            loss_sum = train_step(r, get_lr(iter_num, cfg))
+            iter_num += 1
+            bar.update()
+            wants_stop = signals.name is not None or 0 < cfg["max_time"] <= elapsed()
+            if iter_num % cfg["log_interval"] == 0 or iter_num == cfg["max_iters"]:
+                # the processes agree on the mean loss and on stopping (this waits for the device)
+                t = torch.stack([loss_sum / cfg["gradient_accumulation_steps"],
+                                 torch.tensor(float(wants_stop), device=r.device)])
+                loss, wants_stop = all_sum(t, r.world).tolist()
+                if not math.isfinite(loss):
+                    raise diverged(loss, iter_num - 1)
+                dt = (elapsed() - last_log[1]) / (iter_num - last_log[0])  # seconds per iter
+                last_log = (iter_num, elapsed())
+                mfu = r.raw.estimate_mfu(r.tokens_per_iter // r.world, dt)
+                bar.set_postfix_str(f"loss {loss:.4f}, lr {get_lr(iter_num - 1, cfg):.2e}, "
+                                    f"{r.tokens_per_iter / dt:,.0f} tok/s" + (f", MFU {mfu:.1%}" if mfu else ""))
+            elif r.world > 1:
+                wants_stop = False  # not before the processes agree, at the next log step
+            if wants_stop:
+                stop = signals.name or "max_time"
+    steps, seconds = iter_num - r.start_iter, elapsed()
+    if stop in ("SIGINT", "SIGTERM"):
+        save(r, iter_num, best)  # no evaluation: the process may have little time left
+        if r.master:
+            print(f"stopped by {stop} at iter {iter_num}; saved {checkpoint_path(cfg['out_dir'])}; "
+                  "continue with --init_from=resume")
+        return
+    evaluate_and_save(final=True)
+    if r.master:
+        per_iter = f" ({1000 * seconds / steps:.1f} ms/iter)" if steps else ""
+        print(f"done at iter {iter_num}{' (max_time reached)' if stop else ''}: best val loss {best:.4f}, "
+              f"{seconds:.1f}s of training{per_iter}; checkpoint {checkpoint_path(cfg['out_dir'])}")
+
+
+def fail(message, code):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if "--help" in argv or "-h" in argv:
+        print(__doc__.strip() + "\n\nkeys and their defaults:\n" + describe(DEFAULTS))
+        return
+    try:
+        try:
+            cfg = parse_args(DEFAULTS, argv)
+            check_config(cfg)
+            run = setup(cfg)
+        except USER_ERRORS as e:
+            fail(e, 2)
+        try:
+            train(run)
+        except (CheckpointError, TrainingError) as e:
+            fail(e, 1)
+        finally:
+            if run.wandb is not None:
+                run.wandb.finish()
+    except KeyboardInterrupt:
+        fail("interrupted", 130)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
