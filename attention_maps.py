@@ -141,7 +141,8 @@ def format_table(stats):
     """The heads' stats as a small text table."""
     lines = ["layer  head  entropy  pattern   score"]
     for s in stats:
-        lines.append(f"{s['layer']:>5}  {s['head']:>4}  {s['entropy']:>7.2f}  {s['pattern']:<8}  {s['score']:>5.2f}")
+        lines.append(f"{s['layer']:>5}  {s['head']:>4}  {s['entropy']:>7.2f}  "
+                     f"{s['pattern']:<8}  {s['score']:>5.2f}")
     return "\n".join(lines)
 
 

@@ -111,7 +111,10 @@ def parse_args(defaults, argv, allow_files=True):
                 i += 1
             else:
                 raise ConfigError(f"--{key} needs a value")
-        config[key] = coerce(key, parse_value(text), defaults[key])
+        value = parse_value(text)
+        if isinstance(defaults[key], str) and not isinstance(value, str):
+            value = text  # a text option keeps what was typed: --prompt=1e3 stays "1e3"
+        config[key] = coerce(key, value, defaults[key])
     return config
 
 

@@ -109,7 +109,8 @@ def load_model(cfg):
     """Return (model, tokenizer, folder): folder is where the model came from,
     the default home of its attention maps."""
     source = cfg["init_from"] or cfg["out_dir"]
-    is_hf = os.path.isfile(os.path.join(source, "config.json")) and not os.path.exists(checkpoint_path(source))
+    has_ckpt = os.path.exists(checkpoint_path(source))
+    is_hf = os.path.isfile(os.path.join(source, "config.json")) and not has_ckpt
     if cfg["init_from"] and (is_hf or (cfg["init_from"].startswith("gpt2") and not os.path.exists(source))):
         try:
             model = GPT.from_pretrained(source)
@@ -177,7 +178,9 @@ def generate_one(model, idx, cfg, generator, attention=False, on_token=None):
 
     Returns (new token ids (list), steps), where steps is None unless
     attention: then it is the (maps, window_start) of each forward since the
-    context window last slid, for attention_maps.assemble.
+    last one that covered the whole context window (the prompt's prefill, the
+    rebuild after a slide, or any step without the cache), which is all
+    attention_maps.assemble needs.
 
     The very last token is never fed through the model while generating, so
     with attention the stream runs one step further: that step's forward
@@ -215,23 +218,21 @@ def make_printer(tok, prompt_ids):
     text and prints what is new, holding back an incomplete UTF-8 character
     (a BPE token can end half-way through one)."""
     ids = list(prompt_ids)
-    shown = 0
+    text = tok.decode(ids)
+    print(text, end="", flush=True)
+    shown = len(text)
 
     def on_token(token):
         nonlocal shown
         ids.append(token)
         text = tok.decode(ids)
-        if text.endswith("\ufffd"):
-            return
-        print(text[shown:], end="", flush=True)
-        shown = len(text)
+        if not text.endswith("\ufffd"):
+            print(text[shown:], end="", flush=True)
+            shown = len(text)
 
     def finish():
-        text = tok.decode(ids)
-        print(text[shown:])
+        print(tok.decode(ids)[shown:])
 
-    print(tok.decode(ids), end="", flush=True)
-    shown = len(tok.decode(ids))
     return on_token, finish
 
 
@@ -276,9 +277,9 @@ def main(argv):
         if want_attention:
             attention = (steps, prompt_ids + new)
     n_new = cfg["num_samples"] * cfg["max_new_tokens"]
-    mode = "kv cache" if not cfg["no_cache"] else "no cache"
+    how = f"{'no cache' if cfg['no_cache'] else 'kv cache'}, {device}, {str(dtype).removeprefix('torch.')}"
     print(f"prompt {len(prompt_ids)} tokens, {cfg['num_samples']} x {cfg['max_new_tokens']} new tokens, "
-          f"{n_new / max(elapsed, 1e-9):.1f} tokens/s ({mode}, {device}, {str(dtype).removeprefix('torch.')})")
+          f"{n_new / max(elapsed, 1e-9):.1f} tokens/s ({how})")
 
     if attention is not None:
         save_attention(attn_dir, tok, *attention)

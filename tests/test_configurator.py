@@ -18,6 +18,9 @@ def test_overrides_in_both_forms_and_bare_flags():
     assert parse_args(DEFAULTS, ["--learning_rate=1"])["learning_rate"] == 1.0  # int widens to float
     assert parse_args(DEFAULTS, ["--batch_size=5e3"])["batch_size"] == 5000
     assert DEFAULTS["batch_size"] == 12  # the defaults are never modified
+    for text in ("1e3", "True", "None", "(1, 2)"):  # text options keep what was typed
+        assert parse_args(DEFAULTS, [f"--out_dir={text}"])["out_dir"] == text
+    assert parse_args(DEFAULTS, ["--out_dir='quoted'"])["out_dir"] == "quoted"
 
 
 def test_config_file_sets_globals_and_overrides_win(tmp_path):
