@@ -33,6 +33,10 @@ def save_checkpoint(obj, path):
     """
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
+    # a process killed mid-write leaves its temporary file behind; sweep those
+    for name in os.listdir(folder):
+        if name.startswith(os.path.basename(path) + ".tmp."):
+            os.remove(os.path.join(folder, name))
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         with open(tmp, "wb") as f:

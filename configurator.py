@@ -104,7 +104,8 @@ def parse_args(defaults, argv, allow_files=True):
         if key not in defaults:
             raise _unknown(key, list(defaults))
         if not sep:
-            if isinstance(defaults[key], bool) and (i == len(argv) or argv[i].startswith("--")):
+            bare = i == len(argv) or argv[i].startswith("--")
+            if bare and (isinstance(defaults[key], bool) or defaults[key] is None):
                 text = "True"  # a bare --flag switches a boolean on
             elif i < len(argv):
                 text = argv[i]

@@ -110,26 +110,22 @@ def model_args(cfg, vocab_size):
 
 
 def pick_device(cfg, local_rank, ddp):
-    """(device, dtype name): CUDA, then MPS, then CPU; bf16 autocast where CUDA has it."""
-    name = cfg["device"]
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    """(device, dtype name): CUDA, then MPS, then CPU; bfloat16 autocast where CUDA has it."""
+    available = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(), "cpu": True}
+    name = next(kind for kind, ok in available.items() if ok) if cfg["device"] == "auto" else cfg["device"]
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ValueError(f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("CUDA is not available; use --device=cpu")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("MPS is not available; use --device=cpu")
-    if device.type not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"unsupported device {name!r}; use auto, cpu, cuda or mps")
+        device = None
+    if device is None or device.type not in available:
+        raise ValueError(f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps")
+    if not available[device.type]:
+        raise ValueError(f"{device.type.upper()} is not available; use --device=cpu")
     if device.type == "cuda" and (ddp or device.index is None):
         device = torch.device("cuda", local_rank)  # one GPU per process
     dtype = cfg["dtype"]
     if dtype == "auto":
-        cuda_dtype = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float16"
-        dtype = cuda_dtype if device.type == "cuda" else "float32"
+        dtype = "float32" if device.type != "cuda" else "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
     if dtype == "float16" and device.type != "cuda":
         raise ValueError("float16 training needs CUDA; use --dtype=bfloat16 or --dtype=float32")
     return device, dtype
@@ -187,43 +183,41 @@ def all_sum(t, world):
 
 
 @torch.no_grad()
+def mean_loss(r, model, data, batches):
+    """Mean loss per token over batches [(starts (N,), length)], shared by the processes."""
+    total = torch.zeros(2, device=r.device)  # (loss summed over tokens, tokens)
+    model.eval()
+    for starts, length in batches[r.rank::r.world]:
+        x, y = get_batch(data, starts, length, r.device)
+        with r.ctx:
+            total[0] += model(x, y)[1].float() * y.numel()
+        total[1] += y.numel()
+    model.train()
+    total = all_sum(total, r.world)
+    return (total[0] / total[1]).item()
+
+
 def estimate_loss(r, seed):
-    """Mean loss of eval_iters random batches per split, shared by the processes.
-    A fresh generator: evaluating never shifts the training batches."""
-    gen, (B, T) = torch.Generator().manual_seed(seed), (r.cfg["batch_size"], r.cfg["block_size"])
-    out = {}
-    r.model.eval()
+    """Loss on eval_iters random batches per split. The generator is a fresh one,
+    so evaluating never shifts the training batches."""
+    gen, B, T = torch.Generator().manual_seed(seed), r.cfg["batch_size"], r.cfg["block_size"]
+    losses = {}
     for split, data in r.splits.items():
-        starts = torch.randint(len(data) - T, (r.cfg["eval_iters"], B), generator=gen)
-        total = torch.zeros((), device=r.device)
-        for row in starts[r.rank::r.world]:
-            with r.ctx:
-                total += r.model(*get_batch(data, row, T, r.device))[1].float()
-        out[split] = all_sum(total, r.world).item() / r.cfg["eval_iters"]
-    r.model.train()
-    return out
+        starts = torch.randint(len(data) - T, (r.cfg["eval_iters"], B), generator=gen)  # (eval_iters, B)
+        losses[split] = mean_loss(r, r.model, data, [(row, T) for row in starts])
+    return losses
 
 
-@torch.no_grad()
 def full_val_loss(r):
-    """Mean loss over every token of the val split, in non-overlapping
-    block_size windows (the last one shorter): no sampling noise at all."""
+    """Loss on every token of the val split, in non-overlapping block_size
+    windows (the last one shorter): the val loss of record, without sampling noise."""
     data, B, T = r.splits["val"], r.cfg["batch_size"], r.cfg["block_size"]
     n = len(data) - 1  # tokens with a next token to predict
     starts = torch.arange(0, n, T)
-    batches = [(s, T) for s in starts[:n // T].split(B)]  # full windows
+    batches = [(batch, T) for batch in starts[:n // T].split(B)]
     if n % T:
-        batches.append((starts[-1:], n % T))  # the shorter last window
-    total = torch.zeros(2, device=r.device)  # (loss summed over tokens, tokens)
-    r.raw.eval()
-    for batch, length in batches[r.rank::r.world]:
-        x, y = get_batch(data, batch, length, r.device)
-        with r.ctx:
-            total[0] += r.raw(x, y)[1].float() * y.numel()
-        total[1] += y.numel()
-    r.raw.train()
-    total = all_sum(total, r.world)
-    return (total[0] / total[1]).item()
+        batches.append((starts[-1:], n % T))
+    return mean_loss(r, r.raw, data, batches)
 
 
 # -----------------------------------------------------------------------------
@@ -292,6 +286,37 @@ def get_lr(it, cfg):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
 
 
+def restore(ckpt, cfg, optimizers, scaler, data_gen, device, rank):
+    """Optimizer, RNG and data-sampling state as they were right before iter ckpt['iter_num']."""
+    if ckpt["iter_num"] >= cfg["max_iters"] and not cfg["eval_only"]:
+        raise ValueError(f"the checkpoint is at iter {ckpt['iter_num']} and max_iters is {cfg['max_iters']}; "
+                         "raise --max_iters to train further")
+    states = ckpt["optimizer"] if isinstance(ckpt["optimizer"], list) else [ckpt["optimizer"]]
+    if len(states) != len(optimizers):
+        raise ValueError(f"the checkpoint was trained with optimizer={ckpt['config'].get('optimizer')!r}; "
+                         "resume with the same one")
+    for opt, state in zip(optimizers, states):
+        opt.load_state_dict(state)
+    if "scaler" in ckpt:
+        scaler.load_state_dict(ckpt["scaler"])
+    data_gen.set_state(ckpt["data"]["generator"])
+    if rank > 0:  # only rank 0's RNG is saved; the others need dropout masks of their own
+        torch.manual_seed(cfg["seed"] + rank + 1000 * ckpt["iter_num"])
+        return
+    torch.set_rng_state(ckpt["rng"]["cpu"])
+    if device.type == "cuda" and "cuda" in ckpt["rng"]:
+        torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
+
+
+def start_wandb(cfg):
+    try:
+        import wandb  # here only: a slow import that most runs do not need
+    except ImportError:
+        raise ValueError("wandb_log=True needs wandb: pip install wandb") from None
+    wandb.init(project=cfg["wandb_project"], name=cfg["wandb_run_name"], config=cfg)
+    return wandb
+
+
 # -----------------------------------------------------------------------------
 # Setup: everything that can fail because of the settings happens here
 
@@ -323,46 +348,27 @@ def setup(cfg):
     optimizers = make_optimizers(raw, cfg, device.type)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == "float16")
     data_gen = torch.Generator().manual_seed(cfg["seed"])  # the same on every process
-    iter_num, best_val_loss = 0, float("inf")
     if ckpt is not None:
-        iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
-        if iter_num >= cfg["max_iters"] and not cfg["eval_only"]:
-            raise ValueError(f"the checkpoint is at iter {iter_num} and max_iters is {cfg['max_iters']}; "
-                             "raise --max_iters to train further")
-        states = ckpt["optimizer"] if isinstance(ckpt["optimizer"], list) else [ckpt["optimizer"]]
-        if len(states) != len(optimizers):
-            raise ValueError(f"the checkpoint was trained with optimizer="
-                             f"{ckpt['config'].get('optimizer')!r}; resume with the same one")
-        for opt, state in zip(optimizers, states):
-            opt.load_state_dict(state)
-        if "scaler" in ckpt:
-            scaler.load_state_dict(ckpt["scaler"])
-        data_gen.set_state(ckpt["data"]["generator"])
-        torch.set_rng_state(ckpt["rng"]["cpu"])
-        if device.type == "cuda" and "cuda" in ckpt["rng"]:
-            torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
+        restore(ckpt, cfg, optimizers, scaler, data_gen, device, rank)
 
     # raw: the plain module (saved); model: maybe compiled (evaluated); ddp_model: trained
-    model = torch.compile(raw) if (device.type == "cuda" if cfg["compile"] is None else cfg["compile"]) else raw
+    use_compile = device.type == "cuda" if cfg["compile"] is None else cfg["compile"]
+    model = torch.compile(raw) if use_compile else raw
     ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if world > 1 else model
     ctx = contextlib.nullcontext() if dtype == "float32" else torch.autocast(device.type, getattr(torch, dtype))
-    wandb = None
-    if cfg["wandb_log"] and rank == 0:
-        try:
-            import wandb  # here only: a slow import that most runs do not need
-        except ImportError:
-            raise ValueError("wandb_log=True needs wandb: pip install wandb") from None
-        wandb.init(project=cfg["wandb_project"], name=cfg["wandb_run_name"], config=cfg)
+    wandb = start_wandb(cfg) if cfg["wandb_log"] and rank == 0 else None
     tokens_per_iter = cfg["gradient_accumulation_steps"] * cfg["batch_size"] * cfg["block_size"]
     if rank == 0:
         os.makedirs(cfg["out_dir"], exist_ok=True)
+        if ckpt is None:  # a new run starts a new log; a resumed run goes on with its own
+            open(os.path.join(cfg["out_dir"], "log.jsonl"), "w").close()
         print(f"{raw.num_params() / 1e6:.2f}M parameters | {device}, {dtype} | {world} process(es) | "
               f"{tokens_per_iter:,} tokens per iter | {dataset_dir}")
     return types.SimpleNamespace(
         cfg=cfg, rank=rank, world=world, master=rank == 0, device=device, ctx=ctx, raw=raw, model=model,
         ddp_model=ddp_model, optimizers=optimizers, scaler=scaler, data_gen=data_gen, splits=splits,
-        meta=meta, tokens_per_iter=tokens_per_iter, start_iter=iter_num, best_val_loss=best_val_loss,
-        resumed=ckpt is not None, wandb=wandb)
+        meta=meta, tokens_per_iter=tokens_per_iter, resumed=ckpt is not None, wandb=wandb,
+        start_iter=ckpt["iter_num"] if ckpt else 0, best_val_loss=ckpt["best_val_loss"] if ckpt else float("inf"))
 
 
 # -----------------------------------------------------------------------------
@@ -447,7 +453,7 @@ class StopSignals:
 
     def handle(self, signum, frame):
         self.name = signal.Signals(signum).name
-        signal.signal(signum, self.saved[signum])
+        signal.signal(signum, self.saved[signum] or signal.SIG_DFL)
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
@@ -456,7 +462,7 @@ class StopSignals:
 
     def __exit__(self, *exc):
         for sig, handler in self.saved.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, handler or signal.SIG_DFL)
 
 
 def train(r):

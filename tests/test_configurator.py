@@ -15,6 +15,7 @@ def test_overrides_in_both_forms_and_bare_flags():
                               "--out_dir", "runs/a", "--top_k=5"])
     assert c == dict(DEFAULTS, batch_size=32, learning_rate=3e-4, compile=False, out_dir="runs/a", top_k=5)
     assert parse_args(dict(DEFAULTS, compile=False), ["--compile"])["compile"] is True
+    assert parse_args(dict(DEFAULTS, compile=None), ["--compile", "--batch_size=3"])["compile"] is True
     assert parse_args(DEFAULTS, ["--learning_rate=1"])["learning_rate"] == 1.0  # int widens to float
     assert parse_args(DEFAULTS, ["--batch_size=5e3"])["batch_size"] == 5000
     assert DEFAULTS["batch_size"] == 12  # the defaults are never modified

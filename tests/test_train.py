@@ -21,6 +21,8 @@ from checkpoint import load_checkpoint
 from data.prepare import ensure_dataset, load_tokens
 from model import GPT, GPTConfig
 
+REPO = os.path.dirname(os.path.abspath(train.__file__))
+
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=8",
         "--gradient_accumulation_steps=1", "--device=cpu", "--compile=False", "--dtype=float32",
         "--eval_iters=2", "--log_interval=1", "--warmup_iters=2", "--learning_rate=3e-3",
@@ -48,14 +50,17 @@ def args(data_root, out_dir, *extra):
 
 
 def run_in_process(argv):
-    train.main(argv)
+    train.main(argv)  # faster than a new process: torch is imported once
+
+
+def child_env(**extra):
+    return dict(os.environ, OMP_NUM_THREADS="1", **extra)  # the same numerics as one_thread
 
 
 def run_cli(argv, env=None, timeout=120, module=("train.py",)):
     """train.py as a separate process, from the repo root."""
-    full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
-    return subprocess.run([sys.executable, *module, *argv], cwd=train.__file__.rsplit(os.sep, 1)[0],
-                          env=full_env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, *module, *argv], cwd=REPO, env=child_env(**(env or {})),
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def read_log(out_dir):
@@ -153,13 +158,58 @@ def test_resume_repeats_the_uninterrupted_run(data_root, tmp_path, optimizer):
 
 def test_checkpoint_holds_plain_data_only(data_root, tmp_path):
     out = tmp_path / "out"
-    run_in_process(args(data_root, out, "--max_iters=2", "--eval_interval=2"))
+    for _ in range(2):  # the second run from scratch starts the log afresh
+        run_in_process(args(data_root, out, "--max_iters=2", "--eval_interval=2"))
+    assert [rec["iter"] for rec in read_log(out)] == [0, 2]
     ckpt = torch.load(out / "ckpt.pt", weights_only=True)  # refuses anything but plain data
     assert {"model", "optimizer", "model_args", "iter_num", "best_val_loss", "config", "tokenizer",
             "dataset", "rng", "data"} <= set(ckpt)
     assert ckpt["tokenizer"]["kind"] == "char" and ckpt["dataset"] == "shakespeare_char"
     assert ckpt["config"]["n_embd"] == 32 and ckpt["model_args"]["vocab_size"] == 65
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
+
+    # --eval_only evaluates the checkpoint (here over the whole val split too) and leaves it alone
+    before = file_hash(out / "ckpt.pt")
+    run_in_process(args(data_root, out, "--max_iters=2", "--init_from=resume", "--eval_only=True",
+                        "--eval_full_val=True"))
+    last = read_log(out)[-1]
+    assert last["iter"] == 2 and last["val_loss_full"] > 0
+    assert file_hash(out / "ckpt.pt") == before
+
+
+@pytest.fixture(scope="module")
+def gpt2_folder(tmp_path_factory):
+    """A randomly initialised GPT-2 in Hugging Face's format, small enough for a test."""
+    transformers = pytest.importorskip("transformers")
+    folder = tmp_path_factory.mktemp("gpt2-tiny")
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=64, n_embd=32, n_layer=2, n_head=2))
+    hf.save_pretrained(folder)
+    return folder, hf.state_dict()
+
+
+def test_init_from_a_local_gpt2_folder(data_root, corpus_path, tmp_path, gpt2_folder, capsys):
+    folder, hf = gpt2_folder
+    ensure_dataset("shakespeare", data_root, input_path=corpus_path)  # GPT-2 BPE tokens
+    out = tmp_path / "out"
+    base = ["--dataset=shakespeare", f"--data_root={data_root}", f"--out_dir={out}", f"--init_from={folder}",
+            "--device=cpu", "--compile=False", "--batch_size=2", "--eval_iters=1", "--max_iters=0"]
+    run_in_process(base + ["--block_size=32"])
+    ckpt = load_checkpoint(str(out))
+    assert ckpt["model_args"]["vocab_size"] == 50257 and ckpt["model_args"]["block_size"] == 32
+    assert ckpt["tokenizer"] == {"kind": "gpt2"} and ckpt["config"]["n_embd"] == 32
+    assert torch.equal(ckpt["model"]["transformer.wte.weight"], hf["transformer.wte.weight"])
+    assert torch.equal(ckpt["model"]["transformer.wpe.weight"], hf["transformer.wpe.weight"][:32])
+    # Hugging Face stores GPT-2's projections as (in, out); a Linear holds (out, in)
+    assert torch.equal(ckpt["model"]["transformer.h.1.mlp.c_fc.weight"], hf["transformer.h.1.mlp.c_fc.weight"].t())
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        run_in_process(base + ["--block_size=128"])
+    assert exit_info.value.code == 2
+    assert_one_line_error(capsys.readouterr().err, "block_size 128", "64")
+    with pytest.raises(SystemExit):
+        run_in_process(base + ["--dataset=shakespeare_char"])
+    assert_one_line_error(capsys.readouterr().err, "GPT-2 BPE", "--dataset=shakespeare")
 
 
 KILLED_CHILD = """
@@ -187,7 +237,7 @@ def test_kill_during_save_keeps_previous_checkpoint(data_root, tmp_path):
     marker = tmp_path / "writing"
     child = subprocess.Popen([sys.executable, "-c", KILLED_CHILD, str(marker), *base,
                               "--max_iters=8", "--init_from=resume"],
-                             cwd=os.path.dirname(train.__file__), env=dict(os.environ, OMP_NUM_THREADS="1"),
+                             cwd=REPO, env=child_env(),
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 90
@@ -217,6 +267,35 @@ def test_divergence_stops_without_touching_the_checkpoint(data_root, tmp_path, c
     assert file_hash(out / "ckpt.pt") == before
 
 
+def test_failed_save_stops_with_one_line(data_root, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    run_in_process(args(data_root, out, "--max_iters=2", "--eval_interval=2"))
+    before = file_hash(out / "ckpt.pt")
+
+    def disk_full(obj, f, *a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        run_in_process(args(data_root, out, "--max_iters=4", "--eval_interval=2", "--init_from=resume"))
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith("error: could not write checkpoint") and "No space left" in err
+    assert file_hash(out / "ckpt.pt") == before
+
+
+def test_memmap_batches_equal_in_memory_batches(data_root, tmp_path, monkeypatch):
+    common = ["--max_iters=4", "--eval_interval=2"]
+    run_in_process(args(data_root, tmp_path / "memory", *common))
+    monkeypatch.setattr(train, "SMALL_DATASET", 0)  # as if the corpus were too large to hold
+    kinds, get_batch = set(), train.get_batch
+    monkeypatch.setattr(train, "get_batch", lambda data, *rest: kinds.add(type(data)) or get_batch(data, *rest))
+    run_in_process(args(data_root, tmp_path / "memmap", *common))
+    assert kinds == {np.memmap}
+    assert losses(read_log(tmp_path / "memory")) == losses(read_log(tmp_path / "memmap"))
+
+
 # -----------------------------------------------------------------------------
 # Stopping: signals and max_time
 
@@ -225,7 +304,7 @@ def test_sigterm_saves_and_resume_continues_exactly(data_root, tmp_path):
     out = tmp_path / "out"
     base = args(data_root, out, "--eval_interval=1000", "--lr_decay_iters=1000")
     child = subprocess.Popen([sys.executable, "train.py", *base, "--max_iters=100000"],
-                             cwd=os.path.dirname(train.__file__), env=dict(os.environ, OMP_NUM_THREADS="1"),
+                             cwd=REPO, env=child_env(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 90
@@ -271,7 +350,7 @@ def test_torchrun_two_processes_match_one(data_root, tmp_path):
     run_in_process(args(data_root, one, *common))
     result = run_cli(["--standalone", "--nproc_per_node=2", "train.py", *args(data_root, two, *common)],
                      module=("-m", "torch.distributed.run"), timeout=240)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
     log_one, log_two = read_log(one), read_log(two)  # rank 0 alone writes the log
     assert [r["iter"] for r in log_two] == [0, 3, 6]
     for a, b in zip(log_one, log_two):

@@ -1,0 +1,146 @@
+"""bench.py keeps running: a --quick run end to end, checked for structure and for
+the figures that have an exact answer (byte counts), never for speed."""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import bench
+from model import GPT, GPTConfig
+
+
+def run_bench(repo_root, *args, timeout=240):
+    # one thread: on a busy machine, OpenMP threads waiting on each other make the
+    # run many times slower, and this test checks structure, not speed
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "bench.py", *args], cwd=repo_root, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def quick(repo_root, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    proc = run_bench(repo_root, "--quick", "--device=cpu", f"--out={out}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with open(out) as f:
+        result = json.load(f)
+    assert result["command"] == f"python bench.py --quick --device=cpu --out={out}"
+    return result, proc.stdout
+
+
+def positive(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+
+
+def test_header(quick):
+    result, _ = quick
+    assert result["device"]["type"] == "cpu" and result["device"]["name"]
+    assert result["torch"] == torch.__version__
+    assert result["quick"] is True
+    assert "T" in result["date"]  # ISO 8601
+
+
+def test_train_section(quick):
+    result, stdout = quick
+    rows = {r["name"]: r for r in result["train"]}
+    # GPT-2 124M training is too slow for --quick on a CPU
+    assert set(rows) == {"nanoGPT CPU settings", "baby model"}
+    nano = rows["nanoGPT CPU settings"]
+    assert nano["model"] == dict(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=65)
+    assert nano["batch"] == 12 and nano["tokens_per_step"] == 12 * 64
+    for r in rows.values():
+        assert r["max_logit_diff_vs_hf"] < 1e-3  # same weights, same function
+        for key in ("ours", "hf", "hf_fused_gelu"):
+            fig = r[key]
+            assert positive(fig["ms_per_step"]) and positive(fig["tokens_per_s"])
+            assert len(fig["samples_ms"]) == r["repeats"]
+            assert fig["ms_per_step"] == pytest.approx(statistics.median(fig["samples_ms"]))
+            assert fig["tokens_per_s"] == pytest.approx(r["tokens_per_step"] / fig["ms_per_step"] * 1e3)
+        assert r["hf_over_ours"] == pytest.approx(r["hf"]["ms_per_step"] / r["ours"]["ms_per_step"])
+    assert "## Training step" in stdout and "| nanoGPT CPU settings | 12 x 64 |" in stdout
+
+
+def test_generate_section(quick):
+    result, stdout = quick
+    rows = result["generate"]
+    assert [r["batch"] for r in rows] == [1, 8]
+    for r in rows:
+        assert r["greedy_tokens_agree"] >= 1
+        for key in ("ours_cache", "ours_nocache", "hf"):
+            assert positive(r[key]["tokens_per_s"]) and positive(r[key]["s"])
+            assert r[key]["tokens_per_s"] == pytest.approx(r["batch"] * r["new_tokens"] / r[key]["s"])
+        # keys and values of 6 layers, batch x 6 heads x 256 positions x 64 floats, 4 bytes each
+        assert r["kv_cache_bytes"] == 2 * 6 * r["batch"] * 6 * 256 * 64 * 4
+        assert r["peak_rss_bytes"] > 10 * 2**20
+    assert "## Generation" in stdout
+
+
+def test_attention_section(quick):
+    result, stdout = quick
+    rows = result["attention"]
+    assert [r["T"] for r in rows] == [64, 128, 256, 512]
+    for r in rows:
+        assert r["weights_bytes"] == 1 * 12 * r["T"] * r["T"] * 4  # float32 (B, nh, T, T)
+        assert positive(r["explicit"]["ms"]) and positive(r["sdpa"]["ms"])
+        assert r["max_abs_diff"] < 1e-4
+    assert "| 512 |" in stdout
+
+
+def test_targets_listed(quick):
+    result, stdout = quick
+    names = [t["target"] for t in result["targets"]]
+    assert len(names) == 5 and any("nanoGPT CPU settings" in n for n in names)
+    for t in result["targets"]:
+        assert positive(t["measured"]) and t["met"] is None  # --quick stops short of the full context
+    assert "## Targets" in stdout
+
+
+def test_converted_weights_give_hugging_face_the_same_logits():
+    from transformers import GPT2LMHeadModel
+    torch.manual_seed(0)
+    ours = GPT(GPTConfig(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=0.0)).eval()
+    hf = bench.to_hf(ours).eval()
+    assert isinstance(hf, GPT2LMHeadModel) and hf.config._attn_implementation == "sdpa"
+    idx = torch.randint(0, 37, (2, 16))
+    with torch.no_grad():
+        assert torch.allclose(ours(idx)[0], hf(input_ids=idx).logits, atol=1e-5)
+    # a converted copy, not shared storage: training one must not move the other
+    assert hf.transformer.h[0].attn.c_attn.weight.data_ptr() != ours.transformer.h[0].attn.c_attn.weight.data_ptr()
+
+
+def test_alternate_rotates_the_order():
+    calls = []
+    fns = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    times = bench.alternate(fns, repeats=3, calls=2, device="cpu")
+    assert calls == list("aabbcc" "bbccaa" "ccaabb")
+    assert all(len(ts) == 3 and all(t >= 0 for t in ts) for ts in times.values())
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--device=tpu"], "--device must be cpu or cuda"),
+    (["--quik"], "did you mean 'quick'"),
+    (["extra.py"], "unexpected argument"),
+    (["--out=/nonexistent-folder/bench.json"], "pass --out="),
+])
+def test_bad_arguments_are_one_line_errors(repo_root, args, message):
+    proc = run_bench(repo_root, *args, timeout=60)
+    assert proc.returncode != 0
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_a_gpu_says_what_to_do(repo_root):
+    proc = run_bench(repo_root, "--device=cuda", timeout=60)
+    assert proc.returncode == 1 and "--device=cpu" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_help(repo_root):
+    proc = run_bench(repo_root, "--help", timeout=60)
+    assert proc.returncode == 0 and "--quick=False" in proc.stdout and "--device='cpu'" in proc.stdout
