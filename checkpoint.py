@@ -11,6 +11,7 @@ import os
 import pickle
 import re
 import zipfile
+import zlib
 
 import torch
 
@@ -63,6 +64,17 @@ def load_checkpoint(path, map_location="cpu"):
     # file whose central directory is gone) is not worth unpickling at all
     if not zipfile.is_zipfile(path):
         raise CheckpointError(f"{path} is truncated or not a checkpoint (not a PyTorch zip archive); "
+                              "delete it and train again or resume from another copy")
+    # torch.load does not check the CRC-32 each member carries, so flipped
+    # bytes in the weights would load silently: check them first (one more read)
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+        problem = None if bad is None else f"{bad} fails its CRC check"
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, zlib.error) as e:
+        problem = type(e).__name__
+    if problem:
+        raise CheckpointError(f"{path} is truncated or corrupt ({problem}); "
                               "delete it and train again or resume from another copy")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)

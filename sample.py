@@ -13,6 +13,7 @@ index.html in a browser); --attn_dir DIR writes them elsewhere and
 """
 
 import os
+import pickle
 import sys
 import time
 
@@ -114,8 +115,13 @@ def load_model(cfg):
     if cfg["init_from"] and (is_hf or (cfg["init_from"].startswith("gpt2") and not os.path.exists(source))):
         try:
             model = GPT.from_pretrained(source)
-        except (ValueError, OSError, KeyError) as e:
-            raise SampleError(f"could not load GPT-2 weights from {source}: {e}") from None
+        except pickle.UnpicklingError:
+            raise SampleError(f"refused to load the weights in {source}: they hold objects that could run "
+                              "code when unpickled; use model.safetensors, or only files you trust") from None
+        except (ValueError, OSError, KeyError, TypeError, RuntimeError, IndexError, EOFError) as e:
+            first_line = f"no entry {e}" if isinstance(e, KeyError) else \
+                (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise SampleError(f"could not load GPT-2 weights from {source}: {first_line}") from None
         return model, get_tokenizer({"kind": "gpt2"}), cfg["out_dir"]
     if cfg["init_from"] and not os.path.exists(source):
         raise SampleError(f"--init_from={source}: no such file or folder; pass a checkpoint folder "
@@ -129,12 +135,16 @@ def load_model(cfg):
     try:
         model = GPT(GPTConfig(**ckpt["model_args"]))
         model.load_state_dict(clean_state_dict(ckpt["model"]))
-    except (TypeError, ValueError, RuntimeError) as e:
-        first_line = str(e).strip().splitlines()[0]
+    except (TypeError, ValueError, RuntimeError, KeyError, AttributeError, IndexError) as e:
+        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise CheckpointError(f"{path} does not match this model.py ({first_line}); "
                               "train it again with this version") from None
+    try:
+        tok = get_tokenizer(ckpt["tokenizer"])
+    except TokenizerError as e:
+        raise CheckpointError(f"{path} has a damaged tokenizer description ({e})") from None
     folder = source if os.path.isdir(source) else os.path.dirname(source)
-    return model, get_tokenizer(ckpt["tokenizer"]), folder
+    return model, tok, folder
 
 
 def read_prompt(prompt):

@@ -18,6 +18,7 @@ import datetime
 import json
 import math
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -90,6 +91,9 @@ def check_config(cfg):
                 "weight_decay", "grad_clip", "max_time"):
         if cfg[key] < 0:
             raise ValueError(f"{key} must be >= 0, got {cfg[key]}")
+    for key in ("beta1", "beta2"):
+        if not 0 <= cfg[key] < 1:
+            raise ValueError(f"{key} must be in [0, 1), got {cfg[key]}")
     if cfg["dtype"] not in DTYPES:
         raise ValueError(f"unknown dtype {cfg['dtype']!r}; use one of {', '.join(DTYPES)}")
     if cfg["optimizer"] not in ("adamw", "muon"):
@@ -135,7 +139,7 @@ def pick_device(cfg, local_rank, ddp):
 # Data: a batch is a set of random block_size windows of a split
 
 
-def load_split(dataset_dir, split, block_size, device):
+def load_split(dataset_dir, split, block_size, vocab_size, device):
     """A small split becomes one int64 tensor on the device, so a batch is one
     gather there; a large one stays a memmap, read batch by batch."""
     tokens = load_tokens(dataset_dir, split)
@@ -143,6 +147,12 @@ def load_split(dataset_dir, split, block_size, device):
         raise ValueError(f"the {split} split of {dataset_dir} has {len(tokens)} tokens, fewer than "
                          f"block_size + 1 = {block_size + 1}; use a smaller --block_size")
     if len(tokens) < SMALL_DATASET:
+        # a damaged file can hold ids past the vocabulary, which would crash a
+        # later step; a large split is not scanned (that would read all of it)
+        top = int(tokens.max())
+        if top >= vocab_size:
+            raise DataError(f"{os.path.join(dataset_dir, split + '.bin')} holds token id {top}, outside "
+                            f"the vocabulary of {vocab_size}; prepare the dataset again")
         return torch.from_numpy(tokens.astype(np.int64)).to(device)
     return tokens
 
@@ -224,27 +234,66 @@ def full_val_loss(r):
 # Model and optimizer
 
 
+# What resuming reads from a checkpoint, and the type each must have.
+RESUME_FIELDS = {"model": dict, "model_args": dict, "optimizer": (dict, list), "iter_num": int,
+                 "best_val_loss": (int, float), "config": dict, "rng": dict, "data": dict}
+# What loading a damaged (but unpicklable) checkpoint or weights file raises.
+LOAD_ERRORS = (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError, EOFError)
+
+
+def first_line(e):
+    if isinstance(e, KeyError):
+        return f"no entry {e}"
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
+def check_resumable(ckpt, path):
+    missing = sorted(set(RESUME_FIELDS) - set(ckpt))
+    if missing:
+        raise CheckpointError(f"cannot resume from {path}: it lacks {', '.join(missing)}")
+    bad = [key for key, kind in RESUME_FIELDS.items()
+           if not isinstance(ckpt[key], kind) or isinstance(ckpt[key], bool)]
+    if bad:
+        raise CheckpointError(f"cannot resume from {path}: its {', '.join(bad)} entry has the wrong type; "
+                              "the file is damaged, resume from another copy")
+
+
+def load_pretrained(init, cfg):
+    """GPT-2 weights from a Hugging Face folder or by name; any failure is one line naming it."""
+    try:
+        return GPT.from_pretrained(init, dropout=cfg["dropout"], block_size=cfg["block_size"])
+    except pickle.UnpicklingError:
+        raise ValueError(f"refused to load the weights in {init}: they hold objects that could run code "
+                         "when unpickled; use model.safetensors, or only files you trust") from None
+    except (OSError, *LOAD_ERRORS) as e:
+        message = first_line(e)
+        raise ValueError(message if init in message else f"could not load GPT-2 weights from {init}: "
+                         f"{message}") from None
+
+
 def init_model(cfg, meta, device):
     """(model, checkpoint or None); cfg's model keys are set to the model's own."""
     init, ckpt = cfg["init_from"], None
     if init == "scratch":
         model = GPT(GPTConfig(**model_args(cfg, meta["vocab_size"])))
     elif init == "resume":
-        ckpt = load_checkpoint(cfg["out_dir"])
-        missing = {"optimizer", "iter_num", "best_val_loss", "rng", "data"} - set(ckpt)
-        if missing:
-            raise CheckpointError(f"cannot resume from {checkpoint_path(cfg['out_dir'])}: it lacks "
-                                  f"{', '.join(sorted(missing))}")
+        ckpt, path = load_checkpoint(cfg["out_dir"]), checkpoint_path(cfg["out_dir"])
+        check_resumable(ckpt, path)
         if ckpt.get("tokenizer") != meta["tokenizer"]:
             raise ValueError(f"the checkpoint in {cfg['out_dir']} was trained on another tokenizer "
                              f"(dataset {ckpt.get('dataset')!r}); pass --dataset={ckpt.get('dataset')}")
-        model = GPT(GPTConfig(**dict(ckpt["model_args"], dropout=cfg["dropout"])))
-        model.load_state_dict(ckpt["model"])
+        try:
+            model = GPT(GPTConfig(**dict(ckpt["model_args"], dropout=cfg["dropout"])))
+            model.load_state_dict(ckpt["model"])
+        except LOAD_ERRORS as e:
+            raise CheckpointError(f"{path} does not match this model.py ({first_line(e)}); "
+                                  "resume from another copy or train again") from None
     elif os.path.isdir(init) or init.startswith("gpt2"):
         if meta["tokenizer"]["kind"] != "gpt2":
             raise ValueError(f"init_from={init!r} needs a dataset tokenized with GPT-2 BPE, and "
                              f"{cfg['dataset']!r} is not; try --dataset=shakespeare")
-        model = GPT.from_pretrained(init, dropout=cfg["dropout"], block_size=cfg["block_size"])
+        model = load_pretrained(init, cfg)
     else:
         raise ValueError(f"init_from must be 'scratch', 'resume', a GPT-2 folder or a 'gpt2*' name, "
                          f"not {init!r}")
@@ -295,17 +344,21 @@ def restore(ckpt, cfg, optimizers, scaler, data_gen, device, rank):
     if len(states) != len(optimizers):
         raise ValueError(f"the checkpoint was trained with optimizer={ckpt['config'].get('optimizer')!r}; "
                          "resume with the same one")
-    for opt, state in zip(optimizers, states):
-        opt.load_state_dict(state)
-    if "scaler" in ckpt:
-        scaler.load_state_dict(ckpt["scaler"])
-    data_gen.set_state(ckpt["data"]["generator"])
-    if rank > 0:  # only rank 0's RNG is saved; the others need dropout masks of their own
-        torch.manual_seed(cfg["seed"] + rank + 1000 * ckpt["iter_num"])
-        return
-    torch.set_rng_state(ckpt["rng"]["cpu"])
-    if device.type == "cuda" and "cuda" in ckpt["rng"]:
-        torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
+    try:
+        for opt, state in zip(optimizers, states):
+            opt.load_state_dict(state)
+        if "scaler" in ckpt:
+            scaler.load_state_dict(ckpt["scaler"])
+        data_gen.set_state(ckpt["data"]["generator"])
+        if rank > 0:  # only rank 0's RNG is saved; the others need dropout masks of their own
+            torch.manual_seed(cfg["seed"] + rank + 1000 * ckpt["iter_num"])
+            return
+        torch.set_rng_state(ckpt["rng"]["cpu"])
+        if device.type == "cuda" and "cuda" in ckpt["rng"]:
+            torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
+    except LOAD_ERRORS as e:
+        raise CheckpointError(f"cannot resume from {checkpoint_path(cfg['out_dir'])}: its optimizer, RNG or "
+                              f"data-sampling state is damaged ({first_line(e)}); resume from another copy") from None
 
 
 def start_wandb(cfg):
@@ -344,7 +397,8 @@ def setup(cfg):
     dataset_dir = ensure_dataset(cfg["dataset"], cfg["data_root"])
     meta = load_meta(dataset_dir)
     raw, ckpt = init_model(cfg, meta, device)
-    splits = {split: load_split(dataset_dir, split, cfg["block_size"], device) for split in ("train", "val")}
+    splits = {split: load_split(dataset_dir, split, cfg["block_size"], meta["vocab_size"], device)
+              for split in ("train", "val")}
     optimizers = make_optimizers(raw, cfg, device.type)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == "float16")
     data_gen = torch.Generator().manual_seed(cfg["seed"])  # the same on every process
@@ -359,9 +413,13 @@ def setup(cfg):
     wandb = start_wandb(cfg) if cfg["wandb_log"] and rank == 0 else None
     tokens_per_iter = cfg["gradient_accumulation_steps"] * cfg["batch_size"] * cfg["block_size"]
     if rank == 0:
-        os.makedirs(cfg["out_dir"], exist_ok=True)
-        if ckpt is None:  # a new run starts a new log; a resumed run goes on with its own
-            open(os.path.join(cfg["out_dir"], "log.jsonl"), "w").close()
+        try:
+            os.makedirs(cfg["out_dir"], exist_ok=True)
+            if ckpt is None:  # a new run starts a new log; a resumed run goes on with its own
+                open(os.path.join(cfg["out_dir"], "log.jsonl"), "w").close()
+        except OSError as e:
+            raise ValueError(f"cannot write into out_dir {cfg['out_dir']!r} ({e.strerror or e}); "
+                             "pass an --out_dir that can be created and written") from None
         print(f"{raw.num_params() / 1e6:.2f}M parameters | {device}, {dtype} | {world} process(es) | "
               f"{tokens_per_iter:,} tokens per iter | {dataset_dir}")
     return types.SimpleNamespace(
@@ -438,8 +496,12 @@ def evaluate(r, iter_num, elapsed, final):
     if r.master:
         full = f", whole val split {rec['val_loss_full']:.4f}" if "val_loss_full" in rec else ""
         tqdm.write(f"iter {iter_num}: train loss {rec['train_loss']:.4f}, val loss {rec['val_loss']:.4f}{full}")
-        with open(os.path.join(r.cfg["out_dir"], "log.jsonl"), "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        path = os.path.join(r.cfg["out_dir"], "log.jsonl")
+        try:
+            with open(path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        except OSError as e:
+            raise TrainingError(f"cannot write {path} ({e.strerror or e}); the last checkpoint is kept") from None
         if r.wandb is not None:
             r.wandb.log(rec, step=iter_num)
     return rec
@@ -527,6 +589,12 @@ def train(r):
               f"{seconds:.1f}s of training{per_iter}; checkpoint {checkpoint_path(cfg['out_dir'])}")
 
 
+def lost_peer(e, world):
+    """Whether e is a collective that failed because another process died or hung."""
+    text = str(e)
+    return world > 1 and (isinstance(e, dist.DistError) or "gloo" in text or "NCCL" in text)
+
+
 def fail(message, code):
     print(f"error: {message}", file=sys.stderr)
     sys.exit(code)
@@ -548,6 +616,11 @@ def main(argv=None):
             train(run)
         except (CheckpointError, TrainingError) as e:
             fail(e, 1)
+        except RuntimeError as e:
+            if not lost_peer(e, run.world):
+                raise
+            fail(f"process {run.rank} lost contact with the others ({first_line(e)}); another process "
+                 "failed or stopped responding (see its error above); the last checkpoint is kept", 1)
         finally:
             if run.wandb is not None:
                 run.wandb.finish()

@@ -31,7 +31,7 @@ if ROOT not in sys.path:
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from tokenizer import TokenizerError, build_tokenizer, get_tokenizer  # noqa: E402
+from tokenizer import GPT2_VOCAB_SIZE, TokenizerError, build_tokenizer, get_tokenizer  # noqa: E402
 
 DATA_ROOT = os.path.join(ROOT, "data")
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -223,6 +223,24 @@ def _meta_problem(meta):
         return "the tokenizer has no 'kind'"
     if meta["vocab_size"] <= 0 or meta["train_tokens"] < 0 or meta["val_tokens"] < 0:
         return "negative sizes"
+    if meta["vocab_size"] > 2**16:
+        return f"vocab_size {meta['vocab_size']} does not fit uint16"
+    return _tokenizer_problem(meta["tokenizer"], meta["vocab_size"])
+
+
+def _tokenizer_problem(desc, vocab_size):
+    # The model is sized by vocab_size and decodes with the tokenizer, so the two must agree.
+    if desc["kind"] == "char":
+        chars = desc.get("chars")
+        if not isinstance(chars, str) or not chars or len(set(chars)) != len(chars):
+            return "the char tokenizer needs 'chars', a string of distinct characters"
+        size = len(chars)
+    elif desc["kind"] == "gpt2":
+        size = GPT2_VOCAB_SIZE
+    else:
+        return f"unknown tokenizer kind {desc['kind']!r}"
+    if size != vocab_size:
+        return f"vocab_size is {vocab_size} but the tokenizer has {size} tokens"
     return None
 
 
