@@ -1,7 +1,7 @@
 """
 How fast is model.py, against Hugging Face's GPT-2 on the same machine in the same run?
 
-    python bench.py [--device=cpu|cuda] [--quick] [--compile] [--out=bench.json]
+    python bench.py [--device=cpu|cuda] [--quick] [--compile] [--threads=N] [--out=bench.json]
 
 Three sections, each printed as a markdown table and written to --out as JSON:
   1. train      one optimizer step (forward, backward, AdamW) for three model sizes,
@@ -36,6 +36,7 @@ DEFAULTS = dict(
     device="cpu",  # cpu or cuda
     quick=False,  # small repeat counts, no GPT-2 124M training, shorter generation: under a minute
     compile=False,  # torch.compile our model for the training section (cuda only)
+    threads=0,  # CPU threads; 0 keeps torch's default. 1 steadies ratios on a busy machine
     out="bench.json",  # where every figure goes
 )
 
@@ -513,6 +514,10 @@ def run(args, log=print):
     transformers.logging.set_verbosity_error()
     if device == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 for every contender alike
+    if args["threads"] < 0:
+        raise BenchError(f"--threads must be 0 (torch's default) or more, got {args['threads']}")
+    if args["threads"]:
+        torch.set_num_threads(args["threads"])
 
     gpu = device == "cuda"
     result = dict(

@@ -66,7 +66,8 @@ def parse_value(text):
 def run_config_file(path, config):
     """Execute a config file on top of config; return the keys it set."""
     if not os.path.isfile(path):
-        raise ConfigError(f"config file not found: {path}")
+        shown = path if path.isprintable() else repr(path)  # the message stays one line
+        raise ConfigError(f"config file not found: {shown}")
     namespace = dict(config)
     try:
         with open(path, encoding="utf-8") as f:

@@ -119,9 +119,7 @@ def load_model(cfg):
             raise SampleError(f"refused to load the weights in {source}: they hold objects that could run "
                               "code when unpickled; use model.safetensors, or only files you trust") from None
         except (ValueError, OSError, KeyError, TypeError, RuntimeError, IndexError, EOFError) as e:
-            first_line = f"no entry {e}" if isinstance(e, KeyError) else \
-                (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise SampleError(f"could not load GPT-2 weights from {source}: {first_line}") from None
+            raise SampleError(f"could not load GPT-2 weights from {source}: {gist(e)}") from None
         return model, get_tokenizer({"kind": "gpt2"}), cfg["out_dir"]
     if cfg["init_from"] and not os.path.exists(source):
         raise SampleError(f"--init_from={source}: no such file or folder; pass a checkpoint folder "
@@ -136,8 +134,7 @@ def load_model(cfg):
         model = GPT(GPTConfig(**ckpt["model_args"]))
         model.load_state_dict(clean_state_dict(ckpt["model"]))
     except (TypeError, ValueError, RuntimeError, KeyError, AttributeError, IndexError) as e:
-        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise CheckpointError(f"{path} does not match this model.py ({first_line}); "
+        raise CheckpointError(f"{path} does not match this model.py ({gist(e)}); "
                               "train it again with this version") from None
     try:
         tok = get_tokenizer(ckpt["tokenizer"])
@@ -145,6 +142,16 @@ def load_model(cfg):
         raise CheckpointError(f"{path} has a damaged tokenizer description ({e})") from None
     folder = source if os.path.isdir(source) else os.path.dirname(source)
     return model, tok, folder
+
+
+def gist(e):
+    """An exception in one line: its first line, or the first detail under a
+    heading like "Error(s) in loading state_dict for GPT:"."""
+    if isinstance(e, KeyError):
+        return f"no entry {e}"
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+    line = lines[1] if len(lines) > 1 and lines[0].endswith(":") else lines[0]
+    return line if len(line) <= 200 else line[:200] + "..."
 
 
 def read_prompt(prompt):

@@ -83,14 +83,21 @@ class TrainingError(Exception):
 
 def check_config(cfg):
     """Refuse bad values before anything slow happens."""
+    for key, value in cfg.items():  # the parser lets None through for any key
+        if value is None and DEFAULTS[key] is not None:
+            raise ValueError(f"{key} cannot be None; give it a value like {DEFAULTS[key]!r}")
     for key in ("batch_size", "block_size", "gradient_accumulation_steps", "eval_interval",
                 "eval_iters", "log_interval", "ddp_timeout"):
         if cfg[key] < 1:
             raise ValueError(f"{key} must be a positive integer, got {cfg[key]}")
     for key in ("max_iters", "warmup_iters", "lr_decay_iters", "learning_rate", "min_lr",
                 "weight_decay", "grad_clip", "max_time"):
-        if cfg[key] < 0:
-            raise ValueError(f"{key} must be >= 0, got {cfg[key]}")
+        if not 0 <= cfg[key] < math.inf:
+            raise ValueError(f"{key} must be a finite number >= 0, got {cfg[key]}")
+    if not -2**63 <= cfg["seed"] < 2**63:
+        raise ValueError(f"seed must fit in a signed 64-bit integer, got {cfg['seed']}")
+    if cfg["ddp_timeout"] > 10**9:
+        raise ValueError(f"ddp_timeout must be at most 1e9 seconds, got {cfg['ddp_timeout']}")
     for key in ("beta1", "beta2"):
         if not 0 <= cfg[key] < 1:
             raise ValueError(f"{key} must be in [0, 1), got {cfg[key]}")
@@ -242,10 +249,17 @@ LOAD_ERRORS = (KeyError, TypeError, ValueError, RuntimeError, AttributeError, In
 
 
 def first_line(e):
+    """The gist of an exception in one line: its first line, or the first detail
+    under a heading like "Error(s) in loading state_dict for GPT:"."""
     if isinstance(e, KeyError):
         return f"no entry {e}"
-    lines = str(e).strip().splitlines()
-    return lines[0] if lines else type(e).__name__
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+    line = lines[1] if len(lines) > 1 and lines[0].endswith(":") else lines[0]
+    return line if len(line) <= 200 else line[:200] + "..."
+
+
+def out_of_memory(e):
+    return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(e)
 
 
 def check_resumable(ckpt, path):
@@ -267,6 +281,8 @@ def load_pretrained(init, cfg):
         raise ValueError(f"refused to load the weights in {init}: they hold objects that could run code "
                          "when unpickled; use model.safetensors, or only files you trust") from None
     except (OSError, *LOAD_ERRORS) as e:
+        if out_of_memory(e):
+            raise
         message = first_line(e)
         raise ValueError(message if init in message else f"could not load GPT-2 weights from {init}: "
                          f"{message}") from None
@@ -287,6 +303,8 @@ def init_model(cfg, meta, device):
             model = GPT(GPTConfig(**dict(ckpt["model_args"], dropout=cfg["dropout"])))
             model.load_state_dict(ckpt["model"])
         except LOAD_ERRORS as e:
+            if out_of_memory(e):
+                raise
             raise CheckpointError(f"{path} does not match this model.py ({first_line(e)}); "
                                   "resume from another copy or train again") from None
     elif os.path.isdir(init) or init.startswith("gpt2"):
@@ -595,6 +613,13 @@ def lost_peer(e, world):
     return world > 1 and (isinstance(e, dist.DistError) or "gloo" in text or "NCCL" in text)
 
 
+def get_config(argv):
+    """The settings from DEFAULTS, config files and --key=value; raises ConfigError or ValueError."""
+    cfg = parse_args(DEFAULTS, argv)
+    check_config(cfg)
+    return cfg
+
+
 def fail(message, code):
     print(f"error: {message}", file=sys.stderr)
     sys.exit(code)
@@ -607,16 +632,22 @@ def main(argv=None):
         return
     try:
         try:
-            cfg = parse_args(DEFAULTS, argv)
-            check_config(cfg)
-            run = setup(cfg)
+            run = setup(get_config(argv))
         except USER_ERRORS as e:
             fail(e, 2)
+        except (RuntimeError, MemoryError) as e:
+            if not out_of_memory(e):
+                raise
+            fail("out of memory building the model or loading the data; use a smaller model, "
+                 "--block_size or --batch_size", 2)
         try:
             train(run)
         except (CheckpointError, TrainingError) as e:
             fail(e, 1)
-        except RuntimeError as e:
+        except (RuntimeError, MemoryError) as e:
+            if out_of_memory(e):
+                fail("out of memory while training; lower --batch_size (raise --gradient_accumulation_steps "
+                     "to keep the batch) or --block_size; the last checkpoint is kept", 1)
             if not lost_peer(e, run.world):
                 raise
             fail(f"process {run.rank} lost contact with the others ({first_line(e)}); another process "

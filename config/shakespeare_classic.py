@@ -4,7 +4,7 @@
 #
 #   python train.py config/shakespeare_classic.py
 
-out_dir = "out-shakespeare-char"
+out_dir = "out-shakespeare-char-classic"
 eval_interval = 250  # a small corpus: check often, the model starts to overfit early
 eval_iters = 200
 log_interval = 10

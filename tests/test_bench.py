@@ -126,6 +126,7 @@ def test_alternate_rotates_the_order():
     (["--quik"], "did you mean 'quick'"),
     (["extra.py"], "unexpected argument"),
     (["--out=/nonexistent-folder/bench.json"], "pass --out="),
+    (["--threads=-1"], "--threads must be 0"),
 ])
 def test_bad_arguments_are_one_line_errors(repo_root, args, message):
     proc = run_bench(repo_root, *args, timeout=60)
