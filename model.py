@@ -17,6 +17,7 @@ Only torch and the standard library are imported.
 import json
 import math
 import os
+import pickle
 from dataclasses import dataclass
 from typing import Optional
 
@@ -488,9 +489,14 @@ class GPT(nn.Module):
         'gpt2-medium', ...) through huggingface_hub when there is a network.
         overrides: GPTConfig fields to change, e.g. dropout or a smaller block_size."""
         folder = _pretrained_folder(path_or_name)
-        with open(os.path.join(folder, "config.json")) as f:
-            hf = json.load(f)
-        if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+        try:
+            with open(os.path.join(folder, "config.json")) as f:
+                hf = json.load(f)
+            hf = {key: int(hf[key]) for key in ("n_positions", "vocab_size", "n_layer", "n_head", "n_embd")} | {
+                "activation_function": hf.get("activation_function", "gelu_new")}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{folder}/config.json is missing or not a GPT-2 config ({type(e).__name__}: {e})") from None
+        if hf["activation_function"] not in ("gelu_new", "gelu_pytorch_tanh"):
             raise ValueError(f"unsupported activation {hf['activation_function']!r} in {folder}")
         args = dict(block_size=hf["n_positions"], vocab_size=hf["vocab_size"], n_layer=hf["n_layer"],
                     n_head=hf["n_head"], n_embd=hf["n_embd"], bias=True, dropout=0.0)
@@ -555,30 +561,47 @@ _SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch
 
 
 def _read_state_dict(folder):
-    """Tensors from model.safetensors (read directly: an 8-byte header length, a
-    JSON header, raw little-endian data) or from pytorch_model.bin."""
+    """Tensors from model.safetensors or pytorch_model.bin; a damaged or
+    unsafe file is a one-line ValueError naming it."""
     path = os.path.join(folder, "model.safetensors")
     if os.path.exists(path):
-        with open(path, "rb") as f:
-            data = f.read()
-        n = int.from_bytes(data[:8], "little")
-        header = json.loads(data[8:8 + n])
-        body = memoryview(data)[8 + n:]
-        tensors = {}
-        for key, info in header.items():
-            if key == "__metadata__":
-                continue
-            if info["dtype"] not in _SAFETENSORS_DTYPES:
-                raise ValueError(f"unsupported dtype {info['dtype']} for {key} in {path}")
-            begin, end = info["data_offsets"]
-            dtype = _SAFETENSORS_DTYPES[info["dtype"]]
-            if begin == end:  # frombuffer refuses an empty buffer
-                tensors[key] = torch.zeros(info["shape"])
-                continue
-            flat = torch.frombuffer(bytearray(body[begin:end]), dtype=dtype)
-            tensors[key] = flat.reshape(info["shape"]).float()
-        return tensors
+        try:
+            return _read_safetensors(path)
+        except (ValueError, KeyError, TypeError, RuntimeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path} is truncated or not a safetensors file ({type(e).__name__})") from None
     path = os.path.join(folder, "pytorch_model.bin")
     if os.path.exists(path):
-        return {k: v.float() for k, v in torch.load(path, map_location="cpu", weights_only=True).items()}
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            raise ValueError(f"refused to load {path}: it holds objects that could run code when "
+                             "unpickled; use model.safetensors or a file you trust") from None
+        except (RuntimeError, EOFError, OSError) as e:
+            raise ValueError(f"{path} is truncated or not a PyTorch file ({type(e).__name__})") from None
+        return {k: v.float() for k, v in state.items()}
     raise ValueError(f"{folder} has neither model.safetensors nor pytorch_model.bin")
+
+
+def _read_safetensors(path):
+    """The format is simple enough to read directly: an 8-byte little-endian
+    header length, a JSON header of names, dtypes, shapes and offsets, raw data."""
+    with open(path, "rb") as f:
+        data = f.read()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    body = memoryview(data)[8 + n:]
+    tensors = {}
+    for key, info in header.items():
+        if key == "__metadata__":
+            continue
+        if info["dtype"] not in _SAFETENSORS_DTYPES:
+            raise ValueError(f"unsupported dtype {info['dtype']} for {key}")
+        begin, end = info["data_offsets"]
+        if not 0 <= begin <= end <= len(body):
+            raise ValueError(f"{key} lies past the end of the file")
+        if begin == end:  # frombuffer refuses an empty buffer
+            tensors[key] = torch.zeros(info["shape"])
+            continue
+        flat = torch.frombuffer(bytearray(body[begin:end]), dtype=_SAFETENSORS_DTYPES[info["dtype"]])
+        tensors[key] = flat.reshape(info["shape"]).float()
+    return tensors

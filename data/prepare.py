@@ -123,7 +123,7 @@ def prepare_text(text, out_dir, tokenizer_kind, val_fraction=0.1, source=None):
         tok = build_tokenizer(tokenizer_kind, text)
     except TokenizerError as e:
         raise DataError(str(e)) from None
-    if tok.vocab_size >= 2**16:
+    if tok.vocab_size > 2**16:
         raise DataError(f"the vocabulary has {tok.vocab_size} tokens; uint16 files hold at most 65536")
 
     os.makedirs(out_dir, exist_ok=True)
