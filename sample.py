@@ -13,7 +13,6 @@ index.html in a browser); --attn_dir DIR writes them elsewhere and
 """
 
 import os
-import pickle
 import sys
 import time
 
@@ -115,9 +114,6 @@ def load_model(cfg):
     if cfg["init_from"] and (is_hf or (cfg["init_from"].startswith("gpt2") and not os.path.exists(source))):
         try:
             model = GPT.from_pretrained(source)
-        except pickle.UnpicklingError:
-            raise SampleError(f"refused to load the weights in {source}: they hold objects that could run "
-                              "code when unpickled; use model.safetensors, or only files you trust") from None
         except (ValueError, OSError, KeyError, TypeError, RuntimeError, IndexError, EOFError) as e:
             raise SampleError(f"could not load GPT-2 weights from {source}: {gist(e)}") from None
         return model, get_tokenizer({"kind": "gpt2"}), cfg["out_dir"]

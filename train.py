@@ -18,7 +18,6 @@ import datetime
 import json
 import math
 import os
-import pickle
 import signal
 import sys
 import threading
@@ -277,15 +276,10 @@ def load_pretrained(init, cfg):
     """GPT-2 weights from a Hugging Face folder or by name; any failure is one line naming it."""
     try:
         return GPT.from_pretrained(init, dropout=cfg["dropout"], block_size=cfg["block_size"])
-    except pickle.UnpicklingError:
-        raise ValueError(f"refused to load the weights in {init}: they hold objects that could run code "
-                         "when unpickled; use model.safetensors, or only files you trust") from None
     except (OSError, *LOAD_ERRORS) as e:
         if out_of_memory(e):
             raise
-        message = first_line(e)
-        raise ValueError(message if init in message else f"could not load GPT-2 weights from {init}: "
-                         f"{message}") from None
+        raise ValueError(f"could not load GPT-2 weights from {init}: {first_line(e)}") from None
 
 
 def init_model(cfg, meta, device):

@@ -124,7 +124,7 @@ def test_grouped_query_cache_is_smaller():
     for n_kv_head in (2, 1):
         model = tiny_model(n_kv_head=n_kv_head)
         cache = model.make_kv_cache(2)
-        assert cache.k.shape == (2, 2, n_kv_head, 16, 8)
+        assert isinstance(cache, KVCache) and cache.k.shape == (2, 2, n_kv_head, 16, 8)
         assert full.nbytes == cache.nbytes * (4 // n_kv_head)
         logits, _ = model(torch.randint(0, 37, (2, 5)), kv_cache=cache)
         assert logits.shape == (2, 5, 37) and cache.pos == 5
