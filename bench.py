@@ -502,6 +502,8 @@ def run(args, log=print):
         raise BenchError(f"--device must be cpu or cuda, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise BenchError("CUDA is not available here; run with --device=cpu")
+    if args["threads"] < 0:
+        raise BenchError(f"--threads must be 0 (torch's default) or more, got {args['threads']}")
     folder = os.path.dirname(os.path.abspath(args["out"]))
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
         raise BenchError(f"cannot write {args['out']}: {folder} is not a writable folder; "
@@ -514,8 +516,6 @@ def run(args, log=print):
     transformers.logging.set_verbosity_error()
     if device == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 for every contender alike
-    if args["threads"] < 0:
-        raise BenchError(f"--threads must be 0 (torch's default) or more, got {args['threads']}")
     if args["threads"]:
         torch.set_num_threads(args["threads"])
 
@@ -549,7 +549,7 @@ def run(args, log=print):
     tables = [
         "## Training step (forward, backward, AdamW)\n\n" + train_table(result["train"], gpu),
         "## Generation (greedy, 1-token prompt, baby model)\n\n" + generate_table(result["generate"], gpu),
-        f"## Attention alone (B=1, 12 heads, head size 64, causal, forward)\n\n"
+        "## Attention alone (B=1, 12 heads, head size 64, causal, forward)\n\n"
         + attention_table(result["attention"], gpu),
     ]
     if result["targets"]:

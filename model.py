@@ -98,8 +98,10 @@ class KVCache:
 
     def __init__(self, n_layer, batch_size, n_kv_head, block_size, head_size, device=None, dtype=None):
         shape = (n_layer, batch_size, n_kv_head, block_size, head_size)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        # empty, not zeros: positions past pos are never read, and zero-filling
+        # would touch every page of the buffer before the first token
+        self.k = torch.empty(shape, device=device, dtype=dtype)
+        self.v = torch.empty(shape, device=device, dtype=dtype)
         self.block_size = block_size
         self.pos = 0  # positions filled; the model advances it after a forward
 
@@ -460,8 +462,8 @@ class GPT(nn.Module):
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
-        # the fused kernel updates all parameters in one launch on CUDA
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
+        # the fused kernel updates every parameter in one pass (CUDA and CPU)
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type in ("cuda", "cpu"))
 
     def flops_per_token(self):
         """Training FLOPs per token: 6 per parameter plus the attention scores."""

@@ -330,7 +330,7 @@ def make_optimizers(model, cfg, device_type):
     muon = torch.optim.Muon(hidden, lr=lr, weight_decay=wd, adjust_lr_fn="match_rms_adamw")
     adamw = torch.optim.AdamW([{"params": [p for p in rest if p.dim() >= 2], "weight_decay": wd},
                                {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}],
-                              lr=lr, betas=betas, fused=device_type == "cuda")
+                              lr=lr, betas=betas, fused=device_type in ("cuda", "cpu"))
     return [muon, adamw]
 
 
