@@ -40,14 +40,6 @@ TINY = ["--device=cpu", "--compile=False", "--dtype=float32", "--n_layer=1", "--
 PROGRESS = re.compile(r"\d+%\||it/s|\d+it \[")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # the same numerics as the child processes (OMP_NUM_THREADS=1), and a shared machine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def child_env():
     env = dict(os.environ, OMP_NUM_THREADS="1")

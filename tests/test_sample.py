@@ -36,14 +36,6 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # A small trained model
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Models this small run faster on one thread, and the machine is shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, corpus_path):

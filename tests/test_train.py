@@ -29,14 +29,6 @@ TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_
         "--min_lr=3e-4", "--dropout=0.0", "--seed=7"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # tiny matrices: extra threads only wait on each other on a busy machine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory, corpus_path):
