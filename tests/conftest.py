@@ -8,8 +8,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-# The corpus lives beside the checkout, never inside it.
-SHARED_CORPUS = os.path.join(os.path.dirname(ROOT), "shared", "data", "tinyshakespeare", "input.txt")
+# The corpus lives beside the checkout, never inside it; TINYSHAKESPEARE_PATH,
+# the variable the prepare scripts read, points elsewhere.
+SHARED_CORPUS = os.environ.get("TINYSHAKESPEARE_PATH") or os.path.join(
+    os.path.dirname(ROOT), "shared", "data", "tinyshakespeare", "input.txt")
 
 
 @pytest.fixture(scope="session")
