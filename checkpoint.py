@@ -99,3 +99,14 @@ def clean_state_dict(state_dict):
             key = key.removeprefix(prefix)
         out[key] = value
     return out
+
+
+def first_line(e):
+    """The gist of an exception in one line, for messages about files that fail
+    to load: its first line, or the first detail under a heading like
+    "Error(s) in loading state_dict for GPT:"."""
+    if isinstance(e, KeyError):
+        return f"no entry {e}"
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+    line = lines[1] if len(lines) > 1 and lines[0].endswith(":") else lines[0]
+    return line if len(line) <= 200 else line[:200] + "..."

@@ -19,7 +19,7 @@ import time
 import torch
 
 import attention_maps
-from checkpoint import CheckpointError, checkpoint_path, clean_state_dict, load_checkpoint
+from checkpoint import CheckpointError, checkpoint_path, clean_state_dict, first_line, load_checkpoint
 from configurator import ConfigError, describe, parse_args
 from model import GPT, GPTConfig
 from tokenizer import TokenizerError, get_tokenizer
@@ -115,7 +115,7 @@ def load_model(cfg):
         try:
             model = GPT.from_pretrained(source)
         except (ValueError, OSError, KeyError, TypeError, RuntimeError, IndexError, EOFError) as e:
-            raise SampleError(f"could not load GPT-2 weights from {source}: {gist(e)}") from None
+            raise SampleError(f"could not load GPT-2 weights from {source}: {first_line(e)}") from None
         return model, get_tokenizer({"kind": "gpt2"}), cfg["out_dir"]
     if cfg["init_from"] and not os.path.exists(source):
         raise SampleError(f"--init_from={source}: no such file or folder; pass a checkpoint folder "
@@ -130,7 +130,7 @@ def load_model(cfg):
         model = GPT(GPTConfig(**ckpt["model_args"]))
         model.load_state_dict(clean_state_dict(ckpt["model"]))
     except (TypeError, ValueError, RuntimeError, KeyError, AttributeError, IndexError) as e:
-        raise CheckpointError(f"{path} does not match this model.py ({gist(e)}); "
+        raise CheckpointError(f"{path} does not match this model.py ({first_line(e)}); "
                               "train it again with this version") from None
     try:
         tok = get_tokenizer(ckpt["tokenizer"])
@@ -138,16 +138,6 @@ def load_model(cfg):
         raise CheckpointError(f"{path} has a damaged tokenizer description ({e})") from None
     folder = source if os.path.isdir(source) else os.path.dirname(source)
     return model, tok, folder
-
-
-def gist(e):
-    """An exception in one line: its first line, or the first detail under a
-    heading like "Error(s) in loading state_dict for GPT:"."""
-    if isinstance(e, KeyError):
-        return f"no entry {e}"
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
-    line = lines[1] if len(lines) > 1 and lines[0].endswith(":") else lines[0]
-    return line if len(line) <= 200 else line[:200] + "..."
 
 
 def read_prompt(prompt):

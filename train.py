@@ -30,7 +30,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from checkpoint import CheckpointError, checkpoint_path, clean_state_dict, load_checkpoint, save_checkpoint
+from checkpoint import (CheckpointError, checkpoint_path, clean_state_dict, first_line, load_checkpoint,
+                        save_checkpoint)
 from configurator import ConfigError, describe, parse_args
 from data.prepare import DataError, ensure_dataset, load_meta, load_tokens
 from model import GPT, GPTConfig
@@ -245,16 +246,6 @@ RESUME_FIELDS = {"model": dict, "model_args": dict, "optimizer": (dict, list), "
                  "best_val_loss": (int, float), "config": dict, "rng": dict, "data": dict}
 # What loading a damaged (but unpicklable) checkpoint or weights file raises.
 LOAD_ERRORS = (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError, EOFError)
-
-
-def first_line(e):
-    """The gist of an exception in one line: its first line, or the first detail
-    under a heading like "Error(s) in loading state_dict for GPT:"."""
-    if isinstance(e, KeyError):
-        return f"no entry {e}"
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
-    line = lines[1] if len(lines) > 1 and lines[0].endswith(":") else lines[0]
-    return line if len(line) <= 200 else line[:200] + "..."
 
 
 def out_of_memory(e):
