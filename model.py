@@ -94,31 +94,49 @@ class KVCache:
     The buffers are allocated once at full length, (B, n_kv_head, block_size, hs)
     per layer, and new positions are written in place: decoding never grows a
     tensor with torch.cat or reallocates.
+
+    The fixed-shape decode step (GPT.decode_step) gives the position as a tensor
+    instead (`at`) and attends to the whole buffer, masking what is not written
+    yet; that needs zeroed buffers (zero=True), because a masked position still
+    multiplies its value by a weight of 0, and 0 * NaN garbage would be NaN.
     """
 
-    def __init__(self, n_layer, batch_size, n_kv_head, block_size, head_size, device=None, dtype=None):
-        shape = (n_layer, batch_size, n_kv_head, block_size, head_size)
-        # empty, not zeros: positions past pos are never read, and zero-filling
+    def __init__(self, n_layer, batch_size, n_kv_head, block_size, head_size, device=None, dtype=None,
+                 zero=False):
+        shape = (batch_size, n_kv_head, block_size, head_size)
+        # empty by default: positions past pos are never read, and zero-filling
         # would touch every page of the buffer before the first token
-        self.k = torch.empty(shape, device=device, dtype=dtype)
-        self.v = torch.empty(shape, device=device, dtype=dtype)
+        alloc = torch.zeros if zero else torch.empty
+        # one tensor per layer, not one for all: a compiled step that writes into
+        # a slice of a shared tensor copies the whole tensor on every token
+        self.k = [alloc(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.v = [alloc(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.block_size = block_size
         self.pos = 0  # positions filled; the model advances it after a forward
 
-    def update(self, layer, k, v):
+    def update(self, layer, k, v, at=None):
         """Write k, v (B, n_kv_head, T, hs) at the next positions of one layer;
-        return that layer's keys and values so far, (B, n_kv_head, pos + T, hs)."""
+        return that layer's keys and values so far, (B, n_kv_head, pos + T, hs).
+        With `at` (a 1-element tensor, T = 1): write there, return the whole buffers."""
+        if at is not None:
+            self.k[layer][:, :, at] = k
+            self.v[layer][:, :, at] = v
+            return self.k[layer], self.v[layer]  # (B, n_kv_head, block_size, hs)
         end = self.pos + k.size(2)
-        self.k[layer, :, :, self.pos:end] = k
-        self.v[layer, :, :, self.pos:end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        self.k[layer][:, :, self.pos:end] = k
+        self.v[layer][:, :, self.pos:end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
     def reset(self):
         self.pos = 0  # stale entries past pos are never read, so no clearing needed
 
+    def written(self, at):
+        """Bool (1, block_size), a row of the causal mask: True at positions 0 .. at."""
+        return (torch.arange(self.block_size, device=at.device) <= at)[None]
+
     @property
     def nbytes(self):
-        return self.k.nbytes + self.v.nbytes
+        return sum(t.nbytes for t in self.k + self.v)
 
 
 # -----------------------------------------------------------------------------
@@ -165,7 +183,7 @@ class MultiHeadAttention(nn.Module):
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, kv_cache=None, layer=0, rotary=None, return_attention=False):
+    def forward(self, x, kv_cache=None, layer=0, rotary=None, return_attention=False, at=None):
         B, T, C = x.size()
         hs, nh, nkv = self.head_size, self.n_head, self.n_kv_head
         q, k, v = self.c_attn(x).split([nh * hs, nkv * hs, nkv * hs], dim=2)
@@ -179,7 +197,7 @@ class MultiHeadAttention(nn.Module):
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         if kv_cache is not None:
-            k, v = kv_cache.update(layer, k, v)  # (B, nkv, Tk, hs), Tk = cached + T
+            k, v = kv_cache.update(layer, k, v, at)  # (B, nkv, Tk, hs), Tk = cached + T
         Tk = k.size(2)
 
         if return_attention:
@@ -191,7 +209,9 @@ class MultiHeadAttention(nn.Module):
         else:
             # the fused kernel (flash / memory-efficient on GPU): same result, and
             # it never materialises the (T, Tk) weights
-            if T == Tk:
+            if at is not None:
+                mask, is_causal = kv_cache.written(at), False  # fixed shapes: see KVCache
+            elif T == Tk:
                 mask, is_causal = None, True
             elif T == 1:
                 mask, is_causal = None, False  # the newest token sees every key
@@ -222,7 +242,8 @@ class MLP(nn.Module):
     def forward(self, x):
         x = self.c_fc(x)
         if self.activation == "relu2":
-            x = F.relu(x).square()  # ReLU squared: an option for fast training runs
+            x = F.relu(x)
+            x = x * x  # ReLU squared; x * x has a cheaper backward than square() on CPU
         else:
             x = F.gelu(x, approximate="tanh")  # GPT-2's own GELU approximation
         return self.dropout(self.c_proj(x))
@@ -238,8 +259,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, kv_cache=None, layer=0, rotary=None, return_attention=False):
-        a, weights = self.attn(self.ln_1(x), kv_cache, layer, rotary, return_attention)
+    def forward(self, x, kv_cache=None, layer=0, rotary=None, return_attention=False, at=None):
+        a, weights = self.attn(self.ln_1(x), kv_cache, layer, rotary, return_attention, at)
         x = x + a
         x = x + self.mlp(self.ln_2(x))
         return x, weights
@@ -291,6 +312,7 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
+        self._decoders = {}  # compiled decode steps, by batch size (compiled_decoder)
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),  # token embedding
             drop=nn.Dropout(config.dropout),
@@ -331,11 +353,11 @@ class GPT(nn.Module):
             n -= self.transformer.wpe.weight.numel()
         return n
 
-    def make_kv_cache(self, batch_size, dtype=None):
+    def make_kv_cache(self, batch_size, dtype=None, zero=False):
         c = self.config
         p = self.transformer.wte.weight
         return KVCache(c.n_layer, batch_size, c.n_kv_head, c.block_size, c.n_embd // c.n_head,
-                       device=p.device, dtype=dtype or p.dtype)
+                       device=p.device, dtype=dtype or p.dtype, zero=zero)
 
     def forward(self, idx, targets=None, kv_cache=None, return_attention=False, last_only=False):
         """idx (B, T) token ids -> (logits (B, T, vocab), loss or None).
@@ -381,6 +403,26 @@ class GPT(nn.Module):
             return logits, loss, maps
         return logits, loss
 
+    def decode_step(self, idx, at, kv_cache):
+        """Logits (B, vocab) for one new token per sequence, idx (B, 1), at
+        position `at` (a 1-element long tensor), through a zeroed cache.
+
+        forward(idx, kv_cache=...) does the same work, but its shapes grow with
+        the cache. Here they never change: the whole cache is attended to and
+        the positions past `at` are masked. So torch.compile builds the step
+        once, and on CUDA it can be recorded as a CUDA graph and replayed for
+        every token (generate(..., compile=True)). Inference only: no dropout.
+        """
+        x = self.transformer.wte(idx)  # (B, 1, C)
+        rotary = None
+        if self.config.rope:
+            rotary = (self.rotary_cos[at], self.rotary_sin[at])  # (1, hs/2) each
+        else:
+            x = x + self.transformer.wpe(at)
+        for layer, block in enumerate(self.transformer.h):
+            x, _ = block(x, kv_cache, layer, rotary, at=at)
+        return self.lm_head(self.transformer.ln_f(x))[:, -1]  # (B, vocab)
+
     # -------------------------------------------------------------------------
     # Generation
 
@@ -400,24 +442,63 @@ class GPT(nn.Module):
         keep = max(1, bs - bs // 4)
         return length - keep
 
+    def compiled_decoder(self, batch_size):
+        """(decode_step compiled with torch.compile, its zeroed KVCache), built on
+        first use for this batch size and kept, so later calls reuse both.
+
+        CUDA: mode "reduce-overhead" records the step as a CUDA graph, replayed
+        for every token; the cache buffers are marked static so the graph writes
+        to them in place. CPU: max-autotune with frozen weights, which lets
+        inductor generate its own matrix-vector kernels (docs/benchmarks.md).
+        Frozen weights are constants of the compiled code, so the step is rebuilt
+        if any parameter changes afterwards (e.g. more training).
+        """
+        p = self.transformer.wte.weight
+        key = (batch_size, p.device, p.dtype)
+        version = tuple(q._version for q in self.parameters())
+        built = self._decoders.get(key)
+        if built is None or (p.device.type == "cpu" and built[2] != version):
+            cache = self.make_kv_cache(batch_size, zero=True)
+            if p.device.type == "cuda":
+                for t in cache.k + cache.v:
+                    torch._dynamo.mark_static_address(t)
+                step = torch.compile(self.decode_step, mode="reduce-overhead", fullgraph=True)
+            else:
+                compiled = torch.compile(self.decode_step, mode="max-autotune-no-cudagraphs", fullgraph=True)
+
+                def step(*args):
+                    # inductor reads `freezing` when it compiles, at the first call
+                    with torch._inductor.config.patch(freezing=True):
+                        return compiled(*args)
+            built = self._decoders[key] = (step, cache, version)
+        return built[0], built[1]
+
     @torch.no_grad()
     def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-                        use_cache=True, generator=None, return_attention=False):
+                        use_cache=True, generator=None, return_attention=False, compile=False):
         """Yield (next_token (B, 1), attention, window_start) for each new token.
 
         attention is None unless return_attention: then it is the per-layer list
         of weights of the forward that produced this token's logits, over the
         window idx[:, window_start:]. With the cache: the prefill's (B, nh, T, T)
         maps, then one (B, nh, 1, Tk) row per decoded token.
+        compile: decode through compiled_decoder (the prompt is still prefilled
+        eagerly); the first call pays for compiling.
         """
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if idx.size(1) < 1:
             raise ValueError("generation needs at least one prompt token")
+        if compile and (return_attention or not use_cache):
+            raise ValueError("compile=True decodes through the KV cache and returns no attention maps")
         bs = self.config.block_size
         # a prompt longer than the window keeps its last block_size tokens
         start = max(0, idx.size(1) - bs)
-        cache = self.make_kv_cache(idx.size(0)) if use_cache else None
+        step, cache = None, None
+        if compile:
+            step, cache = self.compiled_decoder(idx.size(0))
+        elif use_cache:
+            cache = self.make_kv_cache(idx.size(0))
         fresh = True  # the cache holds nothing for the current window yet
         for _ in range(max_new_tokens):
             new_start = self.context_start(idx.size(1), start)
@@ -430,6 +511,14 @@ class GPT(nn.Module):
                 out = self(idx[:, start:], kv_cache=cache, return_attention=return_attention,
                            last_only=True)
                 fresh = False
+            elif step is not None:
+                if idx.is_cuda:
+                    torch.compiler.cudagraph_mark_step_begin()  # the last step's logits are used up
+                at = torch.tensor([cache.pos], device=idx.device)
+                # a fresh (B, 1) tensor: a view into idx would change strides every step
+                last = idx[:, -1:].clone(memory_format=torch.contiguous_format)
+                out = (step(last, at, cache)[:, None],)
+                cache.pos += 1
             else:
                 out = self(idx[:, -1:], kv_cache=cache, return_attention=return_attention)
             logits = out[0][:, -1, :]
@@ -439,16 +528,17 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-                 use_cache=True, generator=None):
+                 use_cache=True, generator=None, compile=False):
         """Return idx (B, T) with max_new_tokens sampled tokens appended.
 
         The prompt is prefilled in one forward, then one token per step goes
         through the KV cache. temperature=0 is greedy. use_cache=False
         recomputes the whole window every step, following the same sliding
         rule, so greedy decoding gives identical tokens either way.
+        compile=True decodes with the compiled fixed-shape step (compiled_decoder).
         """
         steps = self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p,
-                                     use_cache, generator)
+                                     use_cache, generator, compile=compile)
         new = [token for token, _, _ in steps]
         return torch.cat([idx] + new, dim=1)
 

@@ -15,6 +15,7 @@ out_dir/log.jsonl; out_dir/ckpt.pt holds what resuming or sampling needs.
 import contextlib
 import dataclasses
 import datetime
+import functools
 import json
 import math
 import os
@@ -27,6 +28,7 @@ import types
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
@@ -142,6 +144,22 @@ def pick_device(cfg, local_rank, ddp):
     return device, dtype
 
 
+@contextlib.contextmanager
+def precision_context(device_type, dtype, block_size):
+    """Autocast for the forward pass (nothing in float32). On CPU, for contexts of
+    128 or less, attention takes PyTorch's math path: there the CPU flash-attention
+    kernel is 2-3x slower in bfloat16 than in float32, while the math path's
+    matrix multiplies run at bfloat16 speed (docs/benchmarks.md, 'Training on CPU
+    in bfloat16'). Longer contexts keep the fused kernel, which wins there."""
+    if dtype == "float32":
+        yield
+        return
+    math_attention = device_type == "cpu" and block_size <= 128
+    with torch.autocast(device_type, getattr(torch, dtype)), \
+            (sdpa_kernel(SDPBackend.MATH) if math_attention else contextlib.nullcontext()):
+        yield
+
+
 # -----------------------------------------------------------------------------
 # Data: a batch is a set of random block_size windows of a split
 
@@ -206,7 +224,7 @@ def mean_loss(r, model, data, batches):
     model.eval()
     for starts, length in batches[r.rank::r.world]:
         x, y = get_batch(data, starts, length, r.device)
-        with r.ctx:
+        with r.ctx():
             total[0] += model(x, y)[1].float() * y.numel()
         total[1] += y.numel()
     model.train()
@@ -412,7 +430,7 @@ def setup(cfg):
     use_compile = device.type == "cuda" if cfg["compile"] is None else cfg["compile"]
     model = torch.compile(raw) if use_compile else raw
     ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if world > 1 else model
-    ctx = contextlib.nullcontext() if dtype == "float32" else torch.autocast(device.type, getattr(torch, dtype))
+    ctx = functools.partial(precision_context, device.type, dtype, cfg["block_size"])
     wandb = start_wandb(cfg) if cfg["wandb_log"] and rank == 0 else None
     tokens_per_iter = cfg["gradient_accumulation_steps"] * cfg["batch_size"] * cfg["block_size"]
     if rank == 0:
@@ -449,7 +467,7 @@ def train_step(r, lr):
         # DDP averages the gradients across processes on the last micro-step only
         sync = r.ddp_model.no_sync() if r.world > 1 and micro < n - 1 else contextlib.nullcontext()
         with sync:
-            with r.ctx:
+            with r.ctx():
                 _, loss = r.ddp_model(x[micro], y[micro])
             loss_sum += loss.detach().float()
             r.scaler.scale(loss / n).backward()

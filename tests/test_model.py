@@ -124,7 +124,7 @@ def test_grouped_query_cache_is_smaller():
     for n_kv_head in (2, 1):
         model = tiny_model(n_kv_head=n_kv_head)
         cache = model.make_kv_cache(2)
-        assert isinstance(cache, KVCache) and cache.k.shape == (2, 2, n_kv_head, 16, 8)
+        assert isinstance(cache, KVCache) and len(cache.k) == 2 and cache.k[0].shape == (2, n_kv_head, 16, 8)
         assert full.nbytes == cache.nbytes * (4 // n_kv_head)
         logits, _ = model(torch.randint(0, 37, (2, 5)), kv_cache=cache)
         assert logits.shape == (2, 5, 37) and cache.pos == 5
@@ -163,10 +163,10 @@ def test_cache_token_by_token_equals_full_forward(options):
     idx = torch.randint(0, 37, (2, 16))
     full, _ = model(idx)
     cache = model.make_kv_cache(2)
-    k_ptr = cache.k.data_ptr()
+    k_ptr = cache.k[0].data_ptr()
     steps = [model(idx[:, t:t + 1], kv_cache=cache)[0] for t in range(16)]
     assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
-    assert cache.pos == 16 and cache.k.data_ptr() == k_ptr  # written in place
+    assert cache.pos == 16 and cache.k[0].data_ptr() == k_ptr  # written in place
     # a prefill in chunks gives the same logits too
     cache.reset()
     chunks = [model(idx[:, :5], kv_cache=cache)[0], model(idx[:, 5:11], kv_cache=cache)[0],
@@ -196,6 +196,48 @@ def test_greedy_generation_same_with_and_without_cache(options):
     assert with_cache.shape == (2, 3 + n)
     assert torch.equal(with_cache, without)
     assert torch.equal(with_cache[:, :3], prompt)
+
+
+@pytest.mark.parametrize("options", VARIANTS)
+def test_fixed_shape_decode_step_equals_full_forward(options):
+    model = tiny_model(**options)
+    idx = torch.randint(0, 37, (2, 16))
+    full, _ = model(idx)
+    cache = model.make_kv_cache(2, zero=True)
+    model(idx[:, :5], kv_cache=cache)  # prefill the usual way
+    # unwritten positions are masked: huge values there must change nothing
+    for t in cache.k + cache.v:
+        t[:, :, 5:] = 1e4
+    steps = [model.decode_step(idx[:, t:t + 1], torch.tensor([t]), cache) for t in range(5, 16)]
+    assert torch.allclose(torch.stack(steps, dim=1), full[:, 5:], atol=1e-5)
+
+
+def test_compiled_generation_equals_eager():
+    model = tiny_model(seed=4, rope=True, qk_norm=True, activation="relu2")
+    prompt = torch.randint(0, 37, (2, 3))
+    n = 3 * model.config.block_size  # slides the window twice
+    eager = model.generate(prompt, n, temperature=0)
+    assert torch.equal(model.generate(prompt, n, temperature=0, compile=True), eager)
+    step, cache = model.compiled_decoder(2)
+    assert model.compiled_decoder(2) == (step, cache)  # built once, kept
+    # on CPU the weights are frozen into the compiled step: a change rebuilds it
+    with torch.no_grad():
+        model.transformer.h[0].mlp.c_fc.weight.mul_(-1)
+    assert model.compiled_decoder(2)[0] is not step
+    assert torch.equal(model.generate(prompt, n, temperature=0, compile=True),
+                       model.generate(prompt, n, temperature=0))
+    with pytest.raises(ValueError, match="compile=True"):
+        model.generate(prompt, 2, compile=True, use_cache=False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_compiled_generation_equals_eager_on_cuda():
+    model = tiny_model(seed=4).cuda()
+    prompt = torch.randint(0, 37, (2, 3), device="cuda")
+    n = 3 * model.config.block_size
+    eager = model.generate(prompt, n, temperature=0)
+    assert torch.equal(model.generate(prompt, n, temperature=0, compile=True), eager)
+    assert torch.equal(model.generate(prompt, n, temperature=0, compile=True), eager)  # replayed
 
 
 def test_sliding_rule():
