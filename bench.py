@@ -7,9 +7,12 @@ Three sections, each printed as a markdown table and written to --out as JSON:
   1. train      one optimizer step (forward, backward, AdamW) for three model sizes,
                 ours against transformers' GPT2LMHeadModel with the same weights
   2. generate   greedy decoding to the full context on the baby model: ours with the
-                KV cache, ours recomputing the window, and Hugging Face's generate
+                KV cache (eager, and compiled unless --quick), ours recomputing the
+                window, and Hugging Face's generate
   3. attention  model.attention (explicit, materialises the (T, T) weights) against
                 F.scaled_dot_product_attention as the context grows
+  4. decode     CUDA only: GPT-2 124M, batch 1, the compiled decode step (CUDA graphs)
+                as a fraction of the memory-bandwidth limit
 
 Timings alternate between the contenders in the same process (rotating which goes
 first) and report medians, so a busy machine slows all of them alike.
@@ -52,6 +55,12 @@ BABY = TRAIN_CASES[1][1]
 TARGET_TRAIN_VS_HF = 1.25  # nanoGPT CPU settings: HF ms/step / ours ms/step
 TARGET_CACHE_VS_NOCACHE = 5.0  # generation at full context, baby model
 TARGET_CACHE_VS_HF = 2.0
+
+
+# Peak memory bandwidth in bytes/s (vendor data sheets), matched in order against
+# torch.cuda.get_device_name(); the H100 SXM reports itself as "H100 80GB HBM3".
+PEAK_BANDWIDTH = {"H200": 4.8e12, "H100 NVL": 3.9e12, "H100 PCIe": 2.0e12, "H100": 3.35e12,
+                  "A100-SXM4-80GB": 2.039e12, "A100 80GB PCIe": 1.935e12, "A100": 1.555e12}
 
 
 class BenchError(Exception):
@@ -285,9 +294,10 @@ def bench_generate(args, log):
         prompt = torch.zeros(batch, 1, dtype=torch.long, device=device)
         mask = torch.ones_like(prompt)
 
-        def ours_gen(use_cache, n=new_tokens):
-            out = ours.generate(prompt, n, temperature=0.0, use_cache=use_cache)
+        def ours_gen(use_cache, n=new_tokens, compile=False):
+            out = ours.generate(prompt, n, temperature=0.0, use_cache=use_cache, compile=compile)
             assert out.shape == (batch, 1 + n)
+            return out
 
         def hf_gen(n=new_tokens):
             with torch.no_grad():
@@ -299,6 +309,16 @@ def bench_generate(args, log):
                "hf": hf_gen}
         # a short warm-up: the first calls pay for lazy initialisation
         ours_gen(True, 8), ours_gen(False, 8), hf_gen(8)
+        compile_s = None
+        if not quick:  # compiling takes longer than --quick allows
+            log(f"generate: compiling the decode step for batch {batch} ...")
+            t0 = time.perf_counter()
+            ours_gen(True, 8, compile=True)
+            compile_s = time.perf_counter() - t0
+            if not torch.equal(ours_gen(True, compile=True), ours_gen(True)):
+                raise BenchError("compiled and eager greedy tokens differ; the benchmark would "
+                                 "compare different work")
+            fns["ours_compiled"] = lambda: ours_gen(True, compile=True)
         peaks = {}
         if gpu:  # one extra run each, alone, for its peak memory
             for key, fn in fns.items():
@@ -310,7 +330,7 @@ def bench_generate(args, log):
                 peaks[key] = torch.cuda.max_memory_allocated() - base
         times = alternate(fns, repeats, 1, device)
         row = dict(batch=batch, prompt_tokens=1, new_tokens=new_tokens, repeats=repeats,
-                   kv_cache_bytes=ours.make_kv_cache(batch).nbytes,
+                   kv_cache_bytes=ours.make_kv_cache(batch).nbytes, compile_s=compile_s,
                    peak_rss_bytes=peak_rss_bytes(), greedy_tokens_agree=agree)
         for key, ts in times.items():
             dt = median(ts)
@@ -318,8 +338,59 @@ def bench_generate(args, log):
                             peak_extra_gpu_bytes=peaks.get(key), samples_s=ts)
         row["cache_over_nocache"] = row["ours_cache"]["tokens_per_s"] / row["ours_nocache"]["tokens_per_s"]
         row["cache_over_hf"] = row["ours_cache"]["tokens_per_s"] / row["hf"]["tokens_per_s"]
+        row["compiled_over_hf"] = (row["ours_compiled"]["tokens_per_s"] / row["hf"]["tokens_per_s"]
+                                   if "ours_compiled" in row else None)
         rows.append(row)
     return rows
+
+
+def bench_decode_bandwidth(args, log):
+    """CUDA only: GPT-2 124M in bf16, batch 1, 1-token prompt to the full context;
+    the compiled fixed-shape decode step (CUDA graphs) against the eager cached
+    loop, and tokens/s as a fraction of the memory-bandwidth limit: every weight
+    and the filled part of the cache read once per token."""
+    torch.manual_seed(0)
+    shape = TRAIN_CASES[2][1]
+    model = GPT(GPTConfig(dropout=0.0, bias=True, **shape)).to("cuda", torch.bfloat16).eval()
+    n = 128 if args["quick"] else shape["block_size"] - 1
+    prompt = torch.zeros(1, 1, dtype=torch.long, device="cuda")
+    log("decode: GPT-2 124M, compiling the decode step ...")
+    t0 = time.perf_counter()
+    model.generate(prompt, 8, temperature=0.0, compile=True)
+    torch.cuda.synchronize()
+    compile_s = time.perf_counter() - t0
+    if not torch.equal(model.generate(prompt, n, temperature=0.0, compile=True),
+                       model.generate(prompt, n, temperature=0.0)):
+        raise BenchError("compiled and eager greedy tokens differ for GPT-2 124M")
+    times = alternate({"compiled": lambda: model.generate(prompt, n, temperature=0.0, compile=True),
+                       "eager": lambda: model.generate(prompt, n, temperature=0.0)}, 3, 1, "cuda")
+    c = model.config
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # tied head once
+    # keys and values of every layer for the positions filled, averaged over the run
+    cache_bytes = 2 * c.n_layer * c.n_embd * 2 * (1 + n) / 2
+    peak = next((bw for key, bw in PEAK_BANDWIDTH.items() if key in torch.cuda.get_device_name()), None)
+    limit = peak / (weight_bytes + cache_bytes) if peak else None
+    row = dict(model="GPT-2 124M", dtype="bfloat16", batch=1, new_tokens=n, compile_s=compile_s,
+               weight_bytes=weight_bytes, mean_cache_bytes=cache_bytes, peak_bandwidth=peak,
+               limit_tokens_per_s=limit)
+    for key, ts in times.items():
+        tps = n / median(ts)
+        row[key] = dict(tokens_per_s=tps, fraction_of_limit=tps / limit if limit else None,
+                        samples_s=ts)
+    return row
+
+
+def decode_bandwidth_table(r):
+    def frac(x):
+        return f"{x:.0%}" if x is not None else "- (unknown peak bandwidth)"
+    lines = [["path", "tok/s", "fraction of the bandwidth limit"],
+             ["compiled, CUDA graphs", f"{r['compiled']['tokens_per_s']:,.0f}",
+              frac(r["compiled"]["fraction_of_limit"])],
+             ["eager, KV cache", f"{r['eager']['tokens_per_s']:,.0f}", frac(r["eager"]["fraction_of_limit"])]]
+    limit = f"{r['limit_tokens_per_s']:,.0f} tok/s" if r["limit_tokens_per_s"] else "unknown"
+    return (markdown(lines) + f"\n\nLimit: {limit} ({r['weight_bytes'] / 1e6:.0f} MB of weights + "
+            f"{r['mean_cache_bytes'] / 1e6:.1f} MB of cache per token on average, at "
+            f"{(r['peak_bandwidth'] or 0) / 1e12:.2f} TB/s); compiling took {r['compile_s']:.0f} s.")
 
 
 def check_greedy_agree(ours, hf, device, n=8):
@@ -338,14 +409,19 @@ def check_greedy_agree(ours, hf, device, n=8):
 
 
 def generate_table(rows, gpu):
-    head = ["batch", "new tokens", "ours cache tok/s", "ours no-cache tok/s", "HF generate tok/s",
-            "cache/no-cache", "cache/HF", "KV cache bytes"]
+    head = ["batch", "new tokens", "ours cache tok/s", "ours compiled tok/s", "ours no-cache tok/s",
+            "HF generate tok/s", "cache/no-cache", "cache/HF", "compiled/HF", "compile s",
+            "KV cache bytes"]
     head += ["peak extra GPU MiB (cache / no-cache / HF)"] if gpu else ["peak RSS MiB (process)"]
     lines = [head]
     for r in rows:
+        compiled = "ours_compiled" in r
         line = [str(r["batch"]), str(r["new_tokens"]), f"{r['ours_cache']['tokens_per_s']:,.0f}",
+                f"{r['ours_compiled']['tokens_per_s']:,.0f}" if compiled else "-",
                 f"{r['ours_nocache']['tokens_per_s']:,.0f}", f"{r['hf']['tokens_per_s']:,.0f}",
                 f"{r['cache_over_nocache']:.1f}x", f"{r['cache_over_hf']:.1f}x",
+                f"{r['compiled_over_hf']:.1f}x" if compiled else "-",
+                f"{r['compile_s']:.0f}" if compiled else "-",
                 f"{r['kv_cache_bytes']:,}"]
         if gpu:
             line.append(" / ".join(f"{r[k]['peak_extra_gpu_bytes'] / 2**20:.0f}"
@@ -469,6 +545,11 @@ def targets(result):
                                  "no-cache", measured=x, met=x >= TARGET_CACHE_VS_NOCACHE))
         found.append(dict(target=f"generation batch {r['batch']}: cache >= {TARGET_CACHE_VS_HF}x "
                                  "Hugging Face generate", measured=y, met=y >= TARGET_CACHE_VS_HF))
+        z = r["compiled_over_hf"]
+        if z is not None:
+            found.append(dict(target=f"generation batch {r['batch']}: compiled cache >= "
+                                     f"{TARGET_CACHE_VS_HF}x Hugging Face generate",
+                              measured=z, met=z >= TARGET_CACHE_VS_HF))
     if result["quick"]:
         for t in found:
             t["met"] = None
@@ -537,6 +618,7 @@ def run(args, log=print):
     result["train"] = bench_train(args, log)
     result["generate"] = bench_generate(args, log)
     result["attention"] = bench_attention(args, log)
+    result["decode_bandwidth"] = bench_decode_bandwidth(args, log) if gpu else None
     result["targets"] = targets(result) if not gpu else []
     result["seconds"] = time.perf_counter() - t0
     result["load_average_after"] = load_average()
@@ -552,6 +634,9 @@ def run(args, log=print):
         "## Attention alone (B=1, 12 heads, head size 64, causal, forward)\n\n"
         + attention_table(result["attention"], gpu),
     ]
+    if result["decode_bandwidth"]:
+        tables.append("## Decoding GPT-2 124M, batch 1, bf16\n\n"
+                      + decode_bandwidth_table(result["decode_bandwidth"]))
     if result["targets"]:
         tables.append("## Targets\n\n" + "\n".join(
             f"- {t['target']}: {t['measured']:.2f}x, {_verdict(t['met'])}"

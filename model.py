@@ -467,8 +467,10 @@ class GPT(nn.Module):
                 compiled = torch.compile(self.decode_step, mode="max-autotune-no-cudagraphs", fullgraph=True)
 
                 def step(*args):
-                    # inductor reads `freezing` when it compiles, at the first call
-                    with torch._inductor.config.patch(freezing=True):
+                    # inductor reads its config when it compiles, at the first call;
+                    # the other two keep its autotuning reports off the terminal
+                    with torch._inductor.config.patch(freezing=True, autotune_num_choices_displayed=0,
+                                                      max_autotune_report_choices_stats=False):
                         return compiled(*args)
             built = self._decoders[key] = (step, cache, version)
         return built[0], built[1]

@@ -37,6 +37,7 @@ DEFAULTS = dict(
     device="auto",  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
     dtype="auto",  # auto (bfloat16 on a GPU that has it, else float32), float32, bfloat16, float16
     no_cache=False,  # recompute the whole context every token: same output, slower
+    compile=False,  # decode with the compiled fixed-shape step (compiling takes 10-60 s; no attention maps)
     stream=False,  # print tokens as they are generated
     attn_dir=None,  # None = <out_dir>/attention; "" = do not save attention maps
 )
@@ -69,6 +70,8 @@ def parse_options(argv):
         raise SampleError(f"--top_p must be in (0, 1], got {cfg['top_p']!r}")
     if cfg["attn_dir"] is not None:
         cfg["attn_dir"] = str(cfg["attn_dir"])
+    if cfg["compile"] and cfg["no_cache"]:
+        raise SampleError("--compile decodes through the KV cache; drop --no_cache or --compile")
     return cfg
 
 
@@ -194,7 +197,8 @@ def generate_one(model, idx, cfg, generator, attention=False, on_token=None):
     n_new = cfg["max_new_tokens"]
     stream = model.generate_stream(
         idx, n_new + int(attention), cfg["temperature"], cfg["top_k"], cfg["top_p"],
-        use_cache=not cfg["no_cache"], generator=generator, return_attention=attention)
+        use_cache=not cfg["no_cache"], generator=generator, return_attention=attention,
+        compile=cfg["compile"])
     new, steps = [], []
     for i in range(n_new + int(attention)):
         if i == n_new:
@@ -259,10 +263,19 @@ def main(argv):
     attn_dir = cfg["attn_dir"]
     if attn_dir is None:
         attn_dir = os.path.join(folder, "attention")
+    if cfg["compile"] and attn_dir:
+        print("(--compile: the compiled step returns no attention weights, so no maps are saved)",
+              file=sys.stderr)
+        attn_dir = ""
     torch.manual_seed(cfg["seed"])
     generator = torch.Generator(device=device).manual_seed(cfg["seed"])
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)
 
+    if cfg["compile"]:
+        t0 = time.perf_counter()
+        model.generate(idx, 2, temperature=0.0, compile=True)  # the second token compiles the step
+        sync(device)
+        print(f"compiled the decode step in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     elapsed, attention = 0.0, None
     for k in range(cfg["num_samples"]):
         want_attention = k == 0 and bool(attn_dir)
@@ -280,7 +293,8 @@ def main(argv):
         if want_attention:
             attention = (steps, prompt_ids + new)
     n_new = cfg["num_samples"] * cfg["max_new_tokens"]
-    how = f"{'no cache' if cfg['no_cache'] else 'kv cache'}, {device}, {str(dtype).removeprefix('torch.')}"
+    path = "no cache" if cfg["no_cache"] else "compiled, kv cache" if cfg["compile"] else "kv cache"
+    how = f"{path}, {device}, {str(dtype).removeprefix('torch.')}"
     print(f"prompt {len(prompt_ids)} tokens, {cfg['num_samples']} x {cfg['max_new_tokens']} new tokens, "
           f"{n_new / max(elapsed, 1e-9):.1f} tokens/s ({how})")
 

@@ -92,6 +92,7 @@ def bad_inputs(ckpt, tmp):
         "missing_prompt_file": ([f"--out_dir={ckpt}", f"--prompt=FILE:{tmp}/missing.txt"],
                                 "prompt file not found"),
         "cuda_without_gpu": ([f"--out_dir={ckpt}", "--device=cuda"], "no CUDA GPU"),
+        "compile_without_cache": ([f"--out_dir={ckpt}", "--compile", "--no_cache"], "--compile"),
     }
 
 
@@ -119,6 +120,7 @@ def _runs(trained, tmp):
                   "--num_samples=1"],  # attention to the default place, <out_dir>/attention
         "greedy": greedy + ["--prompt=ROMEO:"],
         "greedy_no_cache": greedy + ["--prompt=ROMEO:", "--no_cache"],
+        "greedy_compiled": greedy + ["--prompt=ROMEO:", "--compile"],
         "greedy_stream": greedy + ["--prompt=ROMEO:", "--stream"],
         "greedy_file": greedy + [f"--prompt=FILE:{prompt_file}"],
         "long_prompt": greedy + [f"--prompt={LONG_PROMPT}", "--max_new_tokens=5"],
@@ -173,8 +175,10 @@ def test_prints_samples_and_summary(runs):
 def test_greedy_same_with_and_without_cache_stream_and_file(runs, trained):
     greedy, _ = samples_of(ok(runs["greedy"]).stdout)
     assert len(greedy) == 1 and len(greedy[0]) == len("ROMEO:") + 80
-    for name in ("greedy_no_cache", "greedy_stream", "greedy_file"):
+    for name in ("greedy_no_cache", "greedy_compiled", "greedy_stream", "greedy_file"):
         assert samples_of(ok(runs[name]).stdout)[0] == greedy, name
+    assert "compiled the decode step" in runs["greedy_compiled"].stderr
+    assert "(compiled, kv cache" in samples_of(runs["greedy_compiled"].stdout)[1]
     # the oracle: argmax of a full forward at every step, no cache, no window logic
     model, tok = trained["model"], trained["tok"]
     ids = tok.encode("ROMEO:")
