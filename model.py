@@ -200,18 +200,19 @@ class MultiHeadAttention(nn.Module):
             k, v = kv_cache.update(layer, k, v, at)  # (B, nkv, Tk, hs), Tk = cached + T
         Tk = k.size(2)
 
-        if return_attention:
-            # the explicit path, so the weights can be returned for inspection
+        if return_attention or at is not None:
+            # the explicit path: the weights can be returned for inspection, and
+            # in the fixed-shape decode step (see KVCache) one query's row is
+            # small, and compiled code runs it faster than the fused kernel with a mask
             if nkv != nh:
                 k = k.repeat_interleave(nh // nkv, dim=1)  # (B, nh, Tk, hs)
                 v = v.repeat_interleave(nh // nkv, dim=1)
-            y, weights = attention(q, k, v, causal_mask(T, Tk, x.device))
+            mask = kv_cache.written(at) if at is not None else causal_mask(T, Tk, x.device)
+            y, weights = attention(q, k, v, mask)
         else:
             # the fused kernel (flash / memory-efficient on GPU): same result, and
             # it never materialises the (T, Tk) weights
-            if at is not None:
-                mask, is_causal = kv_cache.written(at), False  # fixed shapes: see KVCache
-            elif T == Tk:
+            if T == Tk:
                 mask, is_causal = None, True
             elif T == 1:
                 mask, is_causal = None, False  # the newest token sees every key
