@@ -365,7 +365,8 @@ def bench_decode_bandwidth(args, log):
     times = alternate({"compiled": lambda: model.generate(prompt, n, temperature=0.0, compile=True),
                        "eager": lambda: model.generate(prompt, n, temperature=0.0)}, 3, 1, "cuda")
     c = model.config
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # tied head once
+    # every matrix once (the tied head reads all of wte); wpe only gives one row a token
+    weight_bytes = model.num_params(non_embedding=True) * model.lm_head.weight.element_size()
     # keys and values of every layer for the positions filled, averaged over the run
     cache_bytes = 2 * c.n_layer * c.n_embd * 2 * (1 + n) / 2
     peak = next((bw for key, bw in PEAK_BANDWIDTH.items() if key in torch.cuda.get_device_name()), None)
