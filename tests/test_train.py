@@ -124,6 +124,38 @@ def test_tiny_model_beats_unigram_baseline(data_root, tmp_path):
     assert final["val_loss_full"] == pytest.approx(expected, abs=1e-4)
 
 
+def attention_ops(block_size, dtype):
+    """The attention kernels one forward and backward run under precision_context."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=block_size, vocab_size=65, n_layer=1, n_head=2, n_embd=32))
+    idx = torch.randint(0, 65, (2, block_size))
+    with torch.profiler.profile() as prof:
+        with train.precision_context("cpu", dtype, block_size):
+            _, loss = model(idx, idx)
+        loss.backward()
+    names = {e.key for e in prof.key_averages()}
+    return {name for name in names if "flash_attention" in name or name == "aten::_softmax"}, loss
+
+
+def test_cpu_bfloat16_uses_the_math_attention_path_for_short_contexts():
+    short, loss = attention_ops(64, "bfloat16")
+    assert "aten::_softmax" in short and not any("flash" in n for n in short)
+    assert torch.isfinite(loss)
+    long_, _ = attention_ops(256, "bfloat16")
+    assert any("flash" in n for n in long_)  # longer contexts keep the fused kernel
+    f32, loss32 = attention_ops(64, "float32")
+    assert any("flash" in n for n in f32)  # float32 is left alone
+    assert abs(loss.float().item() - loss32.item()) < 0.05  # bf16 autocast: close, not equal
+
+
+def test_bfloat16_training_on_cpu_learns(data_root, tmp_path):
+    out = tmp_path / "out"
+    run_in_process(args(data_root, out, "--dtype=bfloat16", "--max_iters=60", "--lr_decay_iters=60",
+                        "--learning_rate=1e-2", "--eval_interval=60"))
+    log = read_log(out)
+    assert log[-1]["iter"] == 60 and log[-1]["val_loss"] < log[0]["val_loss"] - 0.8, log
+
+
 # -----------------------------------------------------------------------------
 # Checkpoints: exact resume, crash during a save, divergence
 
