@@ -315,9 +315,7 @@ def bench_generate(args, log):
             t0 = time.perf_counter()
             ours_gen(True, 8, compile=True)
             compile_s = time.perf_counter() - t0
-            if not torch.equal(ours_gen(True, compile=True), ours_gen(True)):
-                raise BenchError("compiled and eager greedy tokens differ; the benchmark would "
-                                 "compare different work")
+            check_compiled_greedy(ours, ours_gen(True, compile=True), ours_gen(True), "baby model")
             fns["ours_compiled"] = lambda: ours_gen(True, compile=True)
         peaks = {}
         if gpu:  # one extra run each, alone, for its peak memory
@@ -344,6 +342,27 @@ def bench_generate(args, log):
     return rows
 
 
+def check_compiled_greedy(model, compiled, eager, what):
+    """The compiled decode step must make the eager path's greedy choices. In
+    float32 (CPU) the tokens are identical. In bf16 two different kernels may
+    break a near-tie differently, after which the sequences part ways; there,
+    every token the compiled path chose must be within rounding of the best
+    logit of a plain forward over the same tokens."""
+    if torch.equal(compiled, eager):
+        return
+    bs = model.config.block_size
+    if model.lm_head.weight.dtype == torch.float32 or compiled.size(1) > bs:
+        raise BenchError(f"{what}: compiled and eager greedy tokens differ; the benchmark would "
+                         "compare different work")
+    with torch.no_grad():
+        logits = model(compiled[:, :-1])[0].float()  # (B, T - 1, vocab)
+    chosen = logits.gather(-1, compiled[:, 1:, None])[..., 0]
+    gap = (logits.max(-1).values - chosen).max().item()
+    if gap > 0.1:  # bf16 logits of a few units carry about 1e-2 of rounding
+        raise BenchError(f"{what}: the compiled step chose a token {gap:.3f} below the best "
+                         "logit of a plain forward")
+
+
 def bench_decode_bandwidth(args, log):
     """CUDA only: GPT-2 124M in bf16, batch 1, 1-token prompt to the full context;
     the compiled fixed-shape decode step (CUDA graphs) against the eager cached
@@ -359,9 +378,8 @@ def bench_decode_bandwidth(args, log):
     model.generate(prompt, 8, temperature=0.0, compile=True)
     torch.cuda.synchronize()
     compile_s = time.perf_counter() - t0
-    if not torch.equal(model.generate(prompt, n, temperature=0.0, compile=True),
-                       model.generate(prompt, n, temperature=0.0)):
-        raise BenchError("compiled and eager greedy tokens differ for GPT-2 124M")
+    check_compiled_greedy(model, model.generate(prompt, n, temperature=0.0, compile=True),
+                          model.generate(prompt, n, temperature=0.0), "GPT-2 124M")
     times = alternate({"compiled": lambda: model.generate(prompt, n, temperature=0.0, compile=True),
                        "eager": lambda: model.generate(prompt, n, temperature=0.0)}, 3, 1, "cuda")
     c = model.config
