@@ -8,7 +8,8 @@ The ideas appear in the order they are built:
   4. KVCache        preallocated keys and values, so decoding feeds one token at a time
   5. MultiHeadAttention  all heads in one projection, plus W_O
   6. MLP, Block     the feed-forward layer and the pre-LayerNorm residual block
-  7. GPT            embeddings, blocks, tied LM head, loss, generation, GPT-2 weights
+  7. GPT            embeddings, blocks, tied LM head, loss, a fixed-shape decode step
+                    for compiling, generation, GPT-2 weights
 
 Shapes use B = batch, T = sequence length, C = n_embd, nh = heads, hs = head size.
 Only torch and the standard library are imported.
@@ -455,6 +456,8 @@ class GPT(nn.Module):
         if any parameter changes afterwards (e.g. more training).
         """
         p = self.transformer.wte.weight
+        if p.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"compile=True is built for CPU and CUDA, not {p.device.type}")
         key = (batch_size, p.device, p.dtype)
         version = tuple(q._version for q in self.parameters())
         built = self._decoders.get(key)

@@ -272,6 +272,8 @@ def main(argv):
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)
 
     if cfg["compile"]:
+        if not device.startswith(("cpu", "cuda")):
+            raise SampleError(f"--compile runs on CPU and CUDA, not {device}; drop --compile")
         t0 = time.perf_counter()
         model.generate(idx, 2, temperature=0.0, compile=True)  # the second token compiles the step
         sync(device)
