@@ -382,11 +382,11 @@ def bench_decode_bandwidth(args, log):
                           model.generate(prompt, n, temperature=0.0), "GPT-2 124M")
     times = alternate({"compiled": lambda: model.generate(prompt, n, temperature=0.0, compile=True),
                        "eager": lambda: model.generate(prompt, n, temperature=0.0)}, 3, 1, "cuda")
-    c = model.config
+    c, elem = model.config, model.lm_head.weight.element_size()
     # every matrix once (the tied head reads all of wte); wpe only gives one row a token
-    weight_bytes = model.num_params(non_embedding=True) * model.lm_head.weight.element_size()
+    weight_bytes = model.num_params(non_embedding=True) * elem
     # keys and values of every layer for the positions filled, averaged over the run
-    cache_bytes = 2 * c.n_layer * c.n_embd * 2 * (1 + n) / 2
+    cache_bytes = 2 * c.n_layer * c.n_embd * elem * (1 + n) / 2
     peak = next((bw for key, bw in PEAK_BANDWIDTH.items() if key in torch.cuda.get_device_name()), None)
     limit = peak / (weight_bytes + cache_bytes) if peak else None
     row = dict(model="GPT-2 124M", dtype="bfloat16", batch=1, new_tokens=n, compile_s=compile_s,

@@ -459,9 +459,10 @@ class GPT(nn.Module):
         if p.device.type not in ("cpu", "cuda"):
             raise ValueError(f"compile=True is built for CPU and CUDA, not {p.device.type}")
         key = (batch_size, p.device, p.dtype)
-        version = tuple(q._version for q in self.parameters())
+        # only CPU freezes the weights, so only there does a changed one matter
+        version = tuple(q._version for q in self.parameters()) if p.device.type == "cpu" else None
         built = self._decoders.get(key)
-        if built is None or (p.device.type == "cpu" and built[2] != version):
+        if built is None or built[2] != version:
             cache = self.make_kv_cache(batch_size, zero=True)
             if p.device.type == "cuda":
                 for t in cache.k + cache.v:
@@ -523,7 +524,7 @@ class GPT(nn.Module):
                 at = torch.tensor([cache.pos], device=idx.device)
                 # a fresh (B, 1) tensor: a view into idx would change strides every step
                 last = idx[:, -1:].clone(memory_format=torch.contiguous_format)
-                out = (step(last, at, cache)[:, None],)
+                out = (step(last, at, cache)[:, None], None)  # (logits, loss), as forward gives
                 cache.pos += 1
             else:
                 out = self(idx[:, -1:], kv_cache=cache, return_attention=return_attention)
