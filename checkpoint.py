@@ -1,5 +1,6 @@
 """
-Checkpoints: written atomically, read without running any code.
+Checkpoints: written atomically, read without running any code; the same for
+GPT-2's files in Hugging Face format (read_gpt2_files, for model.from_pretrained).
 
 A checkpoint is a dict of tensors and plain Python values:
   model, optimizer, model_args, iter_num, best_val_loss, config   (nanoGPT's keys)
@@ -7,6 +8,7 @@ A checkpoint is a dict of tensors and plain Python values:
   rng, data   RNG and data-sampling state, so a resumed run repeats exactly
 """
 
+import json
 import os
 import pickle
 import re
@@ -110,3 +112,44 @@ def first_line(e):
     lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
     line = lines[1] if len(lines) > 1 and lines[0].endswith(":") else lines[0]
     return line if len(line) <= 200 else line[:200] + "..."
+
+
+def read_gpt2_files(path_or_name):
+    """(config.json's sizes, state dict) of a Hugging Face GPT-2: a local folder
+    (config.json plus model.safetensors, else pytorch_model.bin, read with
+    weights_only so it runs no code), or a hub name ('gpt2', 'gpt2-medium', ...)
+    fetched with huggingface_hub. Any failure is one ValueError naming the file."""
+    folder = path_or_name
+    if not os.path.isdir(folder):
+        try:
+            from huggingface_hub import snapshot_download
+            folder = snapshot_download(path_or_name, allow_patterns=["config.json", "*.safetensors"])
+        except Exception as e:  # ImportError, or any failure to download
+            raise ValueError(f"{path_or_name!r} is not a folder and could not be downloaded ({type(e).__name__}); "
+                             "pass a local folder with config.json and model.safetensors") from None
+    path = os.path.join(folder, "config.json")
+    try:
+        with open(path) as f:
+            hf = json.load(f)
+        hf = {key: int(hf[key]) for key in ("n_positions", "vocab_size", "n_layer", "n_head", "n_embd")} | {
+            "activation_function": hf.get("activation_function", "gelu_new")}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} is missing or not a GPT-2 config ({type(e).__name__}: {e})") from None
+    path = os.path.join(folder, "model.safetensors")
+    if os.path.exists(path):
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+        try:
+            return hf, load_file(path)
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"{path} is truncated or not a safetensors file ({type(e).__name__})") from None
+    path = os.path.join(folder, "pytorch_model.bin")
+    if not os.path.exists(path):
+        raise ValueError(f"{folder} has neither model.safetensors nor pytorch_model.bin")
+    try:
+        return hf, torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ValueError(f"refused to load {path}: it holds objects that could run code when "
+                         "unpickled; use model.safetensors or a file you trust") from None
+    except (RuntimeError, EOFError, OSError) as e:
+        raise ValueError(f"{path} is truncated or not a PyTorch file ({type(e).__name__})") from None

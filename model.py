@@ -9,34 +9,27 @@ The ideas appear in the order they are built:
   5. MultiHeadAttention  all heads in one projection, plus W_O
   6. MLP, Block     the feed-forward layer and the pre-LayerNorm residual block
   7. GPT            embeddings, blocks, tied LM head, loss, a fixed-shape decode step
-                    for compiling, generation, GPT-2 weights
+  8. generation     the cached sampling loop, and the same loop with a compiled step
+  9. GPT-2 weights  Hugging Face's GPT-2 files mapped onto this model
 
 Shapes use B = batch, T = sequence length, C = n_embd, nh = heads, hs = head size.
-Only torch and the standard library are imported.
+Only torch and the standard library are imported at the top; loading GPT-2
+imports its file reader (checkpoint.py, safetensors) inside from_pretrained.
 """
 
-import json
 import math
-import os
-import pickle
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-# -----------------------------------------------------------------------------
-# 1. Scaled dot-product attention
 
-
+# 1. Scaled dot-product attention ----------
 def attention(q, k, v, mask=None):
-    """Explicit attention: softmax(q k^T / sqrt(d)) v.
-
-    q: (..., Tq, d), k: (..., Tk, d), v: (..., Tk, dv)
-    mask: bool, broadcastable to (..., Tq, Tk), True where attending is allowed.
-    Returns (out (..., Tq, dv), weights (..., Tq, Tk)).
-    """
+    """Explicit attention: softmax(q k^T / sqrt(d)) v, for q (..., Tq, d),
+    k (..., Tk, d), v (..., Tk, dv) and a bool mask broadcastable to (..., Tq, Tk),
+    True where attending is allowed. Returns (out (..., Tq, dv), weights (..., Tq, Tk))."""
     d = q.size(-1)
     # dividing by sqrt(d) keeps the scores' variance near 1 whatever the head size,
     # so the softmax does not saturate into a one-hot as d grows
@@ -50,25 +43,15 @@ def attention(q, k, v, mask=None):
     return weights @ v, weights
 
 
-# -----------------------------------------------------------------------------
-# 2. The causal mask
-
-
+# 2. The causal mask ----------
 def causal_mask(t_q, t_k, device=None):
-    """Bool (t_q, t_k): True where query i may attend to key j.
-
-    The queries are the last t_q of the t_k positions, so query i sits at
-    absolute position t_k - t_q + i and sees keys 0 .. t_k - t_q + i.
-    causal_mask(T, T) is the usual lower triangle; causal_mask(1, T) lets the
-    newest token (the KV-cache case) see everything before it.
-    """
+    """Bool (t_q, t_k): True where query i may attend to key j. The queries are
+    the last t_q of the t_k positions: causal_mask(T, T) is the lower triangle,
+    causal_mask(1, T) lets the newest token (the KV-cache case) see all keys."""
     return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=t_k - t_q)
 
 
-# -----------------------------------------------------------------------------
-# 3. One attention head
-
-
+# 3. One attention head ----------
 class Head(nn.Module):
     """One causal attention head: the readable unit that MultiHeadAttention batches."""
 
@@ -85,40 +68,35 @@ class Head(nn.Module):
         return out, weights  # (B, T, hs), (B, T, T)
 
 
-# -----------------------------------------------------------------------------
-# 4. The KV cache
-
-
+# 4. The KV cache ----------
 class KVCache:
     """Keys and values of every layer for the positions seen so far.
 
-    The buffers are allocated once at full length, (B, n_kv_head, block_size, hs)
-    per layer, and new positions are written in place: decoding never grows a
-    tensor with torch.cat or reallocates.
-
-    The fixed-shape decode step (GPT.decode_step) gives the position as a tensor
-    instead (`at`) and attends to the whole buffer, masking what is not written
-    yet; that needs zeroed buffers (zero=True), because a masked position still
-    multiplies its value by a weight of 0, and 0 * NaN garbage would be NaN.
+    Allocated once at full length, (B, n_kv_head, block_size, hs) per layer, and
+    written in place: decoding never grows a tensor with torch.cat. `pos` counts
+    the filled positions; `at` is the same count on the device, for the
+    fixed-shape decode step (GPT.decode_step), which attends to the whole buffer
+    with the unwritten part masked. That step needs zeroed buffers (zero=True):
+    a masked value is still multiplied by its weight 0, and 0 * NaN is NaN.
     """
 
     def __init__(self, n_layer, batch_size, n_kv_head, block_size, head_size, device=None, dtype=None,
                  zero=False):
         shape = (batch_size, n_kv_head, block_size, head_size)
-        # empty by default: positions past pos are never read, and zero-filling
-        # would touch every page of the buffer before the first token
+        # empty by default: positions past pos are never read. One tensor per layer:
+        # a compiled step writing into a slice of a shared one copies all of it
         alloc = torch.zeros if zero else torch.empty
-        # one tensor per layer, not one for all: a compiled step that writes into
-        # a slice of a shared tensor copies the whole tensor on every token
         self.k = [alloc(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.v = [alloc(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.block_size = block_size
-        self.pos = 0  # positions filled; the model advances it after a forward
+        self.pos = 0
+        # advanced in place: a fresh tensor per token would be a host-to-device copy
+        self.at = torch.zeros(1, dtype=torch.long, device=device)
 
     def update(self, layer, k, v, at=None):
-        """Write k, v (B, n_kv_head, T, hs) at the next positions of one layer;
-        return that layer's keys and values so far, (B, n_kv_head, pos + T, hs).
-        With `at` (a 1-element tensor, T = 1): write there, return the whole buffers."""
+        """Write k, v (B, n_kv_head, T, hs) of one layer at the next positions and
+        return its keys and values so far (B, n_kv_head, pos + T, hs); with `at`
+        (1-element tensor, T = 1) write there and return the whole buffers."""
         if at is not None:
             self.k[layer][:, :, at] = k
             self.v[layer][:, :, at] = v
@@ -128,11 +106,15 @@ class KVCache:
         self.v[layer][:, :, self.pos:end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
-    def reset(self):
-        self.pos = 0  # stale entries past pos are never read, so no clearing needed
+    def advance(self, n):
+        self.pos += n
+        self.at += n
 
-    def written(self, at):
-        """Bool (1, block_size), a row of the causal mask: True at positions 0 .. at."""
+    def reset(self):  # stale entries past pos are never read: no clearing needed
+        self.pos = 0
+        self.at.zero_()
+
+    def written(self, at):  # a row of the causal mask (1, block_size): True at 0 .. at
         return (torch.arange(self.block_size, device=at.device) <= at)[None]
 
     @property
@@ -140,12 +122,9 @@ class KVCache:
         return sum(t.nbytes for t in self.k + self.v)
 
 
-# -----------------------------------------------------------------------------
-# Rotary position embeddings: an option (GPTConfig.rope) for fast training runs.
+# Rotary position embeddings, an option (GPTConfig.rope) ----------
 # Each pair of channels of q and k is rotated by an angle proportional to the
 # position, so q . k depends on the positions only through their difference.
-
-
 def rotary_tables(head_size, length, base=10000.0):
     inv_freq = 1.0 / base ** (torch.arange(0, head_size, 2).float() / head_size)
     angles = torch.outer(torch.arange(length).float(), inv_freq)  # (length, hs/2)
@@ -159,18 +138,13 @@ def apply_rotary(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
-# -----------------------------------------------------------------------------
-# 5. Multi-head attention
-
-
+# 5. Multi-head attention ----------
 class MultiHeadAttention(nn.Module):
-    """n_head causal heads computed together, then mixed by W_O.
-
-    One Linear (c_attn) holds every head's W_Q, W_K, W_V side by side; with the
-    same weights this equals running n_head Heads, concatenating, applying W_O.
-    With n_kv_head < n_head (grouped-query attention) each key/value head is
-    shared by n_head / n_kv_head query heads, which shrinks the KV cache.
-    """
+    """n_head causal heads computed together, then mixed by W_O. One Linear
+    (c_attn) holds every head's W_Q, W_K, W_V side by side: the same as n_head
+    Heads, concatenated, then W_O. With n_kv_head < n_head (grouped-query
+    attention) each key/value head serves n_head / n_kv_head query heads, which
+    shrinks the KV cache."""
 
     def __init__(self, config):
         super().__init__()
@@ -202,37 +176,27 @@ class MultiHeadAttention(nn.Module):
         Tk = k.size(2)
 
         if return_attention or at is not None:
-            # the explicit path: the weights can be returned for inspection, and
-            # in the fixed-shape decode step (see KVCache) one query's row is
-            # small, and compiled code runs it faster than the fused kernel with a mask
+            # the explicit path returns the weights; in the decode step one query's
+            # row is small, and compiled it beats the fused kernel with a mask
             if nkv != nh:
                 k = k.repeat_interleave(nh // nkv, dim=1)  # (B, nh, Tk, hs)
                 v = v.repeat_interleave(nh // nkv, dim=1)
             mask = kv_cache.written(at) if at is not None else causal_mask(T, Tk, x.device)
             y, weights = attention(q, k, v, mask)
         else:
-            # the fused kernel (flash / memory-efficient on GPU): same result, and
-            # it never materialises the (T, Tk) weights
-            if T == Tk:
-                mask, is_causal = None, True
-            elif T == 1:
-                mask, is_causal = None, False  # the newest token sees every key
-            else:
-                # SDPA's is_causal aligns the queries to the first keys, not the
-                # last, so a chunk appended to a cache needs the explicit mask
-                mask, is_causal = causal_mask(T, Tk, x.device), False
+            # the fused kernel: same result, never materialising the (T, Tk) weights.
+            # Its is_causal aligns queries to the first keys, not the last, so a
+            # chunk appended to a cache needs the mask; one new token sees all keys
+            mask = causal_mask(T, Tk, x.device) if 1 < T < Tk else None
             y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=is_causal,
+                q, k, v, attn_mask=mask, is_causal=T == Tk,
                 dropout_p=self.dropout if self.training else 0.0, enable_gqa=nkv != nh)
             weights = None
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
         return self.resid_dropout(self.c_proj(y)), weights
 
 
-# -----------------------------------------------------------------------------
-# 6. The feed-forward layer and the transformer block
-
-
+# 6. The feed-forward layer and the transformer block ----------
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -268,10 +232,7 @@ class Block(nn.Module):
         return x, weights
 
 
-# -----------------------------------------------------------------------------
-# 7. The GPT model
-
-
+# 7. The GPT model ----------
 @dataclass
 class GPTConfig:
     block_size: int = 1024
@@ -281,15 +242,14 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = True  # biases in Linear and LayerNorm, as in GPT-2
-    n_kv_head: Optional[int] = None  # None: n_head (plain multi-head attention)
+    n_kv_head: int | None = None  # None: n_head (plain multi-head attention)
     # options for fast training runs; the defaults are GPT-2's own architecture
     rope: bool = False  # rotary embeddings instead of learned positions
     qk_norm: bool = False  # RMS-normalise queries and keys per head
     activation: str = "gelu"  # "gelu" (tanh approximation) or "relu2"
 
     def __post_init__(self):
-        if self.n_kv_head is None:
-            self.n_kv_head = self.n_head
+        self.n_kv_head = self.n_head if self.n_kv_head is None else self.n_kv_head
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "n_kv_head"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -306,8 +266,28 @@ class GPTConfig:
             raise ValueError(f"activation must be 'gelu' or 'relu2', got {self.activation!r}")
 
 
-# Peak dense bf16 tensor throughput, FLOP/s, used by estimate_mfu.
-PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
+# Dense bf16 peaks in FLOP/s (vendors' data sheets) for estimate_mfu, matched in order
+# against the device name: variants before the bare name (H100 SXM is "H100 80GB HBM3").
+PEAK_FLOPS = {"H200 NVL": 835e12, "H200": 989e12, "GH200": 989e12, "H100 NVL": 835e12,
+              "H100 PCIe": 756e12, "H100": 989e12, "H800": 989e12, "A100": 312e12, "A800": 312e12,
+              "L40S": 362e12, "L4": 121e12, "A10": 125e12}
+
+
+# Sampling the next token, for generation (section 8) ----------
+def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """Pick the next token (B, 1) from the last position's logits (B, vocab)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        # nucleus: keep the fewest most likely tokens whose probability reaches top_p
+        probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
+        drop = probs.cumsum(dim=-1) - probs >= top_p  # (B, vocab), most likely first
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1, generator=generator)
 
 
 class GPT(nn.Module):
@@ -328,8 +308,7 @@ class GPT(nn.Module):
             self.register_buffer("rotary_cos", cos, persistent=False)
             self.register_buffer("rotary_sin", sin, persistent=False)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        # weight tying: reading a token in and writing it out share one matrix,
-        # which saves parameters and helps small models
+        # weight tying: reading a token in and writing it out share one matrix
         self.lm_head.weight = self.transformer.wte.weight
 
         self.apply(self._init_weights)
@@ -340,226 +319,187 @@ class GPT(nn.Module):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def _init_weights(self, module):
-        if isinstance(module, nn.Linear):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
 
     def num_params(self, non_embedding=False):
-        """Parameter count; the tied LM head is counted once. With non_embedding,
-        the position embedding is left out (the token one is the LM head too)."""
+        """Parameters, the tied LM head counted once; non_embedding leaves out the
+        position embedding (the token one is the LM head too)."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding and "wpe" in self.transformer:
             n -= self.transformer.wpe.weight.numel()
         return n
 
     def make_kv_cache(self, batch_size, dtype=None, zero=False):
-        c = self.config
-        p = self.transformer.wte.weight
+        c, p = self.config, self.transformer.wte.weight
         return KVCache(c.n_layer, batch_size, c.n_kv_head, c.block_size, c.n_embd // c.n_head,
                        device=p.device, dtype=dtype or p.dtype, zero=zero)
+
+    def embed(self, idx, pos):
+        """Token embeddings (B, T, C) of idx at positions pos (T,): plus the learned
+        position embeddings, or with rope, returned with the rotary tables at pos."""
+        x = self.transformer.wte(idx)
+        if self.config.rope:
+            return x, (self.rotary_cos[pos], self.rotary_sin[pos])  # (T, hs/2) each
+        return x + self.transformer.wpe(pos), None  # (T, C) broadcast over B
 
     def forward(self, idx, targets=None, kv_cache=None, return_attention=False, last_only=False):
         """idx (B, T) token ids -> (logits (B, T, vocab), loss or None).
 
-        kv_cache: attend over the cached positions plus idx, append idx's keys
-        and values, and advance the cache. return_attention adds a third item,
-        one (B, n_head, T, Tk) weight tensor per layer. last_only computes the
-        logits of the last position alone (what generation needs).
-        """
+        kv_cache: attend over the cached positions plus idx, append idx's keys and
+        values, advance the cache. return_attention adds a third item, one
+        (B, n_head, T, Tk) weight tensor per layer. last_only: the last position's
+        logits alone (what generation needs)."""
         B, T = idx.size()
         start = kv_cache.pos if kv_cache is not None else 0
         if kv_cache is not None and start + T > kv_cache.block_size:
-            raise ValueError(
-                f"KV cache overflow: {start} positions cached + {T} new > block_size "
-                f"{kv_cache.block_size}; reset the cache or slide the window")
+            raise ValueError(f"KV cache overflow: {start} positions cached + {T} new > block_size "
+                             f"{kv_cache.block_size}; reset the cache or slide the window")
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than block_size {self.config.block_size}")
 
-        x = self.transformer.wte(idx)  # (B, T, C)
-        rotary = None
-        if self.config.rope:
-            rotary = (self.rotary_cos[start:start + T], self.rotary_sin[start:start + T])
-        else:
-            pos = torch.arange(start, start + T, device=idx.device)
-            x = x + self.transformer.wpe(pos)  # (T, C) broadcast over B
+        x, rotary = self.embed(idx, torch.arange(start, start + T, device=idx.device))
         x = self.transformer.drop(x)
         maps = []
         for layer, block in enumerate(self.transformer.h):
             x, weights = block(x, kv_cache, layer, rotary, return_attention)
             maps.append(weights)
         if kv_cache is not None:
-            kv_cache.pos += T
+            kv_cache.advance(T)
         x = self.transformer.ln_f(x)
 
         if targets is not None:
             logits = self.lm_head(x)  # (B, T, vocab)
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1),
-                                   ignore_index=-1)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
         else:
-            logits = self.lm_head(x[:, -1:] if last_only else x)
-            loss = None
-        if return_attention:
-            return logits, loss, maps
-        return logits, loss
+            logits, loss = self.lm_head(x[:, -1:] if last_only else x), None
+        return (logits, loss, maps) if return_attention else (logits, loss)
 
     def decode_step(self, idx, at, kv_cache):
-        """Logits (B, vocab) for one new token per sequence, idx (B, 1), at
-        position `at` (a 1-element long tensor), through a zeroed cache.
-
-        forward(idx, kv_cache=...) does the same work, but its shapes grow with
-        the cache. Here they never change: the whole cache is attended to and
-        the positions past `at` are masked. So torch.compile builds the step
-        once, and on CUDA it can be recorded as a CUDA graph and replayed for
-        every token (generate(..., compile=True)). Inference only: no dropout.
-        """
-        x = self.transformer.wte(idx)  # (B, 1, C)
-        rotary = None
-        if self.config.rope:
-            rotary = (self.rotary_cos[at], self.rotary_sin[at])  # (1, hs/2) each
-        else:
-            x = x + self.transformer.wpe(at)
+        """Logits (B, vocab) of one new token per sequence, idx (B, 1), at position
+        `at` (a 1-element long tensor), through a zeroed cache. forward with a
+        cache does the same, but its shapes grow with the cache; here the whole
+        cache is attended to, with the positions past `at` masked, so the shapes
+        never change: torch.compile builds the step once, and on CUDA it can be
+        replayed as a CUDA graph. Inference only; the caller advances the cache."""
+        x, rotary = self.embed(idx, at)
         for layer, block in enumerate(self.transformer.h):
             x, _ = block(x, kv_cache, layer, rotary, at=at)
         return self.lm_head(self.transformer.ln_f(x))[:, -1]  # (B, vocab)
 
-    # -------------------------------------------------------------------------
-    # Generation
-
+    # 8. Generation ----------
     def context_start(self, length, start):
-        """The sliding-window rule shared by cached and uncached generation.
-
-        Given a sequence of `length` tokens whose window begins at `start`,
-        return where the window begins for predicting the next token. Learned
-        positions stop at block_size, so once the window would overflow it
-        slides: the oldest quarter is dropped and the cache is rebuilt from the
-        remaining three quarters in one forward. The rebuild happens once every
-        block_size / 4 tokens instead of on every token.
-        """
+        """Where the window of a `length`-token sequence begins for the next token,
+        given that it began at `start`. Positions stop at block_size, so a full
+        window slides: the oldest quarter is dropped and the cache rebuilt from
+        the rest in one forward, once every block_size / 4 tokens, not every token."""
         bs = self.config.block_size
         if length - start <= bs:
             return start
-        keep = max(1, bs - bs // 4)
-        return length - keep
-
-    def compiled_decoder(self, batch_size):
-        """(decode_step compiled with torch.compile, its zeroed KVCache), built on
-        first use for this batch size and kept, so later calls reuse both.
-
-        CUDA: mode "reduce-overhead" records the step as a CUDA graph, replayed
-        for every token; the cache buffers are marked static so the graph writes
-        to them in place. CPU: max-autotune with frozen weights, which lets
-        inductor generate its own matrix-vector kernels (docs/benchmarks.md).
-        Frozen weights are constants of the compiled code, so the step is rebuilt
-        if any parameter changes afterwards (e.g. more training).
-        """
-        p = self.transformer.wte.weight
-        if p.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"compile=True is built for CPU and CUDA, not {p.device.type}")
-        key = (batch_size, p.device, p.dtype)
-        # only CPU freezes the weights, so only there does a changed one matter
-        version = tuple(q._version for q in self.parameters()) if p.device.type == "cpu" else None
-        built = self._decoders.get(key)
-        if built is None or built[2] != version:
-            cache = self.make_kv_cache(batch_size, zero=True)
-            if p.device.type == "cuda":
-                for t in cache.k + cache.v:
-                    torch._dynamo.mark_static_address(t)
-                step = torch.compile(self.decode_step, mode="reduce-overhead", fullgraph=True)
-            else:
-                compiled = torch.compile(self.decode_step, mode="max-autotune-no-cudagraphs", fullgraph=True)
-
-                def step(*args):
-                    # inductor reads its config when it compiles, at the first call;
-                    # the other two keep its autotuning reports off the terminal
-                    with torch._inductor.config.patch(freezing=True, autotune_num_choices_displayed=0,
-                                                      max_autotune_report_choices_stats=False):
-                        return compiled(*args)
-            built = self._decoders[key] = (step, cache, version)
-        return built[0], built[1]
+        return length - max(1, bs - bs // 4)
 
     @torch.no_grad()
     def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
                         use_cache=True, generator=None, return_attention=False, compile=False):
         """Yield (next_token (B, 1), attention, window_start) for each new token.
 
-        attention is None unless return_attention: then it is the per-layer list
-        of weights of the forward that produced this token's logits, over the
-        window idx[:, window_start:]. With the cache: the prefill's (B, nh, T, T)
-        maps, then one (B, nh, 1, Tk) row per decoded token.
-        compile: decode through compiled_decoder (the prompt is still prefilled
-        eagerly); the first call pays for compiling.
-        """
+        The window (the prompt, or what is left after a slide) goes through the
+        model in one forward that fills the cache; then only the newest token
+        does. use_cache=False runs the whole window every time; compile=True
+        runs the newest token through the compiled step (compiled_decoder).
+        attention (with return_attention): the per-layer weights of the forward
+        that gave this token, over idx[:, window_start:]: (B, nh, T, T) maps,
+        then one (B, nh, 1, Tk) row per step."""
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if idx.size(1) < 1:
             raise ValueError("generation needs at least one prompt token")
         if compile and (return_attention or not use_cache):
             raise ValueError("compile=True decodes through the KV cache and returns no attention maps")
-        bs = self.config.block_size
-        # a prompt longer than the window keeps its last block_size tokens
-        start = max(0, idx.size(1) - bs)
-        step, cache = None, None
         if compile:
             step, cache = self.compiled_decoder(idx.size(0))
-        elif use_cache:
-            cache = self.make_kv_cache(idx.size(0))
-        fresh = True  # the cache holds nothing for the current window yet
+        else:
+            cache = self.make_kv_cache(idx.size(0)) if use_cache else None
+
+            def step(token):  # the newest tokens (B, 1) attend to the cache
+                return self(token, kv_cache=cache, return_attention=return_attention)
+        # a prompt longer than the window keeps its last block_size tokens
+        start, fresh = max(0, idx.size(1) - self.config.block_size), True
         for _ in range(max_new_tokens):
             new_start = self.context_start(idx.size(1), start)
-            if new_start != start:
-                start, fresh = new_start, True
-            if cache is None:
-                out = self(idx[:, start:], return_attention=return_attention, last_only=True)
-            elif fresh:
-                cache.reset()
-                out = self(idx[:, start:], kv_cache=cache, return_attention=return_attention,
-                           last_only=True)
-                fresh = False
-            elif step is not None:
-                if idx.is_cuda:
-                    torch.compiler.cudagraph_mark_step_begin()  # the last step's logits are used up
-                at = torch.tensor([cache.pos], device=idx.device)
-                # a fresh (B, 1) tensor: a view into idx would change strides every step
-                last = idx[:, -1:].clone(memory_format=torch.contiguous_format)
-                out = (step(last, at, cache)[:, None], None)  # (logits, loss), as forward gives
-                cache.pos += 1
+            if cache is None or fresh or new_start != start:
+                # the whole window in one forward: the prompt, after a slide, or without a cache
+                start, fresh = new_start, False
+                if cache is not None:
+                    cache.reset()
+                out = self(idx[:, start:], kv_cache=cache, return_attention=return_attention, last_only=True)
             else:
-                out = self(idx[:, -1:], kv_cache=cache, return_attention=return_attention)
-            logits = out[0][:, -1, :]
-            idx_next = sample_next(logits, temperature, top_k, top_p, generator)
+                out = step(idx[:, -1:])
+            idx_next = sample_next(out[0][:, -1, :], temperature, top_k, top_p, generator)
             idx = torch.cat((idx, idx_next), dim=1)
             yield idx_next, (out[2] if return_attention else None), start
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
                  use_cache=True, generator=None, compile=False):
-        """Return idx (B, T) with max_new_tokens sampled tokens appended.
-
-        The prompt is prefilled in one forward, then one token per step goes
-        through the KV cache. temperature=0 is greedy. use_cache=False
-        recomputes the whole window every step, following the same sliding
-        rule, so greedy decoding gives identical tokens either way.
-        compile=True decodes with the compiled fixed-shape step (compiled_decoder).
-        """
+        """idx (B, T) with max_new_tokens sampled tokens appended; temperature=0 is
+        greedy. use_cache=False (the whole window every step, same sliding rule)
+        gives the same greedy tokens, and so does compile=True in float32."""
         steps = self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p,
                                      use_cache, generator, compile=compile)
-        new = [token for token, _, _ in steps]
-        return torch.cat([idx] + new, dim=1)
+        return torch.cat([idx] + [token for token, _, _ in steps], dim=1)
 
-    # -------------------------------------------------------------------------
-    # Training helpers
+    def compiled_decoder(self, batch_size, cuda_graphs=None):
+        """(step, cache): decode_step compiled, with its zeroed KVCache, built once
+        per batch size and kept; step(token (B, 1)) returns what forward would and
+        advances the cache. cuda_graphs (default: on CUDA):
+        mode "reduce-overhead" records the step as a CUDA graph, writing the
+        static cache tensors in place. Otherwise max-autotune with frozen weights
+        lets inductor write its own matrix-vector kernels (docs/benchmarks.md);
+        frozen weights are constants of the compiled code, so changing a
+        parameter rebuilds it."""
+        p = self.transformer.wte.weight
+        if p.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"compile=True is built for CPU and CUDA, not {p.device.type}")
+        cuda_graphs = p.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        key = (batch_size, p.device, p.dtype, cuda_graphs)
+        version = None if cuda_graphs else tuple(q._version for q in self.parameters())
+        if key in self._decoders and self._decoders[key][2] == version:
+            return self._decoders[key][:2]
+        cache = self.make_kv_cache(batch_size, zero=True)
+        if cuda_graphs:
+            for t in cache.k + cache.v + [cache.at]:
+                torch._dynamo.mark_static_address(t)
+            compiled = torch.compile(self.decode_step, mode="reduce-overhead", fullgraph=True)
+        else:
+            compiled = torch.compile(self.decode_step, mode="max-autotune-no-cudagraphs", fullgraph=True)
+            # read by inductor when it compiles, at the first call; quiet autotuning
+            frozen = dict(freezing=True, autotune_num_choices_displayed=0, max_autotune_report_choices_stats=False)
 
+        def step(token):
+            # a fresh (B, 1) tensor: a view into idx would change strides every step
+            token = token.clone(memory_format=torch.contiguous_format)
+            if cuda_graphs:
+                torch.compiler.cudagraph_mark_step_begin()  # the last step's logits are used up
+                logits = compiled(token, cache.at, cache)
+            else:
+                with torch._inductor.config.patch(frozen):
+                    logits = compiled(token, cache.at, cache)
+            cache.advance(1)
+            return logits[:, None], None  # (logits (B, 1, vocab), no loss), as forward gives
+
+        self._decoders[key] = (step, cache, version)
+        return step, cache
+
+    # Training helpers ----------
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """AdamW; weight decay on matrices only (not on biases, LayerNorm gains)."""
+        """AdamW, decaying matrices only (not biases, LayerNorm gains); the fused
+        kernel updates every parameter in one pass (CUDA and CPU)."""
         params = [p for p in self.parameters() if p.requires_grad]
-        groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
-        # the fused kernel updates every parameter in one pass (CUDA and CPU)
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type in ("cuda", "cpu"))
 
     def flops_per_token(self):
@@ -568,139 +508,42 @@ class GPT(nn.Module):
         return 6 * self.num_params(non_embedding=True) + 12 * c.n_layer * c.n_embd * c.block_size
 
     def estimate_mfu(self, tokens_per_iter, dt):
-        """Model FLOPs utilisation against the running GPU's bf16 peak (PEAK_FLOPS);
-        None where the peak is unknown (CPU, other GPUs)."""
-        if not torch.cuda.is_available():
+        """Model FLOPs utilisation against the bf16 peak of the GPU the model is
+        on (PEAK_FLOPS); None off CUDA and where the peak is unknown."""
+        device = self.transformer.wte.weight.device
+        if device.type != "cuda" or dt <= 0:
             return None
-        name = torch.cuda.get_device_name()
+        name = torch.cuda.get_device_name(device)
         peak = next((flops for key, flops in PEAK_FLOPS.items() if key in name), None)
-        if peak is None or dt <= 0:
-            return None
-        return self.flops_per_token() * tokens_per_iter / dt / peak
+        return None if peak is None else self.flops_per_token() * tokens_per_iter / dt / peak
 
-    # -------------------------------------------------------------------------
-    # GPT-2 weights in Hugging Face format
-
+    # 9. GPT-2 weights in Hugging Face format ----------
     @classmethod
     def from_pretrained(cls, path_or_name, **overrides):
-        """Load GPT-2 from a local Hugging Face folder (config.json plus
-        model.safetensors or pytorch_model.bin), or by name ('gpt2',
-        'gpt2-medium', ...) through huggingface_hub when there is a network.
-        overrides: GPTConfig fields to change, e.g. dropout or a smaller block_size."""
-        folder = _pretrained_folder(path_or_name)
-        try:
-            with open(os.path.join(folder, "config.json")) as f:
-                hf = json.load(f)
-            hf = {key: int(hf[key]) for key in ("n_positions", "vocab_size", "n_layer", "n_head", "n_embd")} | {
-                "activation_function": hf.get("activation_function", "gelu_new")}
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{folder}/config.json is missing or not a GPT-2 config ({type(e).__name__}: {e})") from None
+        """GPT-2 from a Hugging Face folder, or by name ('gpt2', 'gpt2-medium', ...)
+        through huggingface_hub. overrides: GPTConfig fields to change, e.g.
+        dropout or a smaller block_size. A bad file is a one-line ValueError."""
+        from checkpoint import read_gpt2_files  # safetensors, or a weights_only torch.load
+        hf, state = read_gpt2_files(path_or_name)
         if hf["activation_function"] not in ("gelu_new", "gelu_pytorch_tanh"):
-            raise ValueError(f"unsupported activation {hf['activation_function']!r} in {folder}")
-        args = dict(block_size=hf["n_positions"], vocab_size=hf["vocab_size"], n_layer=hf["n_layer"],
-                    n_head=hf["n_head"], n_embd=hf["n_embd"], bias=True, dropout=0.0)
-        block_size = overrides.pop("block_size", args["block_size"])
-        if block_size > args["block_size"]:
-            raise ValueError(f"block_size {block_size} is larger than the pretrained model's "
-                             f"{args['block_size']}")
-        args.update(overrides, block_size=block_size)
-        model = cls(GPTConfig(**args))
+            raise ValueError(f"unsupported activation {hf['activation_function']!r} in {path_or_name}")
+        block_size = overrides.pop("block_size", hf["n_positions"])
+        if block_size > hf["n_positions"]:
+            raise ValueError(f"block_size {block_size} is larger than the pretrained model's {hf['n_positions']}")
+        sizes = {key: hf[key] for key in ("vocab_size", "n_layer", "n_head", "n_embd")}
+        model = cls(GPTConfig(**(sizes | overrides), block_size=block_size))  # GPTConfig's defaults are GPT-2's
 
         sd = {}
-        for key, tensor in _read_state_dict(folder).items():
+        for key, tensor in state.items():
             key = key.removeprefix("transformer.")
             if key.endswith((".attn.bias", ".attn.masked_bias")) or key == "lm_head.weight":
                 continue  # causal-mask buffers, and the LM head tied to wte
             # Hugging Face's GPT-2 stores these as Conv1D, (in, out): transpose to Linear's (out, in)
             if key.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
                 tensor = tensor.t()
-            sd["transformer." + key] = tensor
+            sd["transformer." + key] = tensor.float()
         sd["transformer.wpe.weight"] = sd["transformer.wpe.weight"][:block_size]
         sd["lm_head.weight"] = sd["transformer.wte.weight"]
         model.load_state_dict(sd, strict=True)
         return model
 
-
-def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
-    """Pick the next token (B, 1) from the last position's logits (B, vocab)."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.float() / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        # nucleus sampling: keep the smallest set of most likely tokens whose
-        # probability reaches top_p (the most likely token is always kept)
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        drop = probs.cumsum(dim=-1) - probs >= top_p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator)
-
-
-def _pretrained_folder(path_or_name):
-    if os.path.isdir(path_or_name):
-        return path_or_name
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        raise ValueError(f"{path_or_name!r} is not a folder, and downloading it needs "
-                         "huggingface_hub (pip install huggingface_hub)") from None
-    try:
-        return snapshot_download(path_or_name, allow_patterns=["config.json", "*.safetensors"])
-    except Exception as e:
-        raise ValueError(f"could not download {path_or_name!r} ({type(e).__name__}); offline, "
-                         "pass a local folder with config.json and model.safetensors") from None
-
-
-_SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-
-
-def _read_state_dict(folder):
-    """Tensors from model.safetensors or pytorch_model.bin; a damaged or
-    unsafe file is a one-line ValueError naming it."""
-    path = os.path.join(folder, "model.safetensors")
-    if os.path.exists(path):
-        try:
-            return _read_safetensors(path)
-        except (ValueError, KeyError, TypeError, RuntimeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{path} is truncated or not a safetensors file ({type(e).__name__})") from None
-    path = os.path.join(folder, "pytorch_model.bin")
-    if os.path.exists(path):
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError:
-            raise ValueError(f"refused to load {path}: it holds objects that could run code when "
-                             "unpickled; use model.safetensors or a file you trust") from None
-        except (RuntimeError, EOFError, OSError) as e:
-            raise ValueError(f"{path} is truncated or not a PyTorch file ({type(e).__name__})") from None
-        return {k: v.float() for k, v in state.items()}
-    raise ValueError(f"{folder} has neither model.safetensors nor pytorch_model.bin")
-
-
-def _read_safetensors(path):
-    """The format is simple enough to read directly: an 8-byte little-endian
-    header length, a JSON header of names, dtypes, shapes and offsets, raw data."""
-    with open(path, "rb") as f:
-        data = f.read()
-    n = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + n])
-    body = memoryview(data)[8 + n:]
-    tensors = {}
-    for key, info in header.items():
-        if key == "__metadata__":
-            continue
-        if info["dtype"] not in _SAFETENSORS_DTYPES:
-            raise ValueError(f"unsupported dtype {info['dtype']} for {key}")
-        begin, end = info["data_offsets"]
-        if not 0 <= begin <= end <= len(body):
-            raise ValueError(f"{key} lies past the end of the file")
-        if begin == end:  # frombuffer refuses an empty buffer
-            tensors[key] = torch.zeros(info["shape"])
-            continue
-        flat = torch.frombuffer(bytearray(body[begin:end]), dtype=_SAFETENSORS_DTYPES[info["dtype"]])
-        tensors[key] = flat.reshape(info["shape"]).float()
-    return tensors
