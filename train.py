@@ -13,6 +13,7 @@ out_dir/log.jsonl; out_dir/ckpt.pt holds what resuming or sampling needs.
 """
 
 import contextlib
+import copy
 import dataclasses
 import datetime
 import functools
@@ -36,6 +37,7 @@ from checkpoint import (CheckpointError, checkpoint_path, clean_state_dict, firs
                         save_checkpoint)
 from configurator import ConfigError, describe, parse_args
 from data.prepare import DataError, ensure_dataset, load_meta, load_tokens
+from hardware import auto_dtype, native_bf16
 from model import GPT, GPTConfig
 from tokenizer import TokenizerError
 
@@ -66,7 +68,7 @@ DEFAULTS = dict(
     max_time=0.0,  # seconds of training after which to evaluate, save and stop; 0: no limit
     # system
     device="auto",  # 'auto' (cuda, then mps, then cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
-    dtype="auto",  # 'auto' (bfloat16, or float16 where CUDA lacks it; float32 off CUDA), 'float32', ...
+    dtype="auto",  # 'auto': bfloat16 where native (hardware.py), else float16 on CUDA, float32 elsewhere
     compile=None,  # torch.compile; None: on for CUDA only
     seed=1337,
     ddp_timeout=600,  # seconds a process waits for the others before it fails
@@ -123,7 +125,8 @@ def model_args(cfg, vocab_size):
 
 
 def pick_device(cfg, local_rank, ddp):
-    """(device, dtype name): CUDA, then MPS, then CPU; bfloat16 autocast where CUDA has it."""
+    """(device, dtype name, why that dtype): CUDA, then MPS, then CPU; dtype 'auto'
+    is bfloat16 autocast where the hardware has native bfloat16 (hardware.py)."""
     available = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(), "cpu": True}
     name = next(kind for kind, ok in available.items() if ok) if cfg["device"] == "auto" else cfg["device"]
     try:
@@ -136,12 +139,12 @@ def pick_device(cfg, local_rank, ddp):
         raise ValueError(f"{device.type.upper()} is not available; use --device=cpu")
     if device.type == "cuda" and (ddp or device.index is None):
         device = torch.device("cuda", local_rank)  # one GPU per process
-    dtype = cfg["dtype"]
+    dtype, why = cfg["dtype"], "as set"
     if dtype == "auto":
-        dtype = "float32" if device.type != "cuda" else "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        dtype, why = auto_dtype(device.type)
     if dtype == "float16" and device.type != "cuda":
         raise ValueError("float16 training needs CUDA; use --dtype=bfloat16 or --dtype=float32")
-    return device, dtype
+    return device, dtype, why
 
 
 @contextlib.contextmanager
@@ -218,16 +221,24 @@ def all_sum(t, world):
 
 
 @torch.no_grad()
-def mean_loss(r, model, data, batches):
-    """Mean loss per token over batches [(starts (N,), length)], shared by the processes."""
+def mean_loss(r, model, data, batches, desc):
+    """Mean loss per token over batches [(starts (N,), length)], shared by the
+    processes, with a progress bar; a stop signal ends it (Stopped) within a batch."""
     total = torch.zeros(2, device=r.device)  # (loss summed over tokens, tokens)
+    mine = batches[r.rank::r.world]
+    rounds = -(-len(batches) // r.world)  # every process checks for a stop in every round
     model.eval()
-    for starts, length in batches[r.rank::r.world]:
-        x, y = get_batch(data, starts, length, r.device)
-        with r.ctx():
-            total[0] += model(x, y)[1].float() * y.numel()
-        total[1] += y.numel()
-    model.train()
+    try:
+        for i in tqdm(range(rounds), desc=desc, leave=False, disable=not r.master, dynamic_ncols=True):
+            if stop_requested(r, agree=True):
+                raise Stopped()
+            if i < len(mine):
+                x, y = get_batch(data, *mine[i], r.device)
+                with r.ctx():
+                    total[0] += model(x, y)[1].float() * y.numel()
+                total[1] += y.numel()
+    finally:
+        model.train()
     total = all_sum(total, r.world)
     return (total[0] / total[1]).item()
 
@@ -239,7 +250,7 @@ def estimate_loss(r, seed):
     losses = {}
     for split, data in r.splits.items():
         starts = torch.randint(len(data) - T, (r.cfg["eval_iters"], B), generator=gen)  # (eval_iters, B)
-        losses[split] = mean_loss(r, r.model, data, [(row, T) for row in starts])
+        losses[split] = mean_loss(r, r.model, data, [(row, T) for row in starts], f"evaluating {split}")
     return losses
 
 
@@ -252,7 +263,7 @@ def full_val_loss(r):
     batches = [(batch, T) for batch in starts[:n // T].split(B)]
     if n % T:
         batches.append((starts[-1:], n % T))
-    return mean_loss(r, r.raw, data, batches)
+    return mean_loss(r, r.raw, data, batches, "whole val split")
 
 
 # -----------------------------------------------------------------------------
@@ -325,6 +336,46 @@ def init_model(cfg, meta, device):
     return model.to(device), ckpt
 
 
+class Muon(torch.optim.Muon):
+    """torch.optim.Muon, with its Newton-Schulz orthogonalisation in float32 when
+    float32=True. PyTorch runs it in bfloat16, with no option: right where bfloat16
+    is native, about 40x slower where it is emulated (a CPU with only AVX2), where
+    it then dominates the step. The hyperparameters, the state and the update rule
+    are PyTorch's, so a checkpoint resumes with either."""
+
+    def __init__(self, params, float32=False, **kwargs):
+        super().__init__(params, **kwargs)
+        self.float32 = float32
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if not self.float32:
+            return super().step(closure)
+        # torch.optim._muon looks its iteration up at every step: lend it ours
+        module = torch.optim._muon
+        bf16_iteration, module._zeropower_via_newtonschulz = module._zeropower_via_newtonschulz, newton_schulz
+        try:
+            return super().step(closure)
+        finally:
+            module._zeropower_via_newtonschulz = bf16_iteration
+
+
+def newton_schulz(g, ns_coefficients, ns_steps, eps):
+    """Muon's quintic Newton-Schulz iteration (Jordan et al. 2024, with
+    torch.optim.Muon's coefficients and steps) in float32: it pushes every
+    singular value of the matrix g towards 1, keeping its singular vectors."""
+    a, b, c = ns_coefficients
+    x = g.float()
+    tall = x.size(0) > x.size(1)
+    if tall:
+        x = x.T  # iterate on the wide side: its Gram matrix x x^T is the smaller
+    x = x / x.norm().clamp(min=eps)  # Frobenius norm 1 bounds the spectral norm by 1
+    for _ in range(ns_steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)  # a x + (b G + c G^2) x
+    return x.T if tall else x
+
+
 def make_optimizers(model, cfg, device_type):
     """Optimizers that step together: [AdamW], or [Muon, AdamW]."""
     lr, wd, betas = cfg["learning_rate"], cfg["weight_decay"], (cfg["beta1"], cfg["beta2"])
@@ -336,7 +387,8 @@ def make_optimizers(model, cfg, device_type):
     hidden = [p for p in model.transformer.h.parameters() if p.dim() == 2]
     hidden_ids = {id(p) for p in hidden}
     rest = [p for p in model.parameters() if id(p) not in hidden_ids]
-    muon = torch.optim.Muon(hidden, lr=lr, weight_decay=wd, adjust_lr_fn="match_rms_adamw")
+    muon = Muon(hidden, lr=lr, weight_decay=wd, adjust_lr_fn="match_rms_adamw",
+                float32=not native_bf16(device_type)[0])
     adamw = torch.optim.AdamW([{"params": [p for p in rest if p.dim() >= 2], "weight_decay": wd},
                                {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}],
                               lr=lr, betas=betas, fused=device_type in ("cuda", "cpu"))
@@ -354,6 +406,19 @@ def get_lr(it, cfg):
         return min_lr
     progress = (it - warmup) / (end - warmup)  # 0 -> 1
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
+
+
+def rng_state(device):
+    rng = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(device)
+    return rng
+
+
+def set_rng_state(rng, device):
+    torch.set_rng_state(rng["cpu"])
+    if device.type == "cuda" and "cuda" in rng:
+        torch.cuda.set_rng_state(rng["cuda"], device)
 
 
 def restore(ckpt, cfg, optimizers, scaler, data_gen, device, rank):
@@ -374,12 +439,21 @@ def restore(ckpt, cfg, optimizers, scaler, data_gen, device, rank):
         if rank > 0:  # only rank 0's RNG is saved; the others need dropout masks of their own
             torch.manual_seed(cfg["seed"] + rank + 1000 * ckpt["iter_num"])
             return
-        torch.set_rng_state(ckpt["rng"]["cpu"])
-        if device.type == "cuda" and "cuda" in ckpt["rng"]:
-            torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
+        set_rng_state(ckpt["rng"], device)
     except LOAD_ERRORS as e:
         raise CheckpointError(f"cannot resume from {checkpoint_path(cfg['out_dir'])}: its optimizer, RNG or "
                               f"data-sampling state is damaged ({first_line(e)}); resume from another copy") from None
+
+
+def explain_device(cfg, device, dtype):
+    """What a CPU run should know before it starts: no GPU was found (and what to
+    run instead), or bfloat16 was asked for where this CPU only emulates it."""
+    if cfg["device"] == "auto" and device.type == "cpu":
+        print("no GPU found: training on the CPU. For a model sized for a CPU, run "
+              "python train.py config/shakespeare_cpu.py", flush=True)
+    if device.type == "cpu" and dtype == "bfloat16" and not native_bf16("cpu")[0]:
+        print(f"warning: this CPU has {native_bf16('cpu')[1]}, so bfloat16 is emulated and matrix multiplies "
+              "run many times slower than in float32; --dtype=auto picks float32 here", file=sys.stderr)
 
 
 def start_wandb(cfg):
@@ -401,7 +475,9 @@ def setup(cfg):
     if cfg["gradient_accumulation_steps"] % world:
         raise ValueError(f"gradient_accumulation_steps ({cfg['gradient_accumulation_steps']}) must be "
                          f"divisible by the number of processes ({world})")
-    device, dtype = pick_device(cfg, local_rank, world > 1)
+    device, dtype, why = pick_device(cfg, local_rank, world > 1)
+    if rank == 0:
+        explain_device(cfg, device, dtype)
     if world > 1:
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -441,12 +517,14 @@ def setup(cfg):
         except OSError as e:
             raise ValueError(f"cannot write into out_dir {cfg['out_dir']!r} ({e.strerror or e}); "
                              "pass an --out_dir that can be created and written") from None
-        print(f"{raw.num_params() / 1e6:.2f}M parameters | {device}, {dtype} | {world} process(es) | "
+        print(f"{raw.num_params() / 1e6:.2f}M parameters | {device}, {dtype} ({why}) | {world} process(es) | "
               f"{tokens_per_iter:,} tokens per iter | {dataset_dir}")
     return types.SimpleNamespace(
         cfg=cfg, rank=rank, world=world, master=rank == 0, device=device, ctx=ctx, raw=raw, model=model,
         ddp_model=ddp_model, optimizers=optimizers, scaler=scaler, data_gen=data_gen, splits=splits,
         meta=meta, tokens_per_iter=tokens_per_iter, resumed=ckpt is not None, wandb=wandb,
+        # a checkpoint saved by a stop signal has not been evaluated at its iter (older ones always were)
+        start_evaluated=ckpt is not None and ckpt.get("evaluated", True),
         start_iter=ckpt["iter_num"] if ckpt else 0, best_val_loss=ckpt["best_val_loss"] if ckpt else float("inf"))
 
 
@@ -460,10 +538,19 @@ def train_step(r, lr):
     for opt in r.optimizers:
         for group in opt.param_groups:
             group["lr"] = lr
+    before = rng_state(r.device), r.data_gen.get_state()  # to undo a step cut short
     x, y = step_batches(r.splits["train"], r.data_gen, r.cfg, r.rank, r.world, r.device)
     n = x.size(0)
     loss_sum = torch.zeros((), device=r.device)
     for micro in range(n):
+        # one process stops between micro-steps; processes of DDP finish the step
+        # (stopping there would need a collective per micro-step)
+        if micro > 0 and r.world == 1 and stop_requested(r):
+            for opt in r.optimizers:
+                opt.zero_grad(set_to_none=True)
+            set_rng_state(before[0], r.device)
+            r.data_gen.set_state(before[1])
+            raise Stopped()
         # DDP averages the gradients across processes on the last micro-step only
         sync = r.ddp_model.no_sync() if r.world > 1 and micro < n - 1 else contextlib.nullcontext()
         with sync:
@@ -483,17 +570,16 @@ def train_step(r, lr):
     return loss_sum
 
 
-def save(r, iter_num, best_val_loss):
-    """The state right before iter iter_num, so that resuming repeats it exactly."""
+def save(r, iter_num, best_val_loss, evaluated=True):
+    """The state right before iter iter_num, so that resuming repeats it exactly;
+    evaluated: whether iter_num's evaluation, if it has one, is in the log."""
     if not r.master:
         return
-    rng = {"cpu": torch.get_rng_state()}
-    if r.device.type == "cuda":
-        rng["cuda"] = torch.cuda.get_rng_state(r.device)
+    rng = rng_state(r.device)
     states = [opt.state_dict() for opt in r.optimizers]
     ckpt = dict(model=clean_state_dict(r.raw.state_dict()), optimizer=states[0] if len(states) == 1 else states,
                 model_args=dataclasses.asdict(r.raw.config), iter_num=iter_num, best_val_loss=best_val_loss,
-                config=dict(r.cfg), tokenizer=r.meta["tokenizer"], dataset=r.cfg["dataset"], rng=rng,
+                config=dict(r.cfg), tokenizer=r.meta["tokenizer"], dataset=r.cfg["dataset"], rng=rng, evaluated=evaluated,
                 data={"generator": r.data_gen.get_state()})
     if r.scaler.is_enabled():
         ckpt["scaler"] = r.scaler.state_dict()
@@ -528,8 +614,22 @@ def evaluate(r, iter_num, elapsed, final):
     return rec
 
 
+class Stopped(Exception):
+    """A stop signal arrived during an evaluation or between micro-steps."""
+
+
+def stop_requested(r, agree=False):
+    """Whether SIGINT or SIGTERM has arrived. With agree, whether it has in any
+    process: a collective, so every process must ask at the same point."""
+    asked = getattr(r, "signals", None) is not None and r.signals.name is not None
+    if agree and r.world > 1:
+        return all_sum(torch.tensor([float(asked)], device=r.device), r.world).item() > 0
+    return asked
+
+
 class StopSignals:
-    """SIGINT and SIGTERM ask the loop to stop after the current step; a second one stops at once."""
+    """SIGINT and SIGTERM ask training to stop: after the current step, or inside
+    an evaluation or between micro-steps (Stopped); a second signal stops at once."""
 
     def __init__(self):
         self.name, self.saved = None, {}
@@ -546,6 +646,59 @@ class StopSignals:
     def __exit__(self, *exc):
         for sig, handler in self.saved.items():
             signal.signal(sig, handler or signal.SIG_DFL)
+
+
+def time_iter(r):
+    """(seconds per training iter, seconds per evaluation batch) here, timed on a
+    copy of the model with optimizers of its own: the run's weights, optimizer
+    state, RNG and batches stay as they were. Of two iters, the first picks
+    kernels and allocates optimizer state; the second is the one timed."""
+    cfg, rng = r.cfg, rng_state(r.device)
+    probe = types.SimpleNamespace(**vars(r))
+    probe.raw = probe.model = probe.ddp_model = copy.deepcopy(r.raw)
+    probe.optimizers = make_optimizers(probe.raw, cfg, r.device.type)
+    probe.scaler = torch.amp.GradScaler(r.device.type, enabled=False)
+    probe.data_gen = torch.Generator().manual_seed(0)
+    x, y = get_batch(r.splits["val"], torch.zeros(cfg["batch_size"], dtype=torch.long), cfg["block_size"], r.device)
+    try:
+        seconds = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            train_step(probe, 0.0)
+            seconds.append(time.perf_counter() - t0)
+        probe.raw.eval()
+        with torch.no_grad(), r.ctx():
+            for _ in range(2):
+                t0 = time.perf_counter()
+                probe.raw(x, y)
+                seconds.append(time.perf_counter() - t0)
+    finally:
+        set_rng_state(rng, r.device)
+    return seconds[1], seconds[3]
+
+
+def run_seconds(cfg, start_iter, start_evaluated, step_s, eval_batch_s, val_tokens):
+    """(seconds, how) the rest of a run takes at step_s per iter and eval_batch_s
+    per evaluation batch: its iters (up to max_time), the evaluations at every
+    eval_interval (but an evaluated start) and the final one, with the whole val
+    split if eval_full_val."""
+    iters, every = cfg["max_iters"] - start_iter, cfg["eval_interval"]
+    evals = -(-cfg["max_iters"] // every) - -(-start_iter // every) + 1  # multiples of every, then the final
+    evals -= int(start_evaluated and start_iter % every == 0)
+    batches = evals * 2 * cfg["eval_iters"]
+    if cfg["eval_full_val"]:
+        batches += -(-(val_tokens - 1) // (cfg["block_size"] * cfg["batch_size"]))
+    train_s = iters * step_s if cfg["max_time"] <= 0 else min(iters * step_s, cfg["max_time"])
+    how = f"{iters:,} iters x {step_s:.3g} s + {evals} evaluations, {batches:,} batches x {eval_batch_s:.3g} s"
+    return train_s + batches * eval_batch_s, how
+
+
+def print_run_estimate(r):
+    seconds, how = run_seconds(r.cfg, r.start_iter, r.start_evaluated, *time_iter(r), len(r.splits["val"]))
+    for unit, size in (("h", 3600), ("min", 60), ("s", 1)):
+        if seconds >= size or unit == "s":
+            break
+    tqdm.write(f"this run should take about {seconds / size:.1f} {unit} here ({how}; timed on this machine)")
 
 
 def train(r):
@@ -566,48 +719,76 @@ def train(r):
             save(r, iter_num, best)
         clock["paused"] += time.perf_counter() - paused_at
 
-    if cfg["eval_only"]:
-        evaluate(r, iter_num, 0.0, final=True)
-        return
-    last_log, stop = (iter_num, 0.0), None  # (iter, elapsed) at the last log step
-    with tqdm(total=cfg["max_iters"], initial=iter_num, disable=not r.master, dynamic_ncols=True) as bar, \
-            StopSignals() as signals:
-        while iter_num < cfg["max_iters"] and stop is None:
-            # a resumed run was evaluated just before its checkpoint was saved
-            if iter_num % cfg["eval_interval"] == 0 and not (r.resumed and iter_num == r.start_iter):
-                evaluate_and_save(final=False)
-            loss_sum = train_step(r, get_lr(iter_num, cfg))
-            iter_num += 1
-            bar.update()
-            wants_stop = signals.name is not None or 0 < cfg["max_time"] <= elapsed()
-            if iter_num % cfg["log_interval"] == 0 or iter_num == cfg["max_iters"]:
-                # the processes agree on the mean loss and on stopping (this waits for the device)
-                t = torch.stack([loss_sum / cfg["gradient_accumulation_steps"],
-                                 torch.tensor(float(wants_stop), device=r.device)])
-                loss, wants_stop = all_sum(t, r.world).tolist()
-                if not math.isfinite(loss):
-                    raise diverged(loss, iter_num - 1)
-                dt = (elapsed() - last_log[1]) / (iter_num - last_log[0])  # seconds per iter
-                last_log = (iter_num, elapsed())
-                mfu = r.raw.estimate_mfu(r.tokens_per_iter // r.world, dt)
-                bar.set_postfix_str(f"loss {loss:.4f}, lr {get_lr(iter_num - 1, cfg):.2e}, "
-                                    f"{r.tokens_per_iter / dt:,.0f} tok/s" + (f", MFU {mfu:.1%}" if mfu else ""))
-            elif r.world > 1:
-                wants_stop = False  # not before the processes agree, at the next log step
-            if wants_stop:
-                stop = signals.name or "max_time"
+    with StopSignals() as signals:
+        r.signals = signals  # evaluations and steps look at it too (stop_requested)
+        if cfg["eval_only"]:
+            try:
+                evaluate(r, iter_num, 0.0, final=True)
+            except Stopped:
+                if r.master:
+                    print(f"stopped by {signals.name} during the evaluation; nothing was saved")
+            return
+        last_log, stop, phase = (iter_num, 0.0), None, "training"  # (iter, elapsed) at the last log step
+        with tqdm(total=cfg["max_iters"], initial=iter_num, disable=not r.master, dynamic_ncols=True) as bar:
+            try:
+                if r.master and r.world == 1 and cfg["device"] == "auto" and r.device.type == "cpu":
+                    print_run_estimate(r)  # no GPU was found: say what that costs
+                while iter_num < cfg["max_iters"] and stop is None:
+                    # a resumed run was usually evaluated just before its checkpoint was saved
+                    if iter_num % cfg["eval_interval"] == 0 and not (r.start_evaluated and iter_num == r.start_iter):
+                        evaluate_and_save(final=False)
+                    loss_sum = train_step(r, get_lr(iter_num, cfg))
+                    iter_num += 1
+                    bar.update()
+                    wants_stop = signals.name is not None or 0 < cfg["max_time"] <= elapsed()
+                    if iter_num % cfg["log_interval"] == 0 or iter_num == cfg["max_iters"]:
+                        # the processes agree on the mean loss and on stopping (this waits for the device)
+                        t = torch.stack([loss_sum / cfg["gradient_accumulation_steps"],
+                                         torch.tensor(float(wants_stop), device=r.device)])
+                        loss, wants_stop = all_sum(t, r.world).tolist()
+                        if not math.isfinite(loss):
+                            raise diverged(loss, iter_num - 1)
+                        dt = (elapsed() - last_log[1]) / (iter_num - last_log[0])  # seconds per iter
+                        last_log = (iter_num, elapsed())
+                        mfu = r.raw.estimate_mfu(r.tokens_per_iter // r.world, dt)
+                        bar.set_postfix_str(f"loss {loss:.4f}, lr {get_lr(iter_num - 1, cfg):.2e}, "
+                                            f"{r.tokens_per_iter / dt:,.0f} tok/s"
+                                            + (f", MFU {mfu:.1%}" if mfu else ""))
+                    elif r.world > 1:
+                        wants_stop = False  # not before the processes agree, at the next log step
+                    if wants_stop:
+                        stop = signals.name or "max_time"
+                if signals.name is None:
+                    phase = "final evaluation"
+                    evaluate_and_save(final=True)
+                    phase = "done"
+            except Stopped:  # in an evaluation, or between micro-steps (the step is undone)
+                stop = signals.name
     steps, seconds = iter_num - r.start_iter, elapsed()
-    if stop in ("SIGINT", "SIGTERM"):
-        save(r, iter_num, best)  # no evaluation: the process may have little time left
-        if r.master:
-            print(f"stopped by {stop} at iter {iter_num}; saved {checkpoint_path(cfg['out_dir'])}; "
-                  "continue with --init_from=resume")
-        return
-    evaluate_and_save(final=True)
-    if r.master:
+    if phase != "done":
+        stopped(r, stop, iter_num, best, during_final=phase == "final evaluation")
+    elif r.master:
         per_iter = f" ({1000 * seconds / steps:.1f} ms/iter)" if steps else ""
         print(f"done at iter {iter_num}{' (max_time reached)' if stop else ''}: best val loss {best:.4f}, "
               f"{seconds:.1f}s of training{per_iter}; checkpoint {checkpoint_path(cfg['out_dir'])}")
+
+
+def stopped(r, signal_name, iter_num, best, during_final):
+    """After SIGINT or SIGTERM: save the state at iter_num, unless nothing was
+    trained since the run began (the checkpoint on disk, if any, already holds it).
+    No evaluation: the process may have little time left."""
+    where = f"stopped by {signal_name} at iter {iter_num}"
+    if iter_num == r.start_iter:
+        if r.master:
+            kept = "the checkpoint is unchanged" if r.resumed else "nothing was saved"
+            print(f"{where}: nothing trained since the run began, so {kept}")
+        return
+    save(r, iter_num, best, evaluated=False)
+    if r.master:
+        path = checkpoint_path(r.cfg["out_dir"])
+        then = ("evaluate it with --init_from=resume --eval_only=True" if during_final
+                else "continue with --init_from=resume")
+        print(f"{where}{' during the final evaluation' if during_final else ''}; saved {path}; {then}")
 
 
 def lost_peer(e, world):

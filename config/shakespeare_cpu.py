@@ -41,7 +41,7 @@ beta2 = 0.99
 
 device = "cpu"
 compile = False
-# bfloat16 autocast: on a CPU with native bf16 instructions (AVX512-BF16 or AMX)
-# the matrix multiplies run several times faster than in float32. Elsewhere bf16
-# is emulated and slower: pass --dtype=float32.
-dtype = "bfloat16"
+# bfloat16 autocast where the CPU multiplies bf16 natively (AVX512-BF16 or AMX),
+# several times faster than float32; float32 elsewhere, where bf16 is emulated
+# and much slower (hardware.py). The start-up line says which was chosen.
+dtype = "auto"

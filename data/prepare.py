@@ -308,6 +308,17 @@ def _download_shakespeare(dataset_dir):
     return data
 
 
+def find_shakespeare(dataset_dir, also=()):
+    """The path of tiny Shakespeare where the prepare scripts find it:
+    $TINYSHAKESPEARE_PATH, then input.txt in the dataset folder, then each path
+    in `also`; else it is downloaded, checked and kept in the dataset folder."""
+    path = _user_file(dataset_dir, None) or next((p for p in also if os.path.isfile(p)), None)
+    if path is None:
+        _download_shakespeare(dataset_dir)
+        path = os.path.join(dataset_dir, "input.txt")
+    return path
+
+
 def shakespeare_text(dataset_dir, input_path=None):
     """Tiny Shakespeare, from a local file when there is one, else downloaded once."""
     path = _user_file(dataset_dir, input_path)

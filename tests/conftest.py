@@ -8,10 +8,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-# The corpus lives beside the checkout, never inside it; TINYSHAKESPEARE_PATH,
-# the variable the prepare scripts read, points elsewhere.
-SHARED_CORPUS = os.environ.get("TINYSHAKESPEARE_PATH") or os.path.join(
-    os.path.dirname(ROOT), "shared", "data", "tinyshakespeare", "input.txt")
+# The corpus is never committed. The tests find it where the prepare scripts
+# do (data/prepare.find_shakespeare), or in the folder beside the checkout.
+BESIDE = os.path.join(os.path.dirname(ROOT), "shared", "data", "tinyshakespeare", "input.txt")
 
 
 @pytest.fixture(scope="session")
@@ -21,9 +20,13 @@ def repo_root():
 
 @pytest.fixture(scope="session")
 def corpus_path():
-    if not os.path.exists(SHARED_CORPUS):
-        pytest.fail(f"tiny Shakespeare is expected at {SHARED_CORPUS}")
-    return SHARED_CORPUS
+    from data.prepare import SHAKESPEARE_ENV, DataError, find_shakespeare, shakespeare_dir
+    folder = shakespeare_dir("char")
+    try:
+        return find_shakespeare(folder, also=[BESIDE])
+    except DataError as e:
+        pytest.exit(f"the tests need tiny Shakespeare ({e.args[0].split(';')[0]}): put it at "
+                    f"{os.path.join(folder, 'input.txt')} or set {SHAKESPEARE_ENV}=PATH", returncode=2)
 
 
 @pytest.fixture(autouse=True, scope="session")

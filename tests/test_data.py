@@ -163,6 +163,51 @@ def test_corrupt_download_is_an_error_and_not_saved(tmp_path, corpus_text, monke
     assert not (tmp_path / "input.txt").exists()
 
 
+def test_corpus_lookup_order(tmp_path, corpus_text, monkeypatch, offline):
+    dataset_dir, beside = tmp_path / "data" / "shakespeare_char", tmp_path / "shared" / "input.txt"
+    env_copy = tmp_path / "env.txt"
+    for path in (env_copy, beside, dataset_dir / "input.txt"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(corpus_text, encoding="utf-8")
+    find = lambda: prepare.find_shakespeare(str(dataset_dir), also=[str(beside)])  # noqa: E731
+    monkeypatch.setenv(prepare.SHAKESPEARE_ENV, str(env_copy))
+    assert find() == str(env_copy)
+    monkeypatch.delenv(prepare.SHAKESPEARE_ENV)
+    assert find() == str(dataset_dir / "input.txt")
+    (dataset_dir / "input.txt").unlink()
+    assert find() == str(beside)
+    beside.unlink()
+    with pytest.raises(DataError, match="put tiny Shakespeare at .*shakespeare_char.input.txt"):
+        find()  # offline, no copy anywhere
+    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: FakeResponse(corpus_text.encode()))
+    assert find() == str(dataset_dir / "input.txt")  # downloaded, checked, kept for the next run
+    assert (dataset_dir / "input.txt").read_text(encoding="utf-8") == corpus_text
+
+
+def lone_copy(repo_root, folder):
+    """The checkout's files in folder/p, with nothing beside it: no corpus, no prepared data."""
+    import shutil
+    skip = shutil.ignore_patterns(".git", "out*", "*.bin", "input.txt", "meta.json", "__pycache__",
+                                  ".pytest_cache", ".hypothesis", "wandb")
+    shutil.copytree(repo_root, folder / "p", ignore=skip)
+    return folder / "p"
+
+
+def test_tests_run_in_a_clone_with_nothing_beside_it(repo_root, tmp_path, corpus_text):
+    clone = lone_copy(repo_root, tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != prepare.SHAKESPEARE_ENV}
+    env["https_proxy"] = env["HTTPS_PROXY"] = "http://127.0.0.1:9"  # offline: connection refused at once
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+               "tests/test_data.py::test_input_txt_in_dataset_folder_is_used"]
+    failed = subprocess.run(command, cwd=clone, env=env, capture_output=True, text=True, timeout=300)
+    assert failed.returncode == 2
+    said = [line for line in (failed.stdout + failed.stderr).splitlines() if "tiny Shakespeare" in line]
+    assert len(said) == 1 and str(clone / "data" / "shakespeare_char" / "input.txt") in said[0], said
+    (clone / "data" / "shakespeare_char" / "input.txt").write_text(corpus_text, encoding="utf-8")
+    passed = subprocess.run(command, cwd=clone, env=env, capture_output=True, text=True, timeout=300)
+    assert passed.returncode == 0, passed.stdout[-2000:]
+
+
 def test_gpt2_prepare_offline(tmp_path, corpus_path, corpus_text, offline):
     meta = prepare_shakespeare("gpt2", data_root=str(tmp_path), input_path=corpus_path)
     assert meta["tokenizer"] == {"kind": "gpt2"} and meta["vocab_size"] == 50257

@@ -1,10 +1,12 @@
 """train.py on CPU with tiny models: learning, exact resume, crash safety,
 DDP equivalence, signals, divergence, wandb, and one-line errors."""
 
+import copy
 import glob
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -450,3 +452,125 @@ def test_wandb_offline_run_records_the_metrics(data_root, tmp_path):
     assert [r["iter"] for r in log] == [0, 1, 2]
     for rec in log:
         assert json.dumps(rec["val_loss"]).encode() in record, rec
+
+
+# -----------------------------------------------------------------------------
+# The main command on a machine without a GPU, and stopping at any moment
+
+
+def test_run_estimate_counts_every_step_and_evaluation():
+    cfg = dict(train.DEFAULTS, max_iters=2500, eval_interval=250, eval_iters=200, eval_full_val=True,
+               block_size=256, batch_size=64, max_time=0.0)
+    val_tokens = 111_540
+
+    def counted(start, resumed):  # the training loop's own rule, iter by iter
+        evals = sum(1 for i in range(start, cfg["max_iters"])
+                    if i % cfg["eval_interval"] == 0 and not (resumed and i == start)) + 1
+        full_val_batches = len(range(0, val_tokens - 1, cfg["block_size"] * cfg["batch_size"]))
+        return (cfg["max_iters"] - start) * 2.0 + (evals * 400 + full_val_batches) * 0.5, evals
+
+    for start, resumed in [(0, False), (500, True), (500, False), (501, True), (2499, True)]:
+        seconds, how = train.run_seconds(cfg, start, resumed, 2.0, 0.5, val_tokens)
+        expected, evals = counted(start, resumed)
+        assert seconds == pytest.approx(expected) and f"{evals} evaluations" in how
+    capped, _ = train.run_seconds(dict(cfg, max_time=60.0), 0, False, 2.0, 0.5, val_tokens)
+    assert capped == pytest.approx(60.0 + (11 * 400 + 7) * 0.5)
+
+
+def test_timing_a_step_leaves_the_run_untouched(data_root, tmp_path):
+    cfg = train.get_config(args(data_root, tmp_path / "out", "--optimizer=muon", "--dropout=0.1",
+                                "--gradient_accumulation_steps=2"))
+    r = train.setup(cfg)
+    train.train_step(r, 1e-3)  # optimizer state exists, as in a resumed run
+    before = (copy.deepcopy(r.raw.state_dict()), copy.deepcopy([o.state_dict() for o in r.optimizers]),
+              torch.get_rng_state(), r.data_gen.get_state())
+    step_s, eval_s = train.time_iter(r)
+    assert step_s > 0 and eval_s > 0
+    after = (r.raw.state_dict(), [o.state_dict() for o in r.optimizers], torch.get_rng_state(), r.data_gen.get_state())
+    for key in before[0]:
+        assert torch.equal(before[0][key], after[0][key]), key
+    for old, new in zip(before[1], after[1]):
+        for p in old["state"]:
+            for name, value in old["state"][p].items():
+                assert torch.equal(torch.as_tensor(value), torch.as_tensor(new["state"][p][name])), name
+    assert torch.equal(before[2], after[2]) and torch.equal(before[3], after[3])
+
+
+def test_main_command_without_a_gpu_says_so_estimates_and_stops_in_an_evaluation(data_root, tmp_path):
+    out = tmp_path / "out"
+    # the GPU config, shrunk; eval_iters so large that the first evaluation would take hours
+    argv = ["train.py", "config/shakespeare.py", f"--data_root={data_root}", f"--out_dir={out}",
+            "--n_layer=1", "--n_head=2", "--n_embd=32", "--batch_size=4", "--eval_iters=1000000"]
+    child = subprocess.Popen([sys.executable, *argv], cwd=REPO, env=child_env(CUDA_VISIBLE_DEVICES="",
+                             PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        while not any("should take about" in line for line in lines):
+            line = child.stdout.readline()
+            assert line, "".join(lines) + child.stderr.read()
+            lines.append(line)
+        time.sleep(2.0)  # inside the first evaluation
+        child.send_signal(signal.SIGTERM)
+        sent = time.time()
+        stdout, stderr = child.communicate(timeout=60)
+        took = time.time() - sent
+    finally:
+        child.kill()
+    stdout = "".join(lines) + stdout
+    assert child.returncode == 0, stderr
+    assert "no GPU found" in lines[0] and "python train.py config/shakespeare_cpu.py" in lines[0]
+    estimate = re.search(r"should take about ([\d.]+) (h|min|s) here \(2,500 iters x [\d.e-]+ s \+ "
+                         r"11 evaluations, 22,000,\d\d\d batches", stdout)
+    assert estimate and estimate.group(2) == "h", stdout  # 22M evaluation batches: hours
+    assert "evaluating train" in stderr  # the evaluation shows progress
+    assert "stopped by SIGTERM at iter 0: nothing trained since the run began, so nothing was saved" in stdout
+    assert took < 20  # the evaluation stops within a batch, not after its 1M batches
+    assert not (out / "ckpt.pt").exists() and (out / "log.jsonl").read_text() == ""
+
+
+def test_stop_during_a_later_evaluation_saves_and_resumes_exactly(data_root, tmp_path, monkeypatch, capsys):
+    base = ["--eval_interval=5", "--lr_decay_iters=20", "--dropout=0.1"]
+    straight = tmp_path / "straight"
+    run_in_process(args(data_root, straight, *base, "--max_iters=15"))
+    evaluate = train.estimate_loss
+
+    def signal_in_the_evaluation_at_iter_10(r, seed):
+        if seed == r.cfg["seed"] + 10:
+            os.kill(os.getpid(), signal.SIGTERM)  # handled at once, in this main thread
+        return evaluate(r, seed)
+    monkeypatch.setattr(train, "estimate_loss", signal_in_the_evaluation_at_iter_10)
+    out = tmp_path / "out"
+    run_in_process(args(data_root, out, *base, "--max_iters=15"))
+    assert "stopped by SIGTERM at iter 10; saved" in capsys.readouterr().out
+    assert load_checkpoint(str(out))["iter_num"] == 10 and [r["iter"] for r in read_log(out)] == [0, 5]
+    monkeypatch.setattr(train, "estimate_loss", evaluate)
+    run_in_process(args(data_root, out, *base, "--max_iters=15", "--init_from=resume"))
+    assert losses(read_log(out)) == losses(read_log(straight))  # the iter-10 evaluation was redone
+    a, b = load_checkpoint(str(out)), load_checkpoint(str(straight))
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+
+
+def test_stop_between_micro_steps_undoes_the_step(data_root, tmp_path, monkeypatch, capsys):
+    base = ["--gradient_accumulation_steps=4", "--eval_interval=100", "--lr_decay_iters=20", "--dropout=0.1"]
+    straight = tmp_path / "straight"
+    run_in_process(args(data_root, straight, *base, "--max_iters=6"))
+    forward, calls = GPT.forward, []
+
+    def signal_in_the_second_micro_step_of_iter_3(model, *a, **kw):
+        if model.training:
+            calls.append(1)
+            if len(calls) == 3 * 4 + 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return forward(model, *a, **kw)
+    monkeypatch.setattr(GPT, "forward", signal_in_the_second_micro_step_of_iter_3)
+    out = tmp_path / "out"
+    run_in_process(args(data_root, out, *base, "--max_iters=6"))
+    assert "stopped by SIGTERM at iter 3; saved" in capsys.readouterr().out
+    monkeypatch.setattr(GPT, "forward", forward)
+    assert load_checkpoint(str(out))["iter_num"] == 3
+    run_in_process(args(data_root, out, *base, "--max_iters=6", "--init_from=resume"))
+    a, b = load_checkpoint(str(out)), load_checkpoint(str(straight))
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    assert torch.equal(a["data"]["generator"], b["data"]["generator"])
