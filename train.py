@@ -733,6 +733,7 @@ def train(r):
             try:
                 if r.master and r.world == 1 and cfg["device"] == "auto" and r.device.type == "cpu":
                     print_run_estimate(r)  # no GPU was found: say what that costs
+                    clock["start"] = time.perf_counter()  # timing the estimate is not training
                 while iter_num < cfg["max_iters"] and stop is None:
                     # a resumed run was usually evaluated just before its checkpoint was saved
                     if iter_num % cfg["eval_interval"] == 0 and not (r.start_evaluated and iter_num == r.start_iter):
