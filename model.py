@@ -306,8 +306,12 @@ class GPTConfig:
             raise ValueError(f"activation must be 'gelu' or 'relu2', got {self.activation!r}")
 
 
-# Peak dense bf16 tensor throughput, FLOP/s, used by estimate_mfu.
-PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
+# Peak dense bf16 tensor throughput, FLOP/s (NVIDIA data sheets, half the
+# "with sparsity" figure), used by estimate_mfu. Matched in order against
+# torch.cuda.get_device_name(), so the variants come before the plain names;
+# the H100 SXM calls itself "H100 80GB HBM3".
+PEAK_FLOPS = {"H100 NVL": 835e12, "H100 PCIe": 756e12, "H100": 989e12,
+              "H200 NVL": 835e12, "H200": 989e12, "A100": 312e12}
 
 
 class GPT(nn.Module):
@@ -444,7 +448,7 @@ class GPT(nn.Module):
         keep = max(1, bs - bs // 4)
         return length - keep
 
-    def compiled_decoder(self, batch_size):
+    def compiled_decoder(self, batch_size, cuda_graphs=None):
         """(decode_step compiled with torch.compile, its zeroed KVCache), built on
         first use for this batch size and kept, so later calls reuse both.
 
@@ -454,17 +458,21 @@ class GPT(nn.Module):
         inductor generate its own matrix-vector kernels (docs/benchmarks.md).
         Frozen weights are constants of the compiled code, so the step is rebuilt
         if any parameter changes afterwards (e.g. more training).
+        cuda_graphs: None takes the CUDA branch exactly when the weights are on
+        CUDA; True takes it on any device (on CPU inductor skips the recording,
+        which lets tests check the branch without a GPU).
         """
         p = self.transformer.wte.weight
         if p.device.type not in ("cpu", "cuda"):
             raise ValueError(f"compile=True is built for CPU and CUDA, not {p.device.type}")
-        key = (batch_size, p.device, p.dtype)
-        # only CPU freezes the weights, so only there does a changed one matter
-        version = tuple(q._version for q in self.parameters()) if p.device.type == "cpu" else None
+        cuda_graphs = p.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        key = (batch_size, p.device, p.dtype, cuda_graphs)
+        # only the CPU branch freezes the weights, so only there does a changed one matter
+        version = tuple(q._version for q in self.parameters()) if not cuda_graphs else None
         built = self._decoders.get(key)
         if built is None or built[2] != version:
             cache = self.make_kv_cache(batch_size, zero=True)
-            if p.device.type == "cuda":
+            if cuda_graphs:
                 for t in cache.k + cache.v:
                     torch._dynamo.mark_static_address(t)
                 step = torch.compile(self.decode_step, mode="reduce-overhead", fullgraph=True)

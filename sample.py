@@ -98,7 +98,8 @@ def pick_device(name):
 def pick_dtype(name, device):
     if name == "auto":
         on_gpu = device.startswith("cuda")
-        return torch.bfloat16 if on_gpu and torch.cuda.is_bf16_supported() else torch.float32
+        # native bf16 only: V100 and T4 have no bf16 tensor cores and would emulate it
+        return torch.bfloat16 if on_gpu and torch.cuda.is_bf16_supported(including_emulation=False) else torch.float32
     if name not in DTYPES:
         raise SampleError(f"unknown --dtype {name!r}; use auto, float32, bfloat16 or float16")
     return DTYPES[name]
@@ -254,6 +255,9 @@ def main(argv):
         return
     cfg = parse_options(argv)
     device = pick_device(cfg["device"])
+    if device.startswith("cuda"):
+        # synchronize, the CUDA graphs and the bf16 check act on the current device, else GPU 0
+        torch.cuda.set_device(device)
     dtype = pick_dtype(cfg["dtype"], device)
     text = read_prompt(cfg["prompt"])
     model, tok, folder = load_model(cfg)
