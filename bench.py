@@ -454,6 +454,34 @@ def generate_table(rows, gpu):
 # -----------------------------------------------------------------------------
 # 3. Attention alone
 
+# How far each attention path may be from a float64 reference, in units in the
+# last place (ulps) of the output's dtype at the size of its largest entry.
+# Rounding the output alone costs half an ulp and the scores and weights a few
+# more (measured on a CPU: under 1 in bfloat16, under 4 in float32); a wrong
+# mask or scale is off by about the output itself, 2^7 ulps or more in bfloat16.
+ATTENTION_TOLERANCE_ULPS = 8
+
+
+def error_ulps(out, ref):
+    """max |out - ref| in ulps of out's dtype at the magnitude of ref's largest entry."""
+    ulp = 2.0 ** torch.floor(torch.log2(ref.abs().max())) * torch.finfo(out.dtype).eps
+    return ((out.double() - ref).abs().max() / ulp).item()
+
+
+def check_attention(q, k, v, mask, outputs, T):
+    """Each output (name -> (B, nh, T, hs)) against softmax(q k^T / sqrt(d)) v
+    worked out in float64 for 64 query rows spread over the sequence; returns
+    name -> error in ulps."""
+    rows = torch.linspace(0, T - 1, min(T, 64), device=q.device).long()
+    scores = q[:, :, rows].double() @ k.double().transpose(-2, -1) / q.size(-1) ** 0.5
+    ref = scores.masked_fill(~mask[rows], float("-inf")).softmax(-1) @ v.double()
+    errors = {name: error_ulps(out[:, :, rows], ref) for name, out in outputs.items()}
+    for name, err in errors.items():
+        if err > ATTENTION_TOLERANCE_ULPS:
+            raise BenchError(f"attention at T={T}: the {name} path is {err:.1f} ulps from a float64 "
+                             f"reference (at most {ATTENTION_TOLERANCE_ULPS} expected)")
+    return errors
+
 
 def bench_attention(args, log):
     device, quick = args["device"], args["quick"]
@@ -482,9 +510,10 @@ def bench_attention(args, log):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
         with torch.no_grad():
-            diff = (explicit().float() - fused().float()).abs().max().item()
-            if diff > (2e-2 if gpu else 1e-4):
-                raise BenchError(f"attention at T={T}: explicit and SDPA differ by {diff:.2e}")
+            outputs = {"explicit": explicit(), "sdpa": fused()}
+            errors = check_attention(q, k, v, mask, outputs, T)
+            diff = (outputs["explicit"].float() - outputs["sdpa"].float()).abs().max().item()
+            del outputs
             peaks = {}
             if gpu:
                 for key, fn in (("explicit", explicit), ("sdpa", fused)):
@@ -498,9 +527,9 @@ def bench_attention(args, log):
                               device)
         rows.append(dict(T=T, B=B, n_head=nh, head_size=hs, dtype=str(dtype).removeprefix("torch."),
                          weights_bytes=weights_bytes, max_abs_diff=diff,
-                         explicit=dict(ms=median(times["explicit"]) * 1e3,
+                         explicit=dict(ms=median(times["explicit"]) * 1e3, error_ulps=errors["explicit"],
                                        peak_extra_gpu_bytes=peaks.get("explicit")),
-                         sdpa=dict(ms=median(times["sdpa"]) * 1e3,
+                         sdpa=dict(ms=median(times["sdpa"]) * 1e3, error_ulps=errors["sdpa"],
                                    peak_extra_gpu_bytes=peaks.get("sdpa")),
                          explicit_over_sdpa=median(times["explicit"]) / median(times["sdpa"])))
         del q, k, v, mask

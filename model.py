@@ -508,12 +508,11 @@ class GPT(nn.Module):
         return 6 * self.num_params(non_embedding=True) + 12 * c.n_layer * c.n_embd * c.block_size
 
     def estimate_mfu(self, tokens_per_iter, dt):
-        """Model FLOPs utilisation against the bf16 peak of the GPU the model is
-        on (PEAK_FLOPS); None off CUDA and where the peak is unknown."""
-        device = self.transformer.wte.weight.device
-        if device.type != "cuda" or dt <= 0:
+        """Model FLOPs utilisation against the bf16 peak of the current GPU
+        (PEAK_FLOPS); None without CUDA and where the peak is unknown."""
+        if not torch.cuda.is_available() or dt <= 0:
             return None
-        name = torch.cuda.get_device_name(device)
+        name = torch.cuda.get_device_name()
         peak = next((flops for key, flops in PEAK_FLOPS.items() if key in name), None)
         return None if peak is None else self.flops_per_token() * tokens_per_iter / dt / peak
 

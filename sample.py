@@ -21,6 +21,7 @@ import torch
 import attention_maps
 from checkpoint import CheckpointError, checkpoint_path, clean_state_dict, first_line, load_checkpoint
 from configurator import ConfigError, describe, parse_args
+from hardware import native_bf16
 from model import GPT, GPTConfig
 from tokenizer import TokenizerError, get_tokenizer
 
@@ -97,8 +98,8 @@ def pick_device(name):
 
 def pick_dtype(name, device):
     if name == "auto":
-        on_gpu = device.startswith("cuda")
-        return torch.bfloat16 if on_gpu and torch.cuda.is_bf16_supported() else torch.float32
+        # native bf16 only: V100 and T4 have no bf16 tensor cores and would emulate it
+        return torch.bfloat16 if device.startswith("cuda") and native_bf16("cuda")[0] else torch.float32
     if name not in DTYPES:
         raise SampleError(f"unknown --dtype {name!r}; use auto, float32, bfloat16 or float16")
     return DTYPES[name]
@@ -254,6 +255,9 @@ def main(argv):
         return
     cfg = parse_options(argv)
     device = pick_device(cfg["device"])
+    if device.startswith("cuda"):
+        # synchronize, the CUDA graphs and the bf16 check act on the current device, else GPU 0
+        torch.cuda.set_device(device)
     dtype = pick_dtype(cfg["dtype"], device)
     text = read_prompt(cfg["prompt"])
     model, tok, folder = load_model(cfg)

@@ -126,7 +126,8 @@ def model_args(cfg, vocab_size):
 
 def pick_device(cfg, local_rank, ddp):
     """(device, dtype name, why that dtype): CUDA, then MPS, then CPU; dtype 'auto'
-    is bfloat16 autocast where the hardware has native bfloat16 (hardware.py)."""
+    is bfloat16 autocast where the hardware has native bfloat16 (hardware.py).
+    A CUDA device becomes the current one."""
     available = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(), "cpu": True}
     name = next(kind for kind, ok in available.items() if ok) if cfg["device"] == "auto" else cfg["device"]
     try:
@@ -139,6 +140,13 @@ def pick_device(cfg, local_rank, ddp):
         raise ValueError(f"{device.type.upper()} is not available; use --device=cpu")
     if device.type == "cuda" and (ddp or device.index is None):
         device = torch.device("cuda", local_rank)  # one GPU per process
+    if device.type == "cuda":
+        if device.index >= torch.cuda.device_count():
+            raise ValueError(f"there is no {device}: this machine has {torch.cuda.device_count()} GPU(s); "
+                             "use --device=cuda:N with N below that, or fewer processes")
+        # synchronize, pinned copies, the MFU's device name and the bf16 check
+        # below all act on the current device, which is otherwise GPU 0
+        torch.cuda.set_device(device)
     dtype, why = cfg["dtype"], "as set"
     if dtype == "auto":
         dtype, why = auto_dtype(device.type)
@@ -469,6 +477,34 @@ def start_wandb(cfg):
 # Setup: everything that can fail because of the settings happens here
 
 
+def join_processes(device, timeout):
+    """Join the other processes: NCCL between GPUs, gloo between CPUs."""
+    if device.type != "cuda":
+        dist.init_process_group("gloo", timeout=timeout)
+        return
+    # By default a collective that fails or outlives the timeout makes NCCL's
+    # watchdog thread abort the whole process, before train.py can say what
+    # happened. Mode 2 aborts only the communicator; the next collective then
+    # raises in Python, and main() prints one line. torchrun sets 1 (abort the
+    # process) unless told otherwise, so this overrides it (docs/reliability.md).
+    os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
+    # device_id: this process's GPU, so NCCL connects now rather than at the
+    # first collective, and barrier() need not guess the device from the rank
+    dist.init_process_group("nccl", timeout=timeout, device_id=device)
+
+
+def wrap_model(raw, device, world, use_compile):
+    """(model, ddp_model): model is raw, compiled if use_compile (evaluation runs
+    it); ddp_model is what trains. The compiled module goes inside DDP, the order
+    PyTorch's guide "Where to apply torch.compile?" gives: compiled inside DDP's
+    forward, the graph is split at DDP's gradient buckets (DDPOptimizer), so each
+    bucket's all-reduce overlaps the rest of the backward pass."""
+    model = torch.compile(raw) if use_compile else raw
+    if world == 1:
+        return model, model
+    return model, DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
 def setup(cfg):
     rank, local_rank, world = (int(os.environ.get(k, d)) for k, d in
                                (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1)))  # set by torchrun
@@ -479,10 +515,7 @@ def setup(cfg):
     if rank == 0:
         explain_device(cfg, device, dtype)
     if world > 1:
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                timeout=datetime.timedelta(seconds=cfg["ddp_timeout"]))
+        join_processes(device, datetime.timedelta(seconds=cfg["ddp_timeout"]))
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 matmuls
     torch.manual_seed(cfg["seed"] + rank)  # model init, then dropout
@@ -502,10 +535,8 @@ def setup(cfg):
     if ckpt is not None:
         restore(ckpt, cfg, optimizers, scaler, data_gen, device, rank)
 
-    # raw: the plain module (saved); model: maybe compiled (evaluated); ddp_model: trained
     use_compile = device.type == "cuda" if cfg["compile"] is None else cfg["compile"]
-    model = torch.compile(raw) if use_compile else raw
-    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if world > 1 else model
+    model, ddp_model = wrap_model(raw, device, world, use_compile)
     ctx = functools.partial(precision_context, device.type, dtype, cfg["block_size"])
     wandb = start_wandb(cfg) if cfg["wandb_log"] and rank == 0 else None
     tokens_per_iter = cfg["gradient_accumulation_steps"] * cfg["batch_size"] * cfg["block_size"]
@@ -751,7 +782,8 @@ def train(r):
                             raise diverged(loss, iter_num - 1)
                         dt = (elapsed() - last_log[1]) / (iter_num - last_log[0])  # seconds per iter
                         last_log = (iter_num, elapsed())
-                        mfu = r.raw.estimate_mfu(r.tokens_per_iter // r.world, dt)
+                        # the MFU of a GPU's peak; a CPU run on a machine with a GPU has none
+                        mfu = r.raw.estimate_mfu(r.tokens_per_iter // r.world, dt) if r.device.type == "cuda" else None
                         bar.set_postfix_str(f"loss {loss:.4f}, lr {get_lr(iter_num - 1, cfg):.2e}, "
                                             f"{r.tokens_per_iter / dt:,.0f} tok/s"
                                             + (f", MFU {mfu:.1%}" if mfu else ""))

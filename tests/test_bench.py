@@ -88,6 +88,8 @@ def test_attention_section(quick):
         assert r["weights_bytes"] == 1 * 12 * r["T"] * r["T"] * 4  # float32 (B, nh, T, T)
         assert positive(r["explicit"]["ms"]) and positive(r["sdpa"]["ms"])
         assert r["max_abs_diff"] < 1e-4
+        for path in ("explicit", "sdpa"):  # against a float64 reference, in float32 ulps
+            assert 0 <= r[path]["error_ulps"] <= bench.ATTENTION_TOLERANCE_ULPS
     assert "| 512 |" in stdout
 
 

@@ -230,6 +230,7 @@ def test_compiled_generation_equals_eager():
         model.generate(prompt, 2, compile=True, use_cache=False)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_compiled_generation_equals_eager_on_cuda():
     model = tiny_model(seed=4).cuda()

@@ -1,0 +1,153 @@
+"""
+The first run on a machine with a GPU: one command that exercises every CUDA
+path of this project and says, step by step, what works.
+
+    python smoke_gpu.py        # a few minutes on one GPU
+
+Steps: the CUDA tests (pytest -m cuda), 20 iters of config/shakespeare.py and a
+resume to 40, sample.py in the default dtype with and without --compile, the
+same greedy sample in float32 with and without --compile (which must agree),
+and bench.py --device=cuda --quick. It prints one line per step, ok or FAIL
+with the error, and writes the figures to out-smoke-gpu/smoke.json and every
+step's whole output to out-smoke-gpu/<step>.log. Without CUDA it says so and
+does nothing.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import torch
+
+OUT = "out-smoke-gpu"
+STEP_TIMEOUT = 900  # seconds; compiling is the slow part
+SEPARATOR = "-" * 40  # what sample.py prints after each sample
+
+# Figures read from a step's output, as (name, pattern): the last match wins,
+# because the progress bar rewrites its line.
+FIGURES = [
+    ("ms_per_iter", r"\(([\d.]+) ms/iter\)"),
+    ("best_val_loss", r"best val loss ([\d.]+)"),
+    ("whole_val_loss", r"whole val split ([\d.]+)"),
+    ("mfu_percent", r"MFU ([\d.]+)%"),
+    ("train_tokens_per_s", r"([\d,]+) tok/s"),
+    ("sample_tokens_per_s", r"([\d.]+) tokens/s"),
+    ("compile_s", r"compiled the decode step in ([\d.]+) s"),
+    ("device_and_dtype", r"parameters \| (\S+, \w+) \("),  # then (why that dtype)
+]
+
+
+def steps(out):
+    """[(name, command)], in the order they run."""
+    python, ckpt = sys.executable, os.path.join(out, "train")
+    train = [python, "train.py", "config/shakespeare.py", f"--out_dir={ckpt}"]
+    sample = [python, "sample.py", f"--out_dir={ckpt}", "--prompt=ROMEO:", "--max_new_tokens=300", "--seed=1337"]
+    greedy = sample + ["--dtype=float32", "--temperature=0", "--num_samples=1", "--attn_dir="]
+    return [
+        ("cuda tests", [python, "-m", "pytest", "-q", "-m", "cuda", "tests"]),
+        ("train 20 iters", train + ["--max_iters=20"]),
+        ("resume to 40", train + ["--max_iters=40", "--init_from=resume"]),
+        ("sample", sample + ["--num_samples=2"]),
+        ("sample --compile", sample + ["--num_samples=2", "--compile"]),
+        ("float32 greedy", greedy),
+        ("float32 greedy --compile", greedy + ["--compile"]),
+        ("bench --quick", [python, "bench.py", "--device=cuda", "--quick", f"--out={os.path.join(out, 'bench.json')}"]),
+    ]
+
+
+def figures(text):
+    found = {}
+    for name, pattern in FIGURES:
+        matches = re.findall(pattern, text)
+        if matches:
+            value = matches[-1]
+            number = re.fullmatch(r"[\d,.]+", value)
+            found[name] = float(value.replace(",", "")) if number else value
+    return found
+
+
+def samples(stdout):
+    """The texts sample.py printed, in order."""
+    return [s.strip("\n") for s in stdout.split(SEPARATOR)[:-1]]
+
+
+def first_difference(a, b):
+    """Where texts a and b first differ (a character index), or None if they are equal."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def run_step(name, command, out):
+    """Run one step; its record: command, return code, seconds, figures, error."""
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=STEP_TIMEOUT)
+        code, stdout, text = proc.returncode, proc.stdout, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as e:
+        stdout = e.stdout if isinstance(e.stdout, str) else (e.stdout or b"").decode(errors="replace")
+        code, text = None, stdout + f"\ntimed out after {STEP_TIMEOUT} s"
+    log = os.path.join(out, re.sub(r"[^\w.]+", "_", name).strip("_") + ".log")
+    with open(log, "w") as f:
+        f.write(" ".join(command) + "\n\n" + text)
+    lines = [line.strip() for line in text.replace("\r", "\n").splitlines() if line.strip()]
+    return dict(name=name, command=command, returncode=code, seconds=round(time.perf_counter() - t0, 1),
+                ok=code == 0, figures=figures(text), log=log, stdout=stdout,
+                error=None if code == 0 else (lines[-1] if lines else f"exit code {code}"))
+
+
+def report(rec):
+    """One line for a step."""
+    shown = ", ".join(f"{k} {v}" for k, v in rec["figures"].items())
+    if rec["ok"]:
+        return f"ok    {rec['name']} ({rec['seconds']:.0f} s){': ' + shown if shown else ''}"
+    return f"FAIL  {rec['name']} ({rec['seconds']:.0f} s): {rec['error']} (see {rec['log']})"
+
+
+def compare(records):
+    """The checks across steps: the float32 promise of --compile, and where the
+    default dtype's compiled samples part from the plain ones."""
+    by = {r["name"]: r for r in records}
+    checks = []
+    a, b = by.get("float32 greedy"), by.get("float32 greedy --compile")
+    if a and b and a["ok"] and b["ok"]:
+        at = first_difference("\n".join(samples(a["stdout"])), "\n".join(samples(b["stdout"])))
+        checks.append(dict(name="float32: --compile gives the same tokens", ok=at is None, seconds=0.0,
+                           figures={}, log=b["log"], error=f"the texts part at character {at}"))
+    a, b = by.get("sample"), by.get("sample --compile")
+    if a and b and a["ok"] and b["ok"]:
+        parts = [first_difference(x, y) for x, y in zip(samples(a["stdout"]), samples(b["stdout"]))]
+        b["figures"]["compiled_sample_differs_at"] = parts
+    return checks
+
+
+def main(out=OUT):
+    if not torch.cuda.is_available():
+        print(f"smoke_gpu.py: no CUDA GPU here (torch {torch.__version__}); nothing to do, "
+              "run it on a machine with an NVIDIA GPU")
+        return 0
+    os.makedirs(out, exist_ok=True)
+    name = torch.cuda.get_device_name()
+    print(f"{name}, compute capability {'.'.join(map(str, torch.cuda.get_device_capability()))}, "
+          f"torch {torch.__version__}, CUDA {torch.version.cuda}", flush=True)
+    records = []
+    for step, command in steps(out):
+        records.append(run_step(step, command, out))
+        print(report(records[-1]), flush=True)
+    for check in compare(records):
+        records.append(check)
+        print(report(check), flush=True)
+    path = os.path.join(out, "smoke.json")
+    with open(path, "w") as f:
+        json.dump(dict(device=name, torch=torch.__version__, cuda=torch.version.cuda,
+                       steps=[{k: v for k, v in r.items() if k != "stdout"} for r in records]), f, indent=1)
+    failed = sum(not r["ok"] for r in records)
+    print(f"{len(records) - failed} of {len(records)} ok; figures in {path}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
