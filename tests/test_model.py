@@ -1,7 +1,10 @@
 """model.py against independent oracles: worked numbers from the attention
 literature, PyTorch's scaled_dot_product_attention, and Hugging Face GPT-2."""
 
+import ast
 import math
+import os
+import sys
 
 import pytest
 import torch
@@ -220,6 +223,10 @@ def test_compiled_generation_equals_eager():
     assert torch.equal(model.generate(prompt, n, temperature=0, compile=True), eager)
     step, cache = model.compiled_decoder(2)
     assert model.compiled_decoder(2) == (step, cache)  # built once, kept
+    # the position lives on the device and is advanced in place, never re-sent from the host
+    at = cache.at
+    model.generate(prompt, 5, temperature=0, compile=True)
+    assert cache.at is at and at.data_ptr() == cache.at.data_ptr() and at.tolist() == [cache.pos] == [3 + 4]
     # on CPU the weights are frozen into the compiled step: a change rebuilds it
     with torch.no_grad():
         model.transformer.h[0].mlp.c_fc.weight.mul_(-1)
@@ -400,3 +407,16 @@ def test_from_pretrained_offline_name_fails_clearly(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ValueError, match="local folder|huggingface_hub"):
         GPT.from_pretrained("gpt2-not-a-real-model-name")
+
+
+def test_model_file_stays_a_lean_read(repo_root):
+    """model.py is the file people read and fork: at most 550 lines, torch and the
+    standard library alone at the top (a loader imports its library inside)."""
+    path = os.path.join(repo_root, "model.py")
+    with open(path) as f:
+        source = f.read()
+    assert source.count("\n") <= 550
+    top = [node for node in ast.parse(source).body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    names = {alias.name.split(".")[0] for node in top if isinstance(node, ast.Import) for alias in node.names}
+    names |= {node.module.split(".")[0] for node in top if isinstance(node, ast.ImportFrom)}
+    assert "torch" in names and names - {"torch"} <= set(sys.stdlib_module_names), names
