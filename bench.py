@@ -13,6 +13,10 @@ Three sections, each printed as a markdown table and written to --out as JSON:
                 F.scaled_dot_product_attention as the context grows
   4. decode     CUDA only: GPT-2 124M, batch 1, the compiled decode step (CUDA graphs)
                 as a fraction of the memory-bandwidth limit
+  --recipes     instead of those: config/shakespeare_cpu.py against nanoGPT's CPU
+                settings (config/shakespeare_cpu_classic.py), each trained to the end
+                by train.py, on this CPU as it is and capped at AVX2 (no AVX-512, no
+                native bfloat16, like most laptops): whole-val loss and wall time
 
 Timings alternate between the contenders in the same process (rotating which goes
 first) and report medians, so a busy machine slows all of them alike.
@@ -41,6 +45,7 @@ DEFAULTS = dict(
     compile=False,  # torch.compile our model for the training section (cuda only)
     threads=0,  # CPU threads; 0 keeps torch's default. 1 steadies ratios on a busy machine
     out="bench.json",  # where every figure goes
+    recipes=False,  # instead: train the CPU recipe against nanoGPT's CPU settings, on this CPU and capped at AVX2
 )
 
 # name, model shape, batch on CPU, batch on GPU
@@ -61,6 +66,16 @@ TARGET_CACHE_VS_HF = 2.0
 # torch.cuda.get_device_name(); the H100 SXM reports itself as "H100 80GB HBM3".
 PEAK_BANDWIDTH = {"H200": 4.8e12, "H100 NVL": 3.9e12, "H100 PCIe": 2.0e12, "H100": 3.35e12,
                   "A100-SXM4-80GB": 2.039e12, "A100 80GB PCIe": 1.935e12, "A100": 1.555e12}
+
+
+# The CPU recipe's targets (docs/benchmarks.md): the val loss nanoGPT's CPU settings
+# reach, in at most this fraction of their wall time, on the same machine.
+TARGET_RECIPE_LOSS = 1.88
+TARGET_RECIPE_WALL = 0.30
+RECIPES = [("nanoGPT CPU settings", "config/shakespeare_cpu_classic.py"), ("ours", "config/shakespeare_cpu.py")]
+# ATen, oneDNN and MKL each cap the instructions they use at these settings, so a
+# CPU with AVX-512 and native bfloat16 runs like one with AVX2 alone.
+AVX2_CAP = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 
 
 class BenchError(Exception):
@@ -452,6 +467,75 @@ def generate_table(rows, gpu):
 
 
 # -----------------------------------------------------------------------------
+# Recipes: time to the target loss, whole training runs
+
+
+def cpu_classes():
+    """[(name, environment)]: this CPU as it is, then capped at AVX2 if it has more."""
+    from hardware import native_bf16
+    native, why = native_bf16("cpu")
+    here = f"this CPU ({torch.backends.cpu.get_cpu_capability()}, {why})"
+    classes = [(here, {})]
+    if torch.backends.cpu.get_cpu_capability() != "AVX2" or native:
+        classes.append(("capped at AVX2 (no native bfloat16)", AVX2_CAP))
+    return classes
+
+
+def train_run(config, env, out_dir, data_root=None):
+    """Run train.py on a config to the end: (wall seconds, its last log record, device and dtype)."""
+    import subprocess
+    extra = [f"--data_root={data_root}"] if data_root else []
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "train.py", config, f"--out_dir={out_dir}", "--eval_full_val=True", *extra],
+                          cwd=os.path.dirname(os.path.abspath(__file__)), env=dict(os.environ, **env),
+                          capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise BenchError(f"train.py {config} failed: {proc.stderr.strip().splitlines()[-1:]}")
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        last = json.loads(f.read().splitlines()[-1])
+    start = next(line for line in proc.stdout.splitlines() if "parameters |" in line)
+    return wall, last, start.split("|")[1].strip()
+
+
+def bench_recipes(log, recipes=RECIPES, data_root=None):
+    """Each recipe trained to the end on each CPU class, the first recipe (nanoGPT's
+    settings) first: the others' wall times are given as fractions of its."""
+    import tempfile
+    from data.prepare import ensure_dataset
+    ensure_dataset("shakespeare_char", data_root)  # prepared before the clocks start
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for cpu, env in cpu_classes():
+            walls = {}
+            for i, (name, config) in enumerate(recipes):
+                log(f"recipes: {config} on {cpu} ...")
+                wall, last, device = train_run(config, env, os.path.join(tmp, f"{len(rows)}"), data_root)
+                walls[name] = wall
+                rows.append(dict(cpu=cpu, recipe=name, config=config, reference=i == 0, device=device,
+                                 iters=last["iter"],
+                                 val_loss_full=last["val_loss_full"], training_s=last["elapsed_s"], wall_s=wall,
+                                 wall_over_classic=wall / walls[recipes[0][0]]))
+    return rows
+
+
+def recipes_table(rows):
+    lines = ["| CPU | recipe | device, dtype | iters | whole-val loss | training s | wall s | wall / nanoGPT's |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['cpu']} | `{r['config']}` | {r['device']} | {r['iters']} | {r['val_loss_full']:.4f} | "
+                     f"{r['training_s']:.1f} | {r['wall_s']:.1f} | {r['wall_over_classic']:.2f} |")
+    return "\n".join(lines)
+
+
+def recipe_targets(rows):
+    return [dict(target=f"{r['cpu']}: whole-val loss <= {TARGET_RECIPE_LOSS} in <= {TARGET_RECIPE_WALL}x "
+                        "the wall time of nanoGPT's CPU settings", measured=r["wall_over_classic"],
+                 met=r["val_loss_full"] <= TARGET_RECIPE_LOSS and r["wall_over_classic"] <= TARGET_RECIPE_WALL)
+            for r in rows if not r["reference"]]
+
+
+# -----------------------------------------------------------------------------
 # 3. Attention alone
 
 # How far each attention path may be from a float64 reference, in units in the
@@ -663,6 +747,15 @@ def run(args, log=print):
     )
     result["load_average_before"] = load_average()
     t0 = time.perf_counter()
+    if args["recipes"]:
+        if gpu:
+            raise BenchError("--recipes compares CPU training recipes; drop --device=cuda")
+        result["recipes"] = bench_recipes(log)
+        result["targets"] = recipe_targets(result["recipes"])
+        result["seconds"], result["load_average_after"] = time.perf_counter() - t0, load_average()
+        result["markdown"] = (header_lines(result, device) + "\n\n## Training to the target loss\n\n"
+                              + recipes_table(result["recipes"]) + "\n\n" + targets_list(result["targets"]))
+        return result
     result["train"] = bench_train(args, log)
     result["generate"] = bench_generate(args, log)
     result["attention"] = bench_attention(args, log)
@@ -671,11 +764,6 @@ def run(args, log=print):
     result["seconds"] = time.perf_counter() - t0
     result["load_average_after"] = load_average()
 
-    header = (f"{result['device']['name']} ({device}, {result['device']['threads']} threads), "
-              f"torch {result['torch']}, transformers {result['transformers']}, {result['date']}\n"
-              f"command: {result['command']}\n"
-              f"load average (1 min) before / after: {result['load_average_before']} / "
-              f"{result['load_average_after']}")
     tables = [
         "## Training step (forward, backward, AdamW)\n\n" + train_table(result["train"], gpu),
         "## Generation (greedy, 1-token prompt, baby model)\n\n" + generate_table(result["generate"], gpu),
@@ -686,11 +774,22 @@ def run(args, log=print):
         tables.append("## Decoding GPT-2 124M, batch 1, bf16\n\n"
                       + decode_bandwidth_table(result["decode_bandwidth"]))
     if result["targets"]:
-        tables.append("## Targets\n\n" + "\n".join(
-            f"- {t['target']}: {t['measured']:.2f}x, {_verdict(t['met'])}"
-            for t in result["targets"]))
-    result["markdown"] = header + "\n\n" + "\n\n".join(tables)
+        tables.append(targets_list(result["targets"]))
+    result["markdown"] = header_lines(result, device) + "\n\n" + "\n\n".join(tables)
     return result
+
+
+def header_lines(result, device):
+    return (f"{result['device']['name']} ({device}, {result['device']['threads']} threads), "
+            f"torch {result['torch']}, transformers {result['transformers']}, {result['date']}\n"
+            f"command: {result['command']}\n"
+            f"load average (1 min) before / after: {result['load_average_before']} / "
+            f"{result['load_average_after']}")
+
+
+def targets_list(targets):
+    return "## Targets\n\n" + "\n".join(f"- {t['target']}: {t['measured']:.2f}x, {_verdict(t['met'])}"
+                                        for t in targets)
 
 
 def main(argv):

@@ -147,3 +147,26 @@ def test_cuda_without_a_gpu_says_what_to_do(repo_root):
 def test_help(repo_root):
     proc = run_bench(repo_root, "--help", timeout=60)
     assert proc.returncode == 0 and "--quick=False" in proc.stdout and "--device='cpu'" in proc.stdout
+
+
+def test_recipe_race_on_both_cpu_classes(tmp_path, corpus_path, monkeypatch):
+    """--recipes with two tiny configs: each CPU class runs both, in order, through train.py."""
+    from data.prepare import ensure_dataset
+    ensure_dataset("shakespeare_char", str(tmp_path / "data"), input_path=corpus_path)
+    tiny = ("n_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 32\nbatch_size = 64\neval_iters = 2\n"
+            "device = 'cpu'\ncompile = False\ngradient_accumulation_steps = 1\n")
+    configs = []
+    for name, iters in (("slow", 6), ("fast", 3)):
+        path = tmp_path / f"{name}.py"
+        path.write_text(tiny + f"max_iters = {iters}\neval_interval = {iters}\n")
+        configs.append((name, str(path)))
+    monkeypatch.setattr(bench, "cpu_classes", lambda: [("as it is", {}), ("capped", bench.AVX2_CAP)])
+    rows = bench.bench_recipes(lambda msg: None, configs, str(tmp_path / "data"))
+    assert [(r["cpu"], r["recipe"], r["iters"]) for r in rows] == [
+        ("as it is", "slow", 6), ("as it is", "fast", 3), ("capped", "slow", 6), ("capped", "fast", 3)]
+    assert rows[0]["wall_over_classic"] == 1.0 and rows[1]["wall_over_classic"] == rows[1]["wall_s"] / rows[0]["wall_s"]
+    assert rows[2]["device"].startswith("cpu, float32 (no native bfloat16: ONEDNN_MAX_CPU_ISA=AVX2")
+    assert all(r["val_loss_full"] > 0 and r["training_s"] > 0 for r in rows)
+    targets = bench.recipe_targets(rows)
+    assert len(targets) == 2 and all(t["met"] is False for t in targets)  # 3 iters reach no 1.88
+    assert "| capped | `" in bench.recipes_table(rows)
