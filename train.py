@@ -750,53 +750,53 @@ def train(r):
             save(r, iter_num, best)
         clock["paused"] += time.perf_counter() - paused_at
 
-    with StopSignals() as signals:
+    last_log, stop, phase = (iter_num, 0.0), None, "training"  # (iter, elapsed) at the last log step
+    with StopSignals() as signals, tqdm(total=cfg["max_iters"], initial=iter_num, dynamic_ncols=True,
+                                        disable=not r.master or cfg["eval_only"]) as bar:
         r.signals = signals  # evaluations and steps look at it too (stop_requested)
-        if cfg["eval_only"]:
-            try:
+        try:
+            if cfg["eval_only"]:
+                phase = "evaluation"
                 evaluate(r, iter_num, 0.0, final=True)
-            except Stopped:
+                return
+            if r.master and r.world == 1 and cfg["device"] == "auto" and r.device.type == "cpu":
+                print_run_estimate(r)  # no GPU was found: say what that costs
+                clock["start"] = time.perf_counter()  # timing the estimate is not training
+            while iter_num < cfg["max_iters"] and stop is None:
+                # a resumed run was usually evaluated just before its checkpoint was saved
+                if iter_num % cfg["eval_interval"] == 0 and not (r.start_evaluated and iter_num == r.start_iter):
+                    evaluate_and_save(final=False)
+                loss_sum = train_step(r, get_lr(iter_num, cfg))
+                iter_num += 1
+                bar.update()
+                wants_stop = signals.name is not None or 0 < cfg["max_time"] <= elapsed()
+                if iter_num % cfg["log_interval"] == 0 or iter_num == cfg["max_iters"]:
+                    # the processes agree on the mean loss and on stopping (this waits for the device)
+                    t = torch.stack([loss_sum / cfg["gradient_accumulation_steps"],
+                                     torch.tensor(float(wants_stop), device=r.device)])
+                    loss, wants_stop = all_sum(t, r.world).tolist()
+                    if not math.isfinite(loss):
+                        raise diverged(loss, iter_num - 1)
+                    dt = (elapsed() - last_log[1]) / (iter_num - last_log[0])  # seconds per iter
+                    last_log = (iter_num, elapsed())
+                    # the MFU of a GPU's peak; a CPU run on a machine with a GPU has none
+                    mfu = r.raw.estimate_mfu(r.tokens_per_iter // r.world, dt) if r.device.type == "cuda" else None
+                    bar.set_postfix_str(f"loss {loss:.4f}, lr {get_lr(iter_num - 1, cfg):.2e}, "
+                                        f"{r.tokens_per_iter / dt:,.0f} tok/s" + (f", MFU {mfu:.1%}" if mfu else ""))
+                elif r.world > 1:
+                    wants_stop = False  # not before the processes agree, at the next log step
+                if wants_stop:
+                    stop = signals.name or "max_time"
+            if signals.name is None:
+                phase = "final evaluation"
+                evaluate_and_save(final=True)
+                phase = "done"
+        except Stopped:  # in an evaluation, or between micro-steps (the step is undone)
+            stop = signals.name
+            if phase == "evaluation":  # eval_only
                 if r.master:
-                    print(f"stopped by {signals.name} during the evaluation; nothing was saved")
-            return
-        last_log, stop, phase = (iter_num, 0.0), None, "training"  # (iter, elapsed) at the last log step
-        with tqdm(total=cfg["max_iters"], initial=iter_num, disable=not r.master, dynamic_ncols=True) as bar:
-            try:
-                if r.master and r.world == 1 and cfg["device"] == "auto" and r.device.type == "cpu":
-                    print_run_estimate(r)  # no GPU was found: say what that costs
-                    clock["start"] = time.perf_counter()  # timing the estimate is not training
-                while iter_num < cfg["max_iters"] and stop is None:
-                    # a resumed run was usually evaluated just before its checkpoint was saved
-                    if iter_num % cfg["eval_interval"] == 0 and not (r.start_evaluated and iter_num == r.start_iter):
-                        evaluate_and_save(final=False)
-                    loss_sum = train_step(r, get_lr(iter_num, cfg))
-                    iter_num += 1
-                    bar.update()
-                    wants_stop = signals.name is not None or 0 < cfg["max_time"] <= elapsed()
-                    if iter_num % cfg["log_interval"] == 0 or iter_num == cfg["max_iters"]:
-                        # the processes agree on the mean loss and on stopping (this waits for the device)
-                        t = torch.stack([loss_sum / cfg["gradient_accumulation_steps"],
-                                         torch.tensor(float(wants_stop), device=r.device)])
-                        loss, wants_stop = all_sum(t, r.world).tolist()
-                        if not math.isfinite(loss):
-                            raise diverged(loss, iter_num - 1)
-                        dt = (elapsed() - last_log[1]) / (iter_num - last_log[0])  # seconds per iter
-                        last_log = (iter_num, elapsed())
-                        # the MFU of a GPU's peak; a CPU run on a machine with a GPU has none
-                        mfu = r.raw.estimate_mfu(r.tokens_per_iter // r.world, dt) if r.device.type == "cuda" else None
-                        bar.set_postfix_str(f"loss {loss:.4f}, lr {get_lr(iter_num - 1, cfg):.2e}, "
-                                            f"{r.tokens_per_iter / dt:,.0f} tok/s"
-                                            + (f", MFU {mfu:.1%}" if mfu else ""))
-                    elif r.world > 1:
-                        wants_stop = False  # not before the processes agree, at the next log step
-                    if wants_stop:
-                        stop = signals.name or "max_time"
-                if signals.name is None:
-                    phase = "final evaluation"
-                    evaluate_and_save(final=True)
-                    phase = "done"
-            except Stopped:  # in an evaluation, or between micro-steps (the step is undone)
-                stop = signals.name
+                    print(f"stopped by {stop} during the evaluation; nothing was saved")
+                return
     steps, seconds = iter_num - r.start_iter, elapsed()
     if phase != "done":
         stopped(r, stop, iter_num, best, during_final=phase == "final evaluation")
