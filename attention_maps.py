@@ -87,14 +87,17 @@ def assemble(steps):
 #   first      the window's first token: a vertical stripe, an attention sink
 #   delimiter  a newline, space or punctuation token: vertical stripes
 #   block      the rest of the query's own line or clause
-#   other      everything else: earlier text
+#   earlier    the rest: text before the query's line or clause
 # so on every query row a head's shares of the classes add up to 1, and one
 # scale compares them. lift = share / the fraction of the visible keys in the
 # class, which is what a head spreading its weight evenly would give: lift 1 is
 # no preference. The thresholds of the label rule (docs/heads.md explains them):
 
-CLASSES = ("diagonal", "first", "delimiter", "block", "other")
+CLASSES = ("diagonal", "first", "delimiter", "block", "earlier")
 DELIMITERS = ("newline", "space", "punct")
+# what a head dominated by one class is called: the diagonal and the delimiter
+# classes by their kind; the other labels are "mixed: A+B", "weak A", "broad", "other"
+NAMES = ("previous", "self", "band", "first", *DELIMITERS, "block", "earlier")
 BAND = 3  # the diagonal holds the query and the 3 tokens before it
 CLAUSE_END = ".,;:!?"  # punctuation that ends a clause, and so a block
 ONE_KEY = 0.4  # a previous- or self-token head puts >= 0.4 on that key (the TransformerLens tutorials' detectors)
@@ -107,7 +110,7 @@ BROAD = 0.8  # broad: a row's entropy is >= 0.8 of its largest possible, log(vis
 LABEL_RULE = (
     f"keys fall in one class each: diagonal (the query and the {BAND} tokens before it), first (the "
     "window's first token), delimiter (newline, space or punctuation tokens), block (the rest of the "
-    "query's line or clause), other; shares are mean weights over query rows i > "
+    "query's line or clause), earlier (the rest); shares are mean weights over query rows i > "
     f"{BAND}, lift = share / fraction of the visible keys in the class. A class with lift >= {PREFERRED:g} "
     f"and share >= {DOMINANT:g}, at least {RUNNER_UP:g}x any other such class, names the head (diagonal as "
     f"previous or self when that one key has >= {ONE_KEY:g}, else band; delimiter by its commonest kind); "
@@ -145,7 +148,7 @@ def key_classes(tokens):
     last_end = np.maximum.accumulate(np.where(ends, pos, -1))  # the last end at or before p
     block_start = np.concatenate([[0], last_end[:-1] + 1])  # query i's block starts after an end before i
     i, j = pos[:, None], pos[None, :]
-    classes = np.full((T, T), CLASSES.index("other"))
+    classes = np.full((T, T), CLASSES.index("earlier"))
     classes[j >= block_start[:, None]] = CLASSES.index("block")  # the later classes win
     classes[:, kinds >= 0] = CLASSES.index("delimiter")
     classes[:, 0] = CLASSES.index("first")
@@ -252,9 +255,9 @@ def all_head_stats(layers, tokens):
 
 def format_table(stats):
     """The heads' patterns as a small text table: label, concentration, class shares."""
-    lines = ["layer  head  label                     concentration  " + "  ".join(f"{c[:5]:>5}" for c in CLASSES)]
+    lines = ["layer  head  label                     concentration  " + "  ".join(CLASSES)]
     for s in stats:
-        shares = "  ".join(f"{s['scores'][c]:>5.2f}" for c in CLASSES)
+        shares = "  ".join(f"{s['scores'][c]:>{len(c)}.2f}" for c in CLASSES)
         lines.append(f"{s['layer']:>5}  {s['head']:>4}  {s['label']:<24}  {s['concentration']:<13}  {shares}")
     return "\n".join(lines)
 

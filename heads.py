@@ -8,7 +8,7 @@ For the checkpoint in --out_dir (or --init_from), three measurements per head:
 
   pattern     over the windows of its dataset's val split: the share of the
               head's attention on each class of keys (diagonal, first token,
-              delimiters, the query's own block, other), the lift of each over
+              delimiters, the query's own block, earlier text), the lift of each over
               even attention, the concentration, and a label
               (attention_maps.LABEL_RULE says how it is chosen)
   induction   on x || x, L random distinct tokens repeated (Olsson et al. 2022):
@@ -142,31 +142,36 @@ def patterns(model, tok, data, spans, batch_size):
 # 2. The induction probe
 
 
-def probe_length(config):
-    return min(32, config.block_size // 2, config.vocab_size - 1)
+def probe_tokens(config, seed, n_seq=PROBE_SEQUENCES):
+    """(n_seq, 2L) token ids x || x, each x L distinct random tokens, and L."""
+    L = min(32, config.block_size // 2, config.vocab_size - 1)
+    if L < 2:
+        raise HeadsError(f"the induction probe needs block_size >= 4 and vocab_size >= 3 (this model has "
+                         f"{config.block_size} and {config.vocab_size})")
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.stack([torch.randperm(config.vocab_size, generator=gen)[:L] for _ in range(n_seq)])  # (n_seq, L)
+    return torch.cat([x, x], dim=1), L
 
 
-@torch.no_grad()
-def induction_scores(model, seed, n_seq=PROBE_SEQUENCES):
-    """Scores (n_layer, n_head) on x || x, x being L distinct random tokens, for
-    each position i of the second copy, averaged over it and the n_seq sequences:
+def probe_scores(maps, L):
+    """Scores (n_layer, n_head) of attention maps (B, n_head, 2L, 2L) per layer on
+    x || x, for each position i of the second copy, averaged over i and the batch:
       induction  weight on i - L + 1, the token after the earlier occurrence of i's token
       duplicate  weight on i - L, that earlier occurrence
       previous   weight on i - 1
     Returns a dict of those three numpy arrays."""
-    c = model.config
-    L = probe_length(c)
-    if L < 2:
-        raise HeadsError(f"the induction probe needs block_size >= 4 and vocab_size >= 3 (it has "
-                         f"{c.block_size} and {c.vocab_size})")
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.stack([torch.randperm(c.vocab_size, generator=gen)[:L] for _ in range(n_seq)])  # (n_seq, L)
-    idx = torch.cat([x, x], dim=1).to(model.lm_head.weight.device)  # (n_seq, 2L)
-    _, _, maps = model(idx, return_attention=True)
     i = torch.arange(L, 2 * L)
-    scores = {"induction": i - L + 1, "duplicate": i - L, "previous": i - 1}
-    return {name: torch.stack([m[:, :, i, keys].float().mean(dim=(0, 2)) for m in maps]).cpu().numpy()
-            for name, keys in scores.items()}
+    keys = {"induction": i - L + 1, "duplicate": i - L, "previous": i - 1}
+    return {name: torch.stack([torch.as_tensor(m)[:, :, i, k].double().mean(dim=(0, 2)) for m in maps]).numpy()
+            for name, k in keys.items()}
+
+
+@torch.no_grad()
+def induction_scores(model, seed):
+    """probe_scores of the model's attention on probe_tokens."""
+    idx, L = probe_tokens(model.config, seed)
+    _, _, maps = model(idx.to(model.lm_head.weight.device), return_attention=True)
+    return probe_scores([m.cpu() for m in maps], L)
 
 
 # -----------------------------------------------------------------------------
@@ -257,7 +262,7 @@ def report(cfg, model, tok, data, folder, source):
         "prune_below": cfg["prune_below"],
         "pruned_loss": round(abl["pruned_loss"], 5),
         "pruned_nats": round(abl["pruned_loss"] - abl["baseline_loss"], 5),
-        "induction_probe": {"length": probe_length(c), "sequences": PROBE_SEQUENCES, "threshold": INDUCTION},
+        "induction_probe": {"length": probe_tokens(c, 0)[1], "sequences": PROBE_SEQUENCES, "threshold": INDUCTION},
         "rule": attention_maps.LABEL_RULE,
         "heads": heads,
     }
