@@ -296,25 +296,29 @@ def save_picture(rep, path, n_layer, n_head):
     import matplotlib
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
+    from matplotlib.colors import PowerNorm
 
     nats = np.array([h["ablation_nats"] for h in rep["heads"]]).reshape(n_layer, n_head)
-    fig, ax = plt.subplots(figsize=(1.6 * n_head + 2.2, 0.9 * n_layer + 1.3), layout="constrained")
-    im = ax.imshow(np.clip(nats, 0, None), cmap="Oranges", vmin=0, aspect="auto")
-    top = max(float(nats.max()), 1e-9)
+    top = max(float(nats.max()), 1e-6)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.5 * n_head + 2.2), 0.9 * n_layer + 1.5), layout="constrained")
+    # a square-root colour scale, so that the cheap heads differ from each other too
+    im = ax.imshow(np.clip(nats, 0, None), cmap="Oranges", norm=PowerNorm(0.5, vmin=0, vmax=top), aspect="auto")
     for h in rep["heads"]:
-        text = h["label"].replace("mixed: ", "mixed:\n") + f"\n{h['ablation_nats']:+.3f}"
-        if h["label"] != "induction" and h["induction"] >= 0.1:
-            text += f"\ninduction {h['induction']:.2f}"
-        colour = "white" if h["ablation_nats"] > 0.6 * top else "black"
-        ax.text(h["head"], h["layer"], text, ha="center", va="center", fontsize=7.5, color=colour,
-                fontweight="bold" if not h["prune"] else "normal")
+        lines = [h["label"].replace("mixed: ", "mixed:\n"), f"{h['ablation_nats']:+.3f}"]
+        if h["induction"] >= 0.1:
+            lines.append(f"induction {h['induction']:.2f}")
+        if h["prune"]:
+            lines.append("(prune)")
+        colour = "white" if h["ablation_nats"] > 0.5 * top else "black"
+        ax.text(h["head"], h["layer"], "\n".join(lines), ha="center", va="center", fontsize=8.5, color=colour)
     ax.set_xticks(range(n_head), [str(h) for h in range(n_head)])
     ax.set_yticks(range(n_layer), [str(layer) for layer in range(n_layer)])
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
-    ax.set_title("What each head does (label) and what removing it costs (nats of val loss)", fontsize=10)
+    ax.set_title(f"Each head's label, and what removing it adds to the val loss\n"
+                 f"(baseline {rep['baseline_loss']:.3f} nats; heads.md has the table)", fontsize=9)
     fig.colorbar(im, ax=ax, label="ablation cost, nats")
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
 
 
