@@ -69,8 +69,9 @@ class HeadsError(Exception):
 def val_tokens(cfg, source, tok):
     """The val split's token ids (a uint16 memmap) and the dataset folder."""
     name, root = cfg["dataset"], cfg["data_root"]
-    if os.path.exists(checkpoint_path(source)):  # a checkpoint of this project says what it read
-        ckpt = torch.load(checkpoint_path(source), map_location="cpu", weights_only=True, mmap=True)
+    path = checkpoint_path(source) if os.path.isdir(source) else source
+    if os.path.isfile(path):  # a checkpoint of this project says what it read (mmap: no weights are read)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         name = name or ckpt.get("dataset", "")
         root = root or ckpt.get("config", {}).get("data_root")
     if not name:
@@ -208,8 +209,8 @@ def ablation(model, data, spans, batch_size, prune_below):
     every = [(layer, head) for layer in range(n_layer) for head in range(n_head)]
     runs = [[]] + [[lh] for lh in every] + [[(layer, h) for h in range(n_head)] for layer in range(n_layer)]
     losses = []
-    for heads in tqdm(runs, desc="ablation", file=sys.stderr, leave=False):
-        with ablated(model, heads):
+    for removed in tqdm(runs, desc="ablation", file=sys.stderr, leave=False):
+        with ablated(model, removed):
             losses.append(val_loss(model, data, spans, batch_size))
     base = losses[0]
     head_nats = np.array(losses[1:1 + len(every)]).reshape(n_layer, n_head) - base

@@ -426,3 +426,16 @@ def test_no_checkpoint_and_a_dataset_of_another_tokenizer(ckpt_dir, tiny, tmp_pa
     assert heads.run([f"--out_dir={ckpt_dir}", "--dataset=other", f"--data_root={tmp_path}"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "another tokenizer" in err
+
+
+def test_checkpoint_file_and_a_checkpoint_without_its_dataset(ckpt_dir, tiny, tmp_path, capsys):
+    assert heads.run([f"--init_from={ckpt_dir}/ckpt.pt", f"--out_dir={tmp_path}", "--max_windows=5"]) == 0
+    with open(f"{ckpt_dir}/heads/heads.json", encoding="utf-8") as f:
+        assert json.load(f)["windows"] == 5  # the val split named in the checkpoint, next to it
+    save_checkpoint({"model": tiny["model"].state_dict(), "model_args": dataclasses.asdict(tiny["config"]),
+                     "tokenizer": tiny["tok"].describe()}, checkpoint_path(tmp_path / "bare"))
+    capsys.readouterr()
+    assert heads.run([f"--out_dir={tmp_path}/bare"]) == 1
+    assert "pass --dataset=NAME" in capsys.readouterr().err
+    assert heads.run([f"--out_dir={tmp_path}/bare", "--dataset=tiny", f"--data_root={tiny['root']}",
+                      "--max_windows=5"]) == 0
