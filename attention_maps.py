@@ -113,7 +113,7 @@ LABEL_RULE = (
     "query's line or clause), earlier (the rest); shares are mean weights over query rows i > "
     f"{BAND}, lift = share / fraction of the visible keys in the class. A class with lift >= {PREFERRED:g} "
     f"and share >= {DOMINANT:g}, at least {RUNNER_UP:g}x any other such class, names the head (diagonal as "
-    f"previous or self when that one key has >= {ONE_KEY:g}, else band; delimiter by its commonest kind); "
+    f"previous or self when that one key has >= {ONE_KEY:g}, else band; delimiter by the kind with most weight); "
     f"else two such classes with shares >= {MIXED[0]:g} and together >= {MIXED[1]:g} give 'mixed: A+B'; "
     f"else 'broad' when the mean entropy is >= {BROAD:g} of its maximum, 'weak A' when a class is still "
     "preferred, 'other' when none is. Concentration: "
