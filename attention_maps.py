@@ -12,7 +12,9 @@ write_all() saves them in four forms:
                   are, so the maps can be recomputed with one forward
   layer_N.png     one picture per layer, a grid of its heads' heatmaps
   index.html      a self-contained viewer: pick a layer and head, hover a token
-  heads.json      per head: mean entropy and the pattern it follows (head_stats)
+  heads.json      per head: what share of its attention each class of keys gets,
+                  and the label that names its pattern (head_stats; heads.py
+                  measures the same over the val split, with importance)
 
 Only numpy is needed here; matplotlib is imported when the pictures are drawn.
 """
@@ -21,14 +23,12 @@ import base64
 import json
 import math
 import os
+import unicodedata
 
 import numpy as np
 
-PATTERNS = ("previous", "self", "first", "broad")
 LABEL_MAX_TOKENS = 48  # above this, token labels on the picture axes are unreadable
 HTML_MAX_TOKENS = 256  # the page embeds at most the last this many tokens
-SCORE_RULE = ("each score is a mean over query rows i >= 2 of a value in [0, 1]: previous a[i,i-1], "
-              "self a[i,i], first a[i,0], broad entropy(a[i]) / log(i+1); the largest names the pattern")
 
 # -----------------------------------------------------------------------------
 # Stitching the generation's steps into full maps
@@ -81,68 +81,184 @@ def assemble(steps):
 
 # -----------------------------------------------------------------------------
 # What kind of head is it?
+#
+# Every key a query can see falls in exactly one class, the first that fits:
+#   diagonal   the query itself and the BAND tokens before it
+#   first      the window's first token: a vertical stripe, an attention sink
+#   delimiter  a newline, space or punctuation token: vertical stripes
+#   block      the rest of the query's own line or clause
+#   earlier    the rest: text before the query's line or clause
+# so on every query row a head's shares of the classes add up to 1, and one
+# scale compares them. lift = share / the fraction of the visible keys in the
+# class, which is what a head spreading its weight evenly would give: lift 1 is
+# no preference. The thresholds of the label rule (docs/heads.md explains them):
+
+CLASSES = ("diagonal", "first", "delimiter", "block", "earlier")
+DELIMITERS = ("newline", "space", "punct")
+# what a head dominated by one class is called: the diagonal and the delimiter
+# classes by their kind; the other labels are "mixed: A+B", "weak A", "broad", "other"
+NAMES = ("previous", "self", "band", "first", *DELIMITERS, "block", "earlier")
+BAND = 3  # the diagonal holds the query and the 3 tokens before it
+CLAUSE_END = ".,;:!?"  # punctuation that ends a clause, and so a block
+ONE_KEY = 0.4  # a previous- or self-token head puts >= 0.4 on that key (the TransformerLens tutorials' detectors)
+DOMINANT = 0.4  # a class names the head when it holds >= 0.4 of the weight (the same bar, for every class) ...
+RUNNER_UP = 2.0  # ... and at least twice the share of the next preferred class
+PREFERRED = 1.5  # a class counts only when its lift is >= 1.5: half as much again as even attention gives it
+MIXED = (0.2, 0.5)  # else two preferred classes, each >= 0.2 and together >= 0.5: "mixed: A+B"
+SPARSE = (3, 0.9)  # sparse: a row's 3 largest weights hold >= 0.9 of it, on average
+BROAD = 0.8  # broad: a row's entropy is >= 0.8 of its largest possible, log(visible keys), on average
+LABEL_RULE = (
+    f"keys fall in one class each: diagonal (the query and the {BAND} tokens before it), first (the "
+    "window's first token), delimiter (newline, space or punctuation tokens), block (the rest of the "
+    "query's line or clause), earlier (the rest); shares are mean weights over query rows i > "
+    f"{BAND}, lift = share / fraction of the visible keys in the class. A class with lift >= {PREFERRED:g} "
+    f"and share >= {DOMINANT:g}, at least {RUNNER_UP:g}x any other such class, names the head (diagonal as "
+    f"previous or self when that one key has >= {ONE_KEY:g}, else band; delimiter by the kind with most weight); "
+    f"else two such classes with shares >= {MIXED[0]:g} and together >= {MIXED[1]:g} give 'mixed: A+B'; "
+    f"else 'broad' when the mean entropy is >= {BROAD:g} of its maximum, 'weak A' when a class is still "
+    "preferred, 'other' when none is. Concentration: "
+    f"sparse when the {SPARSE[0]} largest weights of a row hold >= {SPARSE[1]:g}, broad as above, else focused")
 
 
-def head_stats(a):
-    """Mean entropy and pattern scores of one head's causal map a (T, T).
+def token_kind(s):
+    """'newline', 'space' or 'punct' for a delimiter token, else None. A BPE
+    token counts when it holds a newline, is all whitespace, or is punctuation
+    with at most spaces around it."""
+    if "\n" in s:
+        return "newline"
+    if s.isspace():
+        return "space"
+    core = s.strip()
+    if core and all(unicodedata.category(c).startswith("P") for c in core):
+        return "punct"
+    return None
 
-    Each score is a mean over query rows i of a number in [0, 1], so the four
-    are comparable and the largest names the head's dominant pattern:
 
-      previous  a[i, i-1]: the weight on the token just before the query
-      self      a[i, i]: the weight on the query token itself
-      first     a[i, 0]: the weight on the first token of the window
-      broad     H_i / log(i + 1): the row's entropy over the largest entropy
-                its i + 1 visible keys allow (1 = spread evenly over them)
+def key_classes(tokens):
+    """The class of every (query, key) pair of a window of tokens (strings).
 
-    The mean runs over rows i >= 2: row 0 can only attend to itself and in
-    row 1 the previous token is also the first, so those rows say nothing
-    about the head. Maps shorter than 3 tokens use every row (and row 0 counts
-    as fully broad). Ties go to the earlier pattern in the list above.
-    entropy is the mean of H_i = -sum_j a[i, j] log a[i, j] in nats over the
-    same rows. Returns {"entropy", "scores": {pattern: score}, "pattern", "score"}.
+    Returns (classes (T, T) int: an index into CLASSES, -1 above the diagonal;
+    kinds (T,) int: each token's index into DELIMITERS, -1 for other tokens).
     """
-    a = np.asarray(a, dtype=np.float64)
-    T = a.shape[0]
-    rows = np.arange(2, T) if T >= 3 else np.arange(T)
+    T = len(tokens)
+    kinds = np.array([DELIMITERS.index(k) if (k := token_kind(t)) else -1 for t in tokens], dtype=int)
+    ends = np.array([k == 0 or (k == 2 and t.strip()[-1] in CLAUSE_END) for t, k in zip(tokens, kinds)],
+                    dtype=bool)
+    pos = np.arange(T)
+    last_end = np.maximum.accumulate(np.where(ends, pos, -1))  # the last end at or before p
+    block_start = np.concatenate([[0], last_end[:-1] + 1])  # query i's block starts after an end before i
+    i, j = pos[:, None], pos[None, :]
+    classes = np.full((T, T), CLASSES.index("earlier"))
+    classes[j >= block_start[:, None]] = CLASSES.index("block")  # the later classes win
+    classes[:, kinds >= 0] = CLASSES.index("delimiter")
+    classes[:, 0] = CLASSES.index("first")
+    classes[j >= i - BAND] = CLASSES.index("diagonal")
+    classes[j > i] = -1
+    return classes, kinds
+
+
+def pattern_sums(maps, tokens):
+    """Sums over the query rows of one window that describe() turns into a
+    head's shares, lifts, concentration and label; maps (H, T, T) holds the H
+    heads' weights over tokens. Sums of several windows add up key by key.
+
+    The rows are i > BAND, where the first token lies outside the diagonal and
+    the classes are told apart (every row in windows of BAND + 1 tokens or fewer).
+    """
+    a = np.asarray(maps, dtype=np.float64)
+    T = a.shape[-1]
+    classes, kinds = key_classes(tokens)
+    rows = np.arange(BAND + 1, T) if T > BAND + 1 else np.arange(T)
+    R = len(rows)
+    a, classes = a[:, rows], classes[rows]  # (H, R, T), (R, T)
+    onehot = (classes[..., None] == np.arange(len(CLASSES))).astype(np.float64)  # (R, T, C)
+    delimiter = classes == CLASSES.index("delimiter")
+    kind_hot = (delimiter[..., None] & (kinds[None, :, None] == np.arange(len(DELIMITERS)))).astype(np.float64)
+    n_keys = rows + 1.0
     with np.errstate(divide="ignore", invalid="ignore"):
-        plogp = np.where(a > 0, a * np.log(a), 0.0)
-    entropy = -plogp.sum(axis=1)  # (T,)
-    max_entropy = np.log(np.arange(T) + 1.0)  # row i sees i + 1 keys
-    broad = np.divide(entropy, max_entropy, out=np.ones(T), where=max_entropy > 0)
-    prev = np.concatenate([[0.0], np.diagonal(a, offset=-1)])  # prev[i] = a[i, i-1]
-    scores = {
-        "previous": prev[rows].mean(),
-        "self": np.diagonal(a)[rows].mean(),
-        "first": a[rows, 0].mean(),
-        "broad": np.clip(broad[rows], 0.0, 1.0).mean(),
+        entropy = -np.where(a > 0, a * np.log(a), 0.0).sum(-1)  # (H, R)
+    max_entropy = np.log(n_keys)
+    spread = np.divide(entropy, max_entropy, out=np.ones_like(entropy), where=max_entropy > 0)
+    r = np.arange(R)
+    return {
+        "rows": R,
+        "share": np.einsum("hrt,rtc->hc", a, onehot),  # (H, C)
+        "fraction": (onehot.sum(1) / n_keys[:, None]).sum(0),  # (C,): even attention's shares
+        "kind": np.einsum("hrt,rtk->hk", a, kind_hot),  # (H, 3): the delimiter share by kind
+        "self": a[:, r, rows].sum(-1),
+        "previous": np.where(rows > 0, a[:, r, np.maximum(rows - 1, 0)], 0.0).sum(-1),
+        "entropy": entropy.sum(-1),
+        "spread": np.clip(spread, 0.0, 1.0).sum(-1),
+        "top": np.sort(a, axis=-1)[..., -SPARSE[0]:].sum(-1).sum(-1),
     }
-    scores = {k: round(float(v), 4) for k, v in scores.items()}
-    pattern = classify(scores)
-    return {"entropy": round(float(entropy[rows].mean()), 4), "scores": scores,
-            "pattern": pattern, "score": scores[pattern]}
 
 
-def classify(scores):
-    """The dominant pattern: the highest score, ties to the earlier in PATTERNS."""
-    return max(PATTERNS, key=lambda name: (scores[name], -PATTERNS.index(name)))
+def add_sums(x, y):
+    """The pattern_sums of two sets of windows together."""
+    return y if x is None else {k: x[k] + y[k] for k in x}
 
 
-def all_head_stats(layers):
-    """head_stats for every head: a list of dicts with "layer" and "head" added."""
+def describe(sums, head):
+    """One head's pattern from pattern_sums: {"label", "scores" (class shares),
+    "lift", "concentration", "entropy" (mean nats), "self_weight",
+    "previous_weight" (the mean weight on the query, on the token before it)}."""
+    n = sums["rows"]
+    shares = dict(zip(CLASSES, sums["share"][head] / n))
+    fraction = dict(zip(CLASSES, sums["fraction"] / n))
+    lift = {c: shares[c] / fraction[c] if fraction[c] > 0 else None for c in CLASSES}
+    self_, previous = sums["self"][head] / n, sums["previous"][head] / n
+    concentration = ("sparse" if sums["top"][head] / n >= SPARSE[1] else
+                     "broad" if sums["spread"][head] / n >= BROAD else "focused")
+    names = {"diagonal": "previous" if previous >= max(ONE_KEY, self_) else "self" if self_ >= ONE_KEY else "band",
+             "delimiter": DELIMITERS[int(np.argmax(sums["kind"][head]))]}
+    return {
+        "label": label(shares, lift, names, concentration),
+        "scores": {c: round(float(v), 4) for c, v in shares.items()},
+        "lift": {c: None if v is None else round(float(v), 3) for c, v in lift.items()},
+        "concentration": concentration,
+        "entropy": round(float(sums["entropy"][head] / n), 4),
+        "self_weight": round(float(self_), 4),
+        "previous_weight": round(float(previous), 4),
+    }
+
+
+def label(shares, lift, names, concentration):
+    """The rule of LABEL_RULE. names: what to call a class that wins (the
+    diagonal and delimiter classes are named by their kind)."""
+    preferred = sorted((c for c in CLASSES if lift[c] is not None and lift[c] >= PREFERRED),
+                       key=lambda c: -shares[c])
+    name = [names.get(c, c) for c in preferred]
+    top = [shares[c] for c in preferred] + [0.0, 0.0]
+    if preferred and top[0] >= DOMINANT and top[0] >= RUNNER_UP * top[1]:
+        return name[0]
+    if len(preferred) > 1 and top[1] >= MIXED[0] and top[0] + top[1] >= MIXED[1]:
+        return f"mixed: {name[0]}+{name[1]}"
+    if concentration == "broad":
+        return "broad"
+    return f"weak {name[0]}" if preferred else "other"
+
+
+def head_stats(a, tokens):
+    """describe() of one head's causal map a (T, T) over the T tokens."""
+    return describe(pattern_sums(np.asarray(a)[None], tokens), 0)
+
+
+def all_head_stats(layers, tokens):
+    """describe() for every head of maps over the same tokens: a list of dicts
+    with "layer" and "head" added."""
     stats = []
     for layer, maps in enumerate(layers):
-        for head in range(maps.shape[0]):
-            stats.append({"layer": layer, "head": head, **head_stats(maps[head])})
+        sums = pattern_sums(maps, tokens)
+        stats.extend({"layer": layer, "head": h, **describe(sums, h)} for h in range(maps.shape[0]))
     return stats
 
 
 def format_table(stats):
-    """The heads' stats as a small text table."""
-    lines = ["layer  head  entropy  pattern   score"]
+    """The heads' patterns as a small text table: label, concentration, class shares."""
+    lines = ["layer  head  label                     concentration  " + "  ".join(CLASSES)]
     for s in stats:
-        lines.append(f"{s['layer']:>5}  {s['head']:>4}  {s['entropy']:>7.2f}  "
-                     f"{s['pattern']:<8}  {s['score']:>5.2f}")
+        shares = "  ".join(f"{s['scores'][c]:>{len(c)}.2f}" for c in CLASSES)
+        lines.append(f"{s['layer']:>5}  {s['head']:>4}  {s['label']:<24}  {s['concentration']:<13}  {shares}")
     return "\n".join(lines)
 
 
@@ -247,12 +363,12 @@ def write_all(folder, layers, tokens, token_ids=None, window_start=0):
     if len(tokens) != layers[0].shape[-1]:
         raise ValueError(f"{len(tokens)} tokens for maps of size {layers[0].shape[-1]}")
     os.makedirs(folder, exist_ok=True)
-    stats = all_head_stats(layers)
+    stats = all_head_stats(layers, tokens)
     save_npz(os.path.join(folder, "attention.npz"), layers, tokens, token_ids, window_start)
     save_pngs(folder, layers, tokens, window_start)
     save_html(os.path.join(folder, "index.html"), layers, tokens, window_start, stats)
     with open(os.path.join(folder, "heads.json"), "w", encoding="utf-8") as f:
-        json.dump({"rule": SCORE_RULE, "patterns": list(PATTERNS),
+        json.dump({"rule": LABEL_RULE, "classes": list(CLASSES),
                    "tokens": len(tokens), "heads": stats}, f, indent=1)
     return stats
 
@@ -377,13 +493,14 @@ function select() {
   showQuery();
 }
 
-function headButtons() {  // one button per head of this layer, named by its pattern
+function headButtons() {  // one button per head of this layer, named by its label
   $("heads").replaceChildren(...[...Array(nHead).keys()].map(h => {
     const s = D.stats.find(s => s.layer === layer && s.head === h);
     const b = document.createElement("button");
-    b.textContent = s ? `${h}: ${s.pattern} ${s.score.toFixed(2)}` : String(h);
-    if (s) b.title = `mean entropy ${s.entropy.toFixed(2)} nats; scores ` +
-      Object.entries(s.scores).map(([k, v]) => `${k} ${v.toFixed(2)}`).join(", ");
+    b.textContent = s ? `${h}: ${s.label}` : String(h);
+    if (s) b.title = `${s.concentration}, mean entropy ${s.entropy.toFixed(2)} nats; share (lift): ` +
+      Object.entries(s.scores).map(([k, v]) =>
+        `${k} ${v.toFixed(2)}` + (s.lift[k] === null ? "" : ` (${s.lift[k].toFixed(1)}x)`)).join(", ");
     b.onclick = () => { head = h; select(); };
     return b;
   }));

@@ -30,6 +30,8 @@ BLOCK = 32
 DASHES = "-" * 40
 SUMMARY = re.compile(r"^prompt (\d+) tokens, (\d+) x (\d+) new tokens, [\d.]+ tokens/s \(.*\)$")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_NAMES = "|".join(attention_maps.NAMES)
+LABEL = re.compile(rf"^({_NAMES}|broad|other|weak ({_NAMES})|mixed: ({_NAMES})\+({_NAMES}))$")
 
 
 # -----------------------------------------------------------------------------
@@ -266,12 +268,16 @@ def test_attention_files(runs, trained):
         with open(os.path.join(folder, "heads.json"), encoding="utf-8") as f:
             heads = json.load(f)["heads"]
         assert sorted((h["layer"], h["head"]) for h in heads) == [(l, h) for l in range(2) for h in range(4)]
+        # the labels are heads.py's, computed on this sample's maps and tokens
+        tokens = [str(t) for t in z["tokens"]]
+        assert heads == attention_maps.all_head_stats([z["layer_0"], z["layer_1"]], tokens)
         for h in heads:
-            assert h["pattern"] in attention_maps.PATTERNS
-            assert all(0 <= v <= 1 for v in h["scores"].values())
-            assert h["score"] == h["scores"][h["pattern"]] and h["entropy"] >= 0
+            assert LABEL.match(h["label"]), h["label"]
+            assert sum(h["scores"].values()) == pytest.approx(1.0, abs=3e-4)
+            assert h["concentration"] in ("sparse", "focused", "broad") and h["entropy"] >= 0
             # sample.py prints the same table
-            row = rf"^\s*{h['layer']}\s+{h['head']}\s+{h['entropy']:.2f}\s+{h['pattern']}\s+{h['score']:.2f}$"
+            shares = r"\s+".join(f"{h['scores'][c]:.2f}" for c in attention_maps.CLASSES)
+            row = rf"^\s*{h['layer']}\s+{h['head']}\s+{re.escape(h['label'])}\s+{h['concentration']}\s+{shares}$"
             assert re.search(row, runs[name].stdout, re.M)
 
         check_html(os.path.join(folder, "index.html"), z)
@@ -364,26 +370,27 @@ def pattern_maps(T):
 
 def test_head_patterns_oracle(tmp_path):
     T = 12
+    tokens = [chr(97 + i) for i in range(T)]
     maps = pattern_maps(T)
     for name, a in maps.items():
-        stats = attention_maps.head_stats(a)
-        assert stats["pattern"] == name and stats["score"] == 1.0, (name, stats)
-        for other in attention_maps.PATTERNS:
-            assert 0 <= stats["scores"][other] <= 1
-    # a one-hot row has no entropy; a uniform row over i + 1 keys has log(i + 1)
-    assert attention_maps.head_stats(maps["previous"])["entropy"] == 0
-    expected = np.mean([math.log(i + 1) for i in range(2, T)])
-    assert attention_maps.head_stats(maps["broad"])["entropy"] == pytest.approx(expected, abs=1e-4)
+        stats = attention_maps.head_stats(a, tokens)
+        assert stats["label"] == name, (name, stats)
+        assert all(0 <= v <= 1 for v in stats["scores"].values())
+    # the rows scored are i > BAND; a one-hot row has no entropy, a uniform row over i + 1 keys log(i + 1)
+    rows = range(attention_maps.BAND + 1, T)
+    assert attention_maps.head_stats(maps["previous"], tokens)["entropy"] == 0
+    expected = np.mean([math.log(i + 1) for i in rows])
+    assert attention_maps.head_stats(maps["broad"], tokens)["entropy"] == pytest.approx(expected, abs=1e-4)
     # a head that mostly attends to the previous token, with some spread, is still "previous"
     mixed = 0.8 * maps["previous"] + 0.2 * maps["broad"]
-    assert attention_maps.head_stats(mixed)["pattern"] == "previous"
+    assert attention_maps.head_stats(mixed, tokens)["label"] == "previous"
 
     # the same through the files: heads.json lists them in head order
-    layer = np.stack([maps[n] for n in attention_maps.PATTERNS]).astype(np.float32)
-    attention_maps.write_all(str(tmp_path), [layer], [chr(97 + i) for i in range(T)])
+    layer = np.stack(list(maps.values())).astype(np.float32)
+    attention_maps.write_all(str(tmp_path), [layer], tokens)
     with open(tmp_path / "heads.json", encoding="utf-8") as f:
         heads = json.load(f)["heads"]
-    assert [h["pattern"] for h in heads] == list(attention_maps.PATTERNS)
+    assert [h["label"] for h in heads] == list(maps)
 
 
 # -----------------------------------------------------------------------------
