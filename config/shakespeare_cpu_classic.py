@@ -29,3 +29,4 @@ warmup_iters = 100
 
 device = "cpu"
 compile = False
+dtype = "float32"  # nanoGPT trains in float32 on a CPU
