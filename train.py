@@ -679,33 +679,50 @@ class StopSignals:
             signal.signal(sig, handler or signal.SIG_DFL)
 
 
-def time_iter(r):
+def time_iter(r, fraction=2):
     """(seconds per training iter, seconds per evaluation batch) here, timed on a
-    copy of the model with optimizers of its own: the run's weights, optimizer
-    state, RNG and batches stay as they were. Of two iters, the first picks
-    kernels and allocates optimizer state; the second is the one timed."""
+    copy of the model with optimizers of its own, so the run's weights, optimizer
+    state, RNG and batches stay as they were. The passes run on 1/fraction of a
+    micro-batch and are scaled up, so the estimate comes within seconds even where
+    a step takes a minute; each is timed on its second call (the first picks
+    kernels and allocates)."""
     cfg, rng = r.cfg, rng_state(r.device)
-    probe = types.SimpleNamespace(**vars(r))
-    probe.raw = probe.model = probe.ddp_model = copy.deepcopy(r.raw)
-    probe.optimizers = make_optimizers(probe.raw, cfg, r.device.type)
-    probe.scaler = torch.amp.GradScaler(r.device.type, enabled=False)
-    probe.data_gen = torch.Generator().manual_seed(0)
-    x, y = get_batch(r.splits["val"], torch.zeros(cfg["batch_size"], dtype=torch.long), cfg["block_size"], r.device)
-    try:
-        seconds = []
+    model = copy.deepcopy(r.raw)
+    optimizers = make_optimizers(model, cfg, r.device.type)
+    n = max(1, cfg["batch_size"] // fraction)
+    x, y = get_batch(r.splits["val"], torch.zeros(n, dtype=torch.long), cfg["block_size"], r.device)
+
+    def forward_backward():
+        with r.ctx():
+            model(x, y)[1].backward()
+
+    def optimizer_step():
+        for opt in optimizers:
+            opt.step()
+
+    @torch.no_grad()
+    def evaluation():
+        with r.ctx():
+            model(x, y)
+
+    def seconds(fn):
         for _ in range(2):
+            if r.device.type == "cuda":
+                torch.cuda.synchronize()
             t0 = time.perf_counter()
-            train_step(probe, 0.0)
-            seconds.append(time.perf_counter() - t0)
-        probe.raw.eval()
-        with torch.no_grad(), r.ctx():
-            for _ in range(2):
-                t0 = time.perf_counter()
-                probe.raw(x, y)
-                seconds.append(time.perf_counter() - t0)
+            fn()
+        if r.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    try:
+        scale = cfg["batch_size"] / n
+        step = cfg["gradient_accumulation_steps"] // r.world * scale * seconds(forward_backward)
+        step += seconds(optimizer_step)
+        model.eval()
+        return step, scale * seconds(evaluation)
     finally:
         set_rng_state(rng, r.device)
-    return seconds[1], seconds[3]
 
 
 def run_seconds(cfg, start_iter, start_evaluated, step_s, eval_batch_s, val_tokens):
@@ -760,6 +777,7 @@ def train(r):
                 evaluate(r, iter_num, 0.0, final=True)
                 return
             if r.master and r.world == 1 and cfg["device"] == "auto" and r.device.type == "cpu":
+                tqdm.write("timing one step for an estimate of the run time...")
                 print_run_estimate(r)  # no GPU was found: say what that costs
                 clock["start"] = time.perf_counter()  # timing the estimate is not training
             while iter_num < cfg["max_iters"] and stop is None:

@@ -519,6 +519,7 @@ def test_main_command_without_a_gpu_says_so_estimates_and_stops_in_an_evaluation
     stdout = "".join(lines) + stdout
     assert child.returncode == 0, stderr
     assert "no GPU found" in lines[0] and "python train.py config/shakespeare_cpu.py" in lines[0]
+    assert any(line.startswith("timing one step") for line in lines)  # said before the wait
     estimate = re.search(r"should take about ([\d.]+) (h|min|s) here \(2,500 iters x [\d.e-]+ s \+ "
                          r"11 evaluations, 22,000,\d\d\d batches", stdout)
     assert estimate and estimate.group(2) == "h", stdout  # 22M evaluation batches: hours
