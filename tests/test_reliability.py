@@ -48,7 +48,9 @@ def child_env():
 
 
 def messages(stderr):
-    return [line for line in stderr.splitlines() if line.strip() and not PROGRESS.search(line)]
+    """stderr's lines less the progress bars (and the blank lines that clear a nested bar)."""
+    lines = (line.replace("\x1b[A", "") for line in stderr.splitlines())
+    return [line for line in lines if line.strip() and not PROGRESS.search(line)]
 
 
 def error_line(proc):
