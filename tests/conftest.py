@@ -29,6 +29,15 @@ def corpus_path():
                     f"{os.path.join(folder, 'input.txt')} or set {SHAKESPEARE_ENV}=PATH", returncode=2)
 
 
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory, corpus_path):
+    """A folder of prepared datasets, tiny Shakespeare in characters; tests may add others."""
+    from data.prepare import ensure_dataset
+    root = str(tmp_path_factory.mktemp("data"))
+    ensure_dataset("shakespeare_char", root, input_path=corpus_path)
+    return root
+
+
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
     """The test models are tiny: a second thread only waits on the first, and on a

@@ -23,7 +23,6 @@ import bench
 import sample
 import smoke_gpu
 import train
-from data.prepare import ensure_dataset
 from model import GPT, GPTConfig
 
 REPO = os.path.dirname(os.path.abspath(train.__file__))
@@ -31,13 +30,6 @@ META = torch.device("meta")
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--device=cpu",
         "--dtype=float32", "--eval_iters=2", "--log_interval=1", "--warmup_iters=2", "--learning_rate=3e-3",
         "--min_lr=3e-4", "--dropout=0.0", "--seed=7"]
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory, corpus_path):
-    root = str(tmp_path_factory.mktemp("data"))
-    ensure_dataset("shakespeare_char", root, input_path=corpus_path)
-    return root
 
 
 def train_args(data_root, out_dir, *extra):

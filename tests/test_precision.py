@@ -93,14 +93,6 @@ def test_explicit_bfloat16_on_an_emulating_cpu_warns_once(cpu, data_root, tmp_pa
     assert "| cpu, bfloat16 (as set) |" in captured.out and "done at iter 2" in captured.out
 
 
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory, corpus_path):
-    from data.prepare import ensure_dataset
-    root = str(tmp_path_factory.mktemp("data"))
-    ensure_dataset("shakespeare_char", root, input_path=corpus_path)
-    return root
-
-
 # -----------------------------------------------------------------------------
 # Muon in float32
 

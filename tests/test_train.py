@@ -32,13 +32,6 @@ TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_
 
 
 
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory, corpus_path):
-    root = str(tmp_path_factory.mktemp("data"))
-    ensure_dataset("shakespeare_char", root, input_path=corpus_path)
-    return root
-
-
 def args(data_root, out_dir, *extra):
     return ["--dataset=shakespeare_char", f"--data_root={data_root}", f"--out_dir={out_dir}", *TINY, *extra]
 
