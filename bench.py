@@ -33,11 +33,15 @@ import sys
 import time
 from statistics import median
 
-import torch
-import torch.nn.functional as F
+import hardware
 
-from configurator import ConfigError, describe, parse_args
-from model import GPT, GPTConfig, attention, causal_mask
+hardware.check_bf16()  # before torch loads: whether bfloat16 runs here, and its fix (hardware.py)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from configurator import ConfigError, describe, parse_args  # noqa: E402
+from model import GPT, GPTConfig, attention, causal_mask  # noqa: E402
 
 DEFAULTS = dict(
     device="cpu",  # cpu or cuda

@@ -1,61 +1,229 @@
 """
-Which precision is fast on this machine.
+Which precision is safe and fast on this machine.
 
 bfloat16 halves the bytes moved and, where the hardware multiplies it natively,
 runs matrix multiplies several times faster than float32: CUDA GPUs from Ampere
 on, and x86 CPUs with AVX512-BF16 or AMX. Elsewhere PyTorch emulates it, and a
 CPU matrix multiply in bfloat16 is then about 40x slower than in float32
-(docs/benchmarks.md). So "auto" precision, and the precision of Muon's
-orthogonalisation, follow native_bf16().
+(docs/benchmarks.md).
 
-To measure the float32 path on a CPU that has bfloat16, set oneDNN's own
-ONEDNN_MAX_CPU_ISA=AVX2 (oneDNN runs PyTorch's CPU bfloat16 matrix multiplies):
-bfloat16 is then really emulated, and native_bf16 says so.
+A CPU's flags are not proof. Some virtual machines advertise AMX and then do not
+let a process use it: oneDNN (PyTorch's CPU bfloat16 matmul library) picks its
+AMX kernels and the process dies with SIGILL, no message. So every entry point
+calls check_bf16() before it imports torch: a child process runs bfloat16 at the
+training step's shapes, and only its death is at stake. Where it dies, a second
+child tries oneDNN capped at AVX512-BF16 (ONEDNN_MAX_CPU_ISA, which oneDNN reads
+when torch loads); where that lives, this process sets the same cap before
+torch loads, and says so. The verdict is cached per CPU model, flags, torch
+version and cap, in the user's cache folder, so later runs pay nothing;
+`python hardware.py` prints it (and probes again with --again).
+
+On a CPU that runs bfloat16 natively, dtype='auto' still trains in it only if a
+forward and backward pass of the run's own model is faster than in float32
+(faster_cpu_dtype; cached too), and Muon's orthogonalisation follows the
+training precision.
+
+Capping oneDNN below AVX512-BF16 (ONEDNN_MAX_CPU_ISA=AVX2) makes bfloat16 really
+emulated on a CPU that has it: how the float32 path of a CPU without native
+bfloat16 is measured here.
 """
 
-import functools
+import hashlib
+import importlib.metadata
+import json
 import os
+import platform
+import signal
+import subprocess
+import sys
 import time
 
-import torch
+ISA = "ONEDNN_MAX_CPU_ISA"
+AMX_FREE_ISA = "AVX512_CORE_BF16"  # oneDNN's highest level with bfloat16 but without AMX
+# Tests: 'amx' makes the probe's child die as on a CPU whose AMX is not allowed
+# (unless oneDNN is capped below AMX), 'always' as on one where nothing helps.
+SIMULATE = "GPT_SIMULATE_SIGILL"
+# oneDNN's ISA levels (its "CPU dispatcher control" docs): those below AMX, and
+# those below its native bfloat16 kernels
+ISAS_WITHOUT_AMX = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
+                    "AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16"}
+ISAS_WITHOUT_BF16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}
+NATIVE_SLOWDOWN = 1.5  # a bfloat16 matmul taking more than this x float32's time is emulated
 
-# ONEDNN_MAX_CPU_ISA values that stop below oneDNN's native bfloat16 kernels
-# (avx512_core_bf16 and above); see oneDNN's "CPU dispatcher control" docs.
-ONEDNN_ISAS_WITHOUT_BF16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
-                            "AVX512_CORE_VNNI"}
-
-
-def native_bf16(device_type):
-    """(True or False, why) for the device type ('cuda', 'cpu', 'mps')."""
-    if device_type == "cuda":
-        # including_emulation=False: pre-Ampere GPUs (V100, T4) run bf16 emulated
-        native = torch.cuda.is_bf16_supported(including_emulation=False)
-        return native, "native bfloat16" if native else "no native bfloat16 on this GPU"
-    if device_type == "cpu":
-        return cpu_native_bf16()
-    return False, f"bfloat16 not used on {device_type}"
+_verdict = None  # this process's, set by check_bf16
 
 
-@functools.cache
-def cpu_native_bf16():
-    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
-    if isa in ONEDNN_ISAS_WITHOUT_BF16:
-        return False, f"no native bfloat16: ONEDNN_MAX_CPU_ISA={isa}"
-    if not torch.backends.mkldnn.is_available():
-        return False, "no native bfloat16: this PyTorch has no oneDNN"
-    caps = torch.cpu.get_capabilities()
-    if caps.get("architecture") in ("x86_64", "i386", "i686", "AMD64"):
-        found = [name for name in ("amx_bf16", "avx512_bf16") if caps.get(name)]
-        return bool(found), f"native bfloat16: {found[0]}" if found else "no native bfloat16"
-    # other CPUs (Arm, Power, ...): no flag to read through PyTorch, so time it once
-    ratio = bf16_slowdown()
-    native = ratio < 1.5
-    return native, f"{'native' if native else 'no native'} bfloat16: a matrix multiply takes {ratio:.1f}x float32's time"
+def cache_path():
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "hackable-gpt", "bf16.json")
+
+
+def machine_key():
+    """What the verdict depends on: the CPU model and flags, torch's version, the
+    oneDNN cap and a simulated fault."""
+    model, flags = "", ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                name, _, value = (part.strip() for part in line.partition(":"))
+                if name in ("model name", "Model", "Hardware") and not model:
+                    model = value
+                elif name in ("flags", "Features") and not flags:
+                    flags = value
+    except OSError:
+        pass
+    model = model or platform.processor() or platform.machine()
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = "none"
+    parts = [model, hashlib.sha256(flags.encode()).hexdigest()[:16], torch_version,
+             os.environ.get(ISA, "").upper(), os.environ.get(SIMULATE, "")]
+    return "|".join(parts)
+
+
+def read_cache():
+    try:
+        with open(cache_path()) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def write_cache(key, field, value):
+    """Add one entry; a cache that cannot be written only means probing again next time."""
+    data = read_cache()
+    data.setdefault(key, {})[field] = value
+    path = cache_path()
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(tmp, path)  # atomic: several processes may probe at once
+    except OSError:
+        pass
+
+
+def probe(extra_env=None):
+    """Run probe_child in a child process: its result dict, or {'crashed': signal
+    name} when it died of a signal, or {'failed': reason}."""
+    env = dict(os.environ, **(extra_env or {}))
+    t0 = time.perf_counter()
+    try:
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"], env=env,
+                           capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return dict(failed=str(e).splitlines()[0])
+    if r.returncode < 0:
+        try:
+            name = signal.Signals(-r.returncode).name
+        except ValueError:
+            name = f"signal {-r.returncode}"
+        return dict(crashed=name)
+    if r.returncode != 0 or not r.stdout.strip():
+        lines = (r.stderr or "no output").strip().splitlines()
+        return dict(failed=lines[-1] if lines else f"exit {r.returncode}")
+    return dict(json.loads(r.stdout.strip().splitlines()[-1]), probe_s=round(time.perf_counter() - t0, 2))
+
+
+def new_verdict():
+    """Probe, and if bfloat16 kills the child, probe again with oneDNN capped below AMX."""
+    first = probe()
+    if "crashed" not in first:
+        return dict(first, runs="failed" not in first, env={})
+    user_isa = os.environ.get(ISA)
+    if user_isa:
+        return dict(runs=False, env={}, why=f"bfloat16 crashes on this CPU ({first['crashed']} in a test run, "
+                                             f"with {ISA}={user_isa}); training runs in float32")
+    second = probe({ISA: AMX_FREE_ISA})
+    if "crashed" in second or "failed" in second:
+        return dict(runs=False, env={}, why=f"bfloat16 crashes on this CPU ({first['crashed']} in a test run, "
+                                             f"also with {ISA}={AMX_FREE_ISA})")
+    return dict(second, runs=True, env={ISA: AMX_FREE_ISA}, amx_crashed=first["crashed"])
+
+
+def check_bf16(again=False):
+    """The verdict on CPU bfloat16, from the cache or a probe, with its fix applied:
+    call before `import torch`. A dict: runs (bool), why (when it does not),
+    slowdown (bfloat16 matmul time / float32's), env (what was set to make it run)."""
+    global _verdict
+    if _verdict is not None and not again:
+        return _verdict
+    key = machine_key()
+    verdict = None if again else read_cache().get(key, {}).get("verdict")
+    if verdict is None:
+        verdict = new_verdict()
+        if "failed" not in verdict:
+            write_cache(key, "verdict", verdict)
+    verdict = dict(verdict)
+    if "failed" in verdict:
+        verdict["why"] = f"bfloat16 was not tried: the check could not run ({verdict['failed']})"
+    for name, value in verdict["env"].items():
+        if os.environ.get(name) == value:
+            continue
+        if "torch" in sys.modules:  # oneDNN has read its settings: too late for the fix
+            verdict.update(runs=False, why=(f"bf16 crashes in oneDNN's AMX kernels on this CPU; set "
+                                            f"{name}={value} to use AVX512-BF16"))
+        else:
+            os.environ[name] = value
+    if os.environ.get(SIMULATE) and not verdict["runs"] and "torch" not in sys.modules:
+        simulate_crash()  # from the process's start, as on the real machine
+    _verdict = verdict
+    return verdict
+
+
+def simulate_crash():
+    """Tests: make this process die as such a CPU's would, at its first bfloat16
+    op on the CPU, so that a path that still runs one cannot pass unseen."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._pytree import tree_leaves
+
+    def cpu_bf16(x):
+        return x is torch.bfloat16 or isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16 and x.is_cpu
+
+    class DieOnBf16(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if any(cpu_bf16(x) for x in tree_leaves((args, kwargs or {}))):
+                sys.stderr.write(f"simulated SIGILL: {getattr(func, '__name__', func)} in bfloat16\n")
+                os.kill(os.getpid(), signal.SIGILL)
+            return func(*args, **(kwargs or {}))
+
+    DieOnBf16().__enter__()  # for the rest of the process
+
+
+def probe_child():
+    """In the child: bfloat16 through every kind of op a training step runs, at
+    the CPU recipe's shapes, then one matmul timed against float32. Prints JSON."""
+    fault = os.environ.get(SIMULATE, "")
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    if fault == "always" or (fault == "amx" and os.environ.get(ISA, "").upper() not in ISAS_WITHOUT_AMX):
+        os.kill(os.getpid(), signal.SIGILL)
+    torch.manual_seed(0)
+    bf16 = torch.bfloat16
+    linear = torch.nn.Linear(128, 512)  # the MLP's first layer, batch 32 x 64
+    x = torch.randn(32 * 64, 128, requires_grad=True)
+    with torch.autocast("cpu", bf16):
+        loss = linear(x).float().square().mean()
+    q, k, v = (torch.randn(32, 4, 64, 32, dtype=bf16, requires_grad=True) for _ in range(3))
+    for backend in (SDPBackend.MATH, SDPBackend.FLASH_ATTENTION):
+        with sdpa_kernel(backend):
+            loss = loss + F.scaled_dot_product_attention(q, k, v, is_causal=True).float().square().mean()
+    loss.backward()
+    g = torch.randn(128, 512).bfloat16()  # Muon's Newton-Schulz iteration multiplies in bfloat16
+    gram = g @ g.T
+    torch.addmm(g, torch.addmm(gram, gram, gram, beta=-4.7, alpha=2.0), g, beta=3.4)
+    print(json.dumps(dict(slowdown=round(bf16_slowdown(), 2))))
 
 
 def bf16_slowdown(n=256, repeats=5):
     """Time of a bfloat16 (n, n) matrix multiply over a float32 one, best of
     repeats, on one thread (other threads' load would blur the ratio)."""
+    import torch
     threads, times = torch.get_num_threads(), {}
     torch.set_num_threads(1)
     try:
@@ -73,10 +241,71 @@ def bf16_slowdown(n=256, repeats=5):
     return times[torch.bfloat16] / times[torch.float32]
 
 
+def cpu_bf16():
+    """(True or False, why): whether bfloat16 runs on this CPU, natively."""
+    v = check_bf16()
+    if not v["runs"]:
+        return False, v["why"]
+    if v["slowdown"] > NATIVE_SLOWDOWN:
+        isa = os.environ.get(ISA, "").upper()
+        cap = f"{ISA}={isa}, " if isa in ISAS_WITHOUT_BF16 else ""
+        return False, f"no native bfloat16: {cap}a matrix multiply takes {v['slowdown']:.0f}x float32's time"
+    if v["env"]:
+        return True, (f"native bfloat16, with {ISA}={AMX_FREE_ISA}: oneDNN's AMX kernels crash on this CPU "
+                      f"({v['amx_crashed']})")
+    return True, "native bfloat16"
+
+
+def native_bf16(device_type):
+    """(True or False, why) for the device type ('cuda', 'cpu', 'mps')."""
+    if device_type == "cuda":
+        import torch
+        # including_emulation=False: pre-Ampere GPUs (V100, T4) run bf16 emulated
+        native = torch.cuda.is_bf16_supported(including_emulation=False)
+        return native, "native bfloat16" if native else "no native bfloat16 on this GPU"
+    if device_type == "cpu":
+        return cpu_bf16()
+    return False, f"bfloat16 not used on {device_type}"
+
+
 def auto_dtype(device_type):
-    """(dtype name, why) for dtype='auto': bfloat16 where it is native; on CUDA
-    otherwise float16 (with a GradScaler), elsewhere float32."""
+    """(dtype name, why) for dtype='auto' before timing the model: bfloat16 where it
+    is native; on CUDA otherwise float16 (with a GradScaler), elsewhere float32."""
     native, why = native_bf16(device_type)
     if native:
         return "bfloat16", why
     return ("float16" if device_type == "cuda" else "float32"), why
+
+
+def bf16_error(device_type):
+    """A one-line reason why an explicit bfloat16 cannot run here, or None."""
+    if device_type != "cpu":
+        return None
+    v = check_bf16()
+    return None if v["runs"] else f"--dtype=bfloat16 cannot run here: {v['why']}; use --dtype=float32"
+
+
+def faster_cpu_dtype(key, seconds_per_pass):
+    """'bfloat16' or 'float32', whichever seconds_per_pass(dtype name) finds
+    faster for this model here, with why; cached under key (the model's shapes)."""
+    cached = read_cache().get(machine_key(), {}).get("timed", {}).get(key)
+    if cached is None:
+        print("timing bfloat16 against float32 on this model (once per model shape and machine)", flush=True)
+        cached = {dtype: seconds_per_pass(dtype) for dtype in ("bfloat16", "float32")}
+        timed = read_cache().get(machine_key(), {}).get("timed", {})
+        write_cache(machine_key(), "timed", dict(timed, **{key: cached}))
+    bf, fp = cached["bfloat16"] * 1e3, cached["float32"] * 1e3
+    fix = "".join(f"; {name}={value} set: oneDNN's AMX kernels crash on this CPU ({check_bf16()['amx_crashed']})"
+                  for name, value in check_bf16()["env"].items())
+    if bf < fp:
+        return "bfloat16", f"faster than float32 here: {bf:.0f} vs {fp:.0f} ms per forward and backward{fix}"
+    return "float32", f"faster than bf16 here: {fp:.0f} vs {bf:.0f} ms per forward and backward{fix}"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--child"]:
+        probe_child()
+    else:
+        verdict = check_bf16(again="--again" in sys.argv)
+        print(json.dumps(verdict, indent=1))
+        print("cpu:", ", ".join(auto_dtype("cpu")), f"(cached in {cache_path()})")

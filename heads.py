@@ -29,17 +29,21 @@ import json
 import os
 import sys
 
-import numpy as np
-import torch
-from tqdm import tqdm
+import hardware
 
-import attention_maps
-from attention_maps import CLASSES
-from checkpoint import CheckpointError, checkpoint_path
-from configurator import ConfigError, describe, parse_args
-from data.prepare import DataError, ensure_dataset, load_meta, load_tokens
-from sample import SampleError, load_model, pick_device, pick_dtype
-from tokenizer import TokenizerError
+hardware.check_bf16()  # before torch loads: whether bfloat16 runs here, and its fix (hardware.py)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+import attention_maps  # noqa: E402
+from attention_maps import CLASSES  # noqa: E402
+from checkpoint import CheckpointError, checkpoint_path  # noqa: E402
+from configurator import ConfigError, describe, parse_args  # noqa: E402
+from data.prepare import DataError, ensure_dataset, load_meta, load_tokens  # noqa: E402
+from sample import SampleError, load_model, pick_device, pick_dtype  # noqa: E402
+from tokenizer import TokenizerError  # noqa: E402
 
 DEFAULTS = dict(
     out_dir="out-shakespeare-char",  # the checkpoint's folder; the results go to <out_dir>/heads

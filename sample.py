@@ -16,14 +16,19 @@ import os
 import sys
 import time
 
-import torch
+import hardware
 
-import attention_maps
-from checkpoint import CheckpointError, checkpoint_path, clean_state_dict, first_line, load_checkpoint
-from configurator import ConfigError, describe, parse_args
-from hardware import native_bf16
-from model import GPT, GPTConfig
-from tokenizer import TokenizerError, get_tokenizer
+hardware.check_bf16()  # before torch loads: whether bfloat16 runs here, and its fix (hardware.py)
+
+import torch  # noqa: E402
+
+import attention_maps  # noqa: E402
+from checkpoint import (CheckpointError, checkpoint_path, clean_state_dict, first_line,  # noqa: E402
+                        load_checkpoint)
+from configurator import ConfigError, describe, parse_args  # noqa: E402
+from hardware import bf16_error, native_bf16  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+from tokenizer import TokenizerError, get_tokenizer  # noqa: E402
 
 DEFAULTS = dict(
     out_dir="out-shakespeare-char",  # the folder config/shakespeare.py trains into
@@ -102,6 +107,8 @@ def pick_dtype(name, device):
         return torch.bfloat16 if device.startswith("cuda") and native_bf16("cuda")[0] else torch.float32
     if name not in DTYPES:
         raise SampleError(f"unknown --dtype {name!r}; use auto, float32, bfloat16 or float16")
+    if DTYPES[name] == torch.bfloat16 and bf16_error(device.split(":")[0]):
+        raise SampleError(bf16_error(device.split(":")[0]))  # where bfloat16 would die with SIGILL
     return DTYPES[name]
 
 

@@ -20,7 +20,11 @@ import subprocess
 import sys
 import time
 
-import torch
+import hardware
+
+hardware.check_bf16()  # before torch loads: whether bfloat16 runs here, and its fix (hardware.py)
+
+import torch  # noqa: E402
 
 OUT = "out-smoke-gpu"
 STEP_TIMEOUT = 900  # seconds; compiling is the slow part

@@ -26,20 +26,24 @@ import threading
 import time
 import types
 
-import numpy as np
-import torch
-import torch.distributed as dist
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.parallel import DistributedDataParallel as DDP
-from tqdm import tqdm
+import hardware
 
-from checkpoint import (CheckpointError, checkpoint_path, clean_state_dict, first_line, load_checkpoint,
-                        save_checkpoint)
-from configurator import ConfigError, describe, parse_args
-from data.prepare import DataError, ensure_dataset, load_meta, load_tokens
-from hardware import auto_dtype, native_bf16
-from model import GPT, GPTConfig
-from tokenizer import TokenizerError
+hardware.check_bf16()  # before torch loads: whether bfloat16 runs here, and its fix (hardware.py)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from checkpoint import (CheckpointError, checkpoint_path, clean_state_dict, first_line,  # noqa: E402
+                        load_checkpoint, save_checkpoint)
+from configurator import ConfigError, describe, parse_args  # noqa: E402
+from data.prepare import DataError, ensure_dataset, load_meta, load_tokens  # noqa: E402
+from hardware import auto_dtype, bf16_error, faster_cpu_dtype, native_bf16  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+from tokenizer import TokenizerError  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # Configuration, with nanoGPT's key names. The defaults train GPT-2 124M.
@@ -68,7 +72,7 @@ DEFAULTS = dict(
     max_time=0.0,  # seconds of training after which to evaluate, save and stop; 0: no limit
     # system
     device="auto",  # 'auto' (cuda, then mps, then cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
-    dtype="auto",  # 'auto': bfloat16 where native (hardware.py), else float16 on CUDA, float32 elsewhere
+    dtype="auto",  # 'auto': bfloat16 where it runs natively (and on a CPU, is faster), else float16 on CUDA, float32
     compile=None,  # torch.compile; None: on for CUDA only
     seed=1337,
     ddp_timeout=600,  # seconds a process waits for the others before it fails
@@ -152,7 +156,32 @@ def pick_device(cfg, local_rank, ddp):
         dtype, why = auto_dtype(device.type)
     if dtype == "float16" and device.type != "cuda":
         raise ValueError("float16 training needs CUDA; use --dtype=bfloat16 or --dtype=float32")
+    if dtype == "bfloat16" and bf16_error(device.type):
+        raise ValueError(bf16_error(device.type))  # where bfloat16 would die with SIGILL
     return device, dtype, why
+
+
+def time_cpu_dtypes(cfg, model, data):
+    """('bfloat16' or 'float32', why) for dtype='auto' on a CPU with native bfloat16:
+    whichever runs a forward and backward of this model faster (best of 4, on up
+    to 2048 tokens at the run's shapes), timed once per shape (hardware.py)."""
+    n = max(1, min(cfg["batch_size"], 2048 // cfg["block_size"]))
+    x, y = get_batch(data, torch.zeros(n, dtype=torch.long), cfg["block_size"], torch.device("cpu"))
+
+    def seconds(dtype):
+        best = float("inf")
+        with torch.random.fork_rng(devices=[]):  # dropout draws here must not shift the run's random numbers
+            for _ in range(4):  # the first picks kernels and allocates
+                t0 = time.perf_counter()
+                with precision_context("cpu", dtype, cfg["block_size"]):
+                    loss = model(x, y)[1]
+                loss.backward()
+                best = min(best, time.perf_counter() - t0)
+        model.zero_grad(set_to_none=True)
+        return best
+
+    key = ",".join(f"{k}={cfg[k]}" for k in MODEL_KEYS + ("batch_size",)) + f",threads={torch.get_num_threads()}"
+    return faster_cpu_dtype(key, seconds)
 
 
 @contextlib.contextmanager
@@ -384,8 +413,10 @@ def newton_schulz(g, ns_coefficients, ns_steps, eps):
     return x.T if tall else x
 
 
-def make_optimizers(model, cfg, device_type):
-    """Optimizers that step together: [AdamW], or [Muon, AdamW]."""
+def make_optimizers(model, cfg, device_type, dtype):
+    """Optimizers that step together: [AdamW], or [Muon, AdamW]. Muon orthogonalises
+    in bfloat16 only when training in it: elsewhere bfloat16 may be emulated (40x
+    slower) or crash (hardware.py)."""
     lr, wd, betas = cfg["learning_rate"], cfg["weight_decay"], (cfg["beta1"], cfg["beta2"])
     if cfg["optimizer"] == "adamw":
         return [model.configure_optimizers(wd, lr, betas, device_type)]
@@ -396,7 +427,7 @@ def make_optimizers(model, cfg, device_type):
     hidden_ids = {id(p) for p in hidden}
     rest = [p for p in model.parameters() if id(p) not in hidden_ids]
     muon = Muon(hidden, lr=lr, weight_decay=wd, adjust_lr_fn="match_rms_adamw",
-                float32=not native_bf16(device_type)[0])
+                float32=dtype != "bfloat16")
     adamw = torch.optim.AdamW([{"params": [p for p in rest if p.dim() >= 2], "weight_decay": wd},
                                {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}],
                               lr=lr, betas=betas, fused=device_type in ("cuda", "cpu"))
@@ -529,7 +560,12 @@ def setup(cfg):
     raw, ckpt = init_model(cfg, meta, device)
     splits = {split: load_split(dataset_dir, split, cfg["block_size"], meta["vocab_size"], device)
               for split in ("train", "val")}
-    optimizers = make_optimizers(raw, cfg, device.type)
+    if cfg["dtype"] == "auto" and device.type == "cpu" and dtype == "bfloat16":
+        choice = [time_cpu_dtypes(cfg, raw, splits["val"]) if rank == 0 else None]
+        if world > 1:
+            dist.broadcast_object_list(choice)  # every process trains in the same precision
+        dtype, why = choice[0]
+    optimizers = make_optimizers(raw, cfg, device.type, dtype)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == "float16")
     data_gen = torch.Generator().manual_seed(cfg["seed"])  # the same on every process
     if ckpt is not None:
@@ -551,7 +587,8 @@ def setup(cfg):
         print(f"{raw.num_params() / 1e6:.2f}M parameters | {device}, {dtype} ({why}) | {world} process(es) | "
               f"{tokens_per_iter:,} tokens per iter | {dataset_dir}")
     return types.SimpleNamespace(
-        cfg=cfg, rank=rank, world=world, master=rank == 0, device=device, ctx=ctx, raw=raw, model=model,
+        cfg=cfg, rank=rank, world=world, master=rank == 0, device=device, dtype=dtype, ctx=ctx, raw=raw,
+        model=model,
         ddp_model=ddp_model, optimizers=optimizers, scaler=scaler, data_gen=data_gen, splits=splits,
         meta=meta, tokens_per_iter=tokens_per_iter, resumed=ckpt is not None, wandb=wandb,
         # a checkpoint saved by a stop signal has not been evaluated at its iter (older ones always were)
@@ -688,7 +725,7 @@ def time_iter(r, fraction=2):
     kernels and allocates)."""
     cfg, rng = r.cfg, rng_state(r.device)
     model = copy.deepcopy(r.raw)
-    optimizers = make_optimizers(model, cfg, r.device.type)
+    optimizers = make_optimizers(model, cfg, r.device.type, r.dtype)
     n = max(1, cfg["batch_size"] // fraction)
     x, y = get_batch(r.splits["val"], torch.zeros(n, dtype=torch.long), cfg["block_size"], r.device)
 

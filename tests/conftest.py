@@ -1,12 +1,34 @@
+import atexit
 import os
+import shutil
 import sys
-
-import pytest
-import torch
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+# Before torch loads, as in every entry point: whether bfloat16 runs on this CPU
+# (a child process tries it), with its fix applied (hardware.py). The verdict is
+# cached in a folder of the session's own, so the tests see this machine as it
+# is now; the train.py processes they start inherit the folder and the fix.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="gpt-tests-cache-")
+atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
+import hardware  # noqa: E402
+
+BF16 = hardware.check_bf16()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked bf16 run bfloat16 on the CPU: skipped where it would crash."""
+    if not BF16["runs"]:
+        skip = pytest.mark.skip(reason=f"bfloat16 does not run on this CPU: {BF16['why']}")
+        for item in items:
+            if "bf16" in item.keywords:
+                item.add_marker(skip)
 
 # The corpus is never committed. The tests find it where the prepare scripts
 # do (data/prepare.find_shakespeare), or in the folder beside the checkout.

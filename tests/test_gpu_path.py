@@ -156,8 +156,8 @@ def inductor_graphs(monkeypatch):
                            shapes=[tuple(t.shape) for t in bound["example_inputs"]]))
 
     monkeypatch.setattr(output_code.CompiledFxGraph, "__init__", spy)
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)  # a cached graph skips __init__
-    return graphs
+    with torch._inductor.config.patch(fx_graph_cache=False):  # a cached graph skips __init__
+        yield graphs  # config.patch restores the key; a monkeypatch would delete it from the config
 
 
 def test_cuda_branch_of_the_compiled_decoder_on_cpu(inductor_graphs):
@@ -272,7 +272,7 @@ def attention_inputs(T, dtype, v_scale=1.0):
     return q.to(dtype), k.to(dtype), (v * v_scale).to(dtype), bench.causal_mask(T, T)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, marks=pytest.mark.bf16), torch.float32])
 def test_attention_check_allows_rounding_at_any_magnitude(dtype):
     q, k, v, mask = attention_inputs(256, dtype, v_scale=8.0)  # outputs near 28, where a bf16 ulp is 0.125
     outputs = {"explicit": bench.attention(q, k, v, mask)[0],
@@ -283,7 +283,7 @@ def test_attention_check_allows_rounding_at_any_magnitude(dtype):
         assert (outputs["explicit"].float() - outputs["sdpa"].float()).abs().max() > 0.02
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, marks=pytest.mark.bf16), torch.float32])
 def test_attention_check_catches_a_wrong_mask(dtype):
     q, k, v, mask = attention_inputs(128, dtype)
     outputs = {"sdpa": torch.nn.functional.scaled_dot_product_attention(q, k, v)}  # no causal mask

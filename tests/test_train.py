@@ -132,6 +132,7 @@ def attention_ops(block_size, dtype):
     return {name for name in names if "flash_attention" in name or name == "aten::_softmax"}, loss
 
 
+@pytest.mark.bf16
 def test_cpu_bfloat16_uses_the_math_attention_path_for_short_contexts():
     short, loss = attention_ops(64, "bfloat16")
     assert "aten::_softmax" in short and not any("flash" in n for n in short)
@@ -143,6 +144,7 @@ def test_cpu_bfloat16_uses_the_math_attention_path_for_short_contexts():
     assert abs(loss.float().item() - loss32.item()) < 0.05  # bf16 autocast: close, not equal
 
 
+@pytest.mark.bf16
 def test_bfloat16_training_on_cpu_learns(data_root, tmp_path):
     out = tmp_path / "out"
     run_in_process(args(data_root, out, "--dtype=bfloat16", "--max_iters=60", "--lr_decay_iters=60",
