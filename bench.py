@@ -475,20 +475,26 @@ def generate_table(rows, gpu):
 
 
 def cpu_classes():
-    """[(name, environment)]: this CPU as it is, then capped at AVX2 if it has more."""
+    """[(name, environment, train.py arguments)]: this CPU as it is; where it runs
+    bfloat16 natively, the same in float32 (the class whose bfloat16 crashes or
+    is slower, like a VM that advertises AMX it does not allow); then capped at
+    AVX2 if it has more."""
     from hardware import native_bf16
     native, why = native_bf16("cpu")
-    here = f"this CPU ({torch.backends.cpu.get_cpu_capability()}, {why})"
-    classes = [(here, {})]
-    if torch.backends.cpu.get_cpu_capability() != "AVX2" or native:
-        classes.append(("capped at AVX2 (no native bfloat16)", AVX2_CAP))
+    capability = torch.backends.cpu.get_cpu_capability()
+    classes = [(f"this CPU ({capability}, {why})", {}, [])]
+    if native:
+        classes.append((f"this CPU in float32 ({capability}, bfloat16 not used)", {}, ["--dtype=float32"]))
+    if capability != "AVX2" or native:
+        classes.append(("capped at AVX2 (no native bfloat16)", AVX2_CAP, []))
     return classes
 
 
-def train_run(config, env, out_dir, data_root=None):
+def train_run(config, env, out_dir, data_root=None, args=()):
     """Run train.py on a config to the end: (wall seconds, its last log record, device and dtype)."""
     import subprocess
     extra = [f"--data_root={data_root}"] if data_root else []
+    extra += list(args)
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "train.py", config, f"--out_dir={out_dir}", "--eval_full_val=True", *extra],
                           cwd=os.path.dirname(os.path.abspath(__file__)), env=dict(os.environ, **env),
@@ -510,11 +516,13 @@ def bench_recipes(log, recipes=RECIPES, data_root=None):
     ensure_dataset("shakespeare_char", data_root)  # prepared before the clocks start
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for cpu, env in cpu_classes():
+        for cpu, env, args in cpu_classes():
             walls = {}
             for i, (name, config) in enumerate(recipes):
                 log(f"recipes: {config} on {cpu} ...")
-                wall, last, device = train_run(config, env, os.path.join(tmp, f"{len(rows)}"), data_root)
+                # the reference keeps its own settings: nanoGPT trains in float32 on a CPU anyway
+                wall, last, device = train_run(config, env, os.path.join(tmp, f"{len(rows)}"), data_root,
+                                               args if i else ())
                 walls[name] = wall
                 rows.append(dict(cpu=cpu, recipe=name, config=config, reference=i == 0, device=device,
                                  iters=last["iter"],

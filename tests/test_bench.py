@@ -160,12 +160,14 @@ def test_recipe_race_on_both_cpu_classes(tmp_path, corpus_path, monkeypatch):
         path = tmp_path / f"{name}.py"
         path.write_text(tiny + f"max_iters = {iters}\neval_interval = {iters}\n")
         configs.append((name, str(path)))
-    monkeypatch.setattr(bench, "cpu_classes", lambda: [("as it is", {}), ("capped", bench.AVX2_CAP)])
+    monkeypatch.setattr(bench, "cpu_classes", lambda: [("as it is", {}, []), ("capped", bench.AVX2_CAP, [])])
     rows = bench.bench_recipes(lambda msg: None, configs, str(tmp_path / "data"))
     assert [(r["cpu"], r["recipe"], r["iters"]) for r in rows] == [
         ("as it is", "slow", 6), ("as it is", "fast", 3), ("capped", "slow", 6), ("capped", "fast", 3)]
     assert rows[0]["wall_over_classic"] == 1.0 and rows[1]["wall_over_classic"] == rows[1]["wall_s"] / rows[0]["wall_s"]
-    assert rows[2]["device"].startswith("cpu, float32 (no native bfloat16: ONEDNN_MAX_CPU_ISA=AVX2")
+    assert rows[2]["device"].startswith("cpu, float32 (") and "ONEDNN_MAX_CPU_ISA=AVX2" in rows[2]["device"]
+    classes = bench.cpu_classes()  # the real ones: each named, the first as it is
+    assert classes[0][1:] == ({}, []) and all(name for name, _, _ in classes)
     assert all(r["val_loss_full"] > 0 and r["training_s"] > 0 for r in rows)
     targets = bench.recipe_targets(rows)
     assert len(targets) == 2 and all(t["met"] is False for t in targets)  # 3 iters reach no 1.88

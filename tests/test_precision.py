@@ -305,6 +305,7 @@ def test_float32_muon_update_equals_torch_muon_within_bf16_tolerance(shape):
     assert torch.optim._muon._zeropower_via_newtonschulz.__name__ == "_zeropower_via_newtonschulz"  # restored
 
 
+@pytest.mark.bf16  # torch.optim.Muon orthogonalises in bfloat16
 def test_muon_state_moves_between_the_two_and_resumes():
     (p_ref, ref), (p_ours, ours) = muon_pair((64, 32))
     grads = [torch.randn(64, 32, generator=torch.Generator().manual_seed(i)) for i in range(4)]
