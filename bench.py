@@ -491,21 +491,34 @@ def cpu_classes():
 
 
 def train_run(config, env, out_dir, data_root=None, args=()):
-    """Run train.py on a config to the end: (wall seconds, its last log record, device and dtype)."""
+    """Run train.py on a config to the end: (wall seconds, its last log record, device
+    and dtype, phases). Phases split the wall time by when train.py's lines appear:
+    start-up (to the line naming the device), training (train.py's own clock),
+    evaluations and saving (the rest until its last line), exit (after it)."""
     import subprocess
     extra = [f"--data_root={data_root}"] if data_root else []
     extra += list(args)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "train.py", config, f"--out_dir={out_dir}", "--eval_full_val=True", *extra],
-                          cwd=os.path.dirname(os.path.abspath(__file__)), env=dict(os.environ, **env),
-                          capture_output=True, text=True)
+    proc = subprocess.Popen([sys.executable, "train.py", config, f"--out_dir={out_dir}", "--eval_full_val=True",
+                             *extra], cwd=os.path.dirname(os.path.abspath(__file__)), env=dict(os.environ, **env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stamps, stdout = {}, []
+    for line in proc.stdout:  # the progress bar writes to stderr, read once the process ends
+        stdout.append(line)
+        for key, mark in (("start", "parameters |"), ("done", "done at iter")):
+            if mark in line:
+                stamps[key] = time.perf_counter() - t0
+    stderr = proc.stderr.read()
+    proc.wait()
     wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise BenchError(f"train.py {config} failed: {proc.stderr.strip().splitlines()[-1:]}")
+    if proc.returncode != 0 or len(stamps) < 2:
+        raise BenchError(f"train.py {config} failed: {stderr.strip().splitlines()[-1:]}")
     with open(os.path.join(out_dir, "log.jsonl")) as f:
         last = json.loads(f.read().splitlines()[-1])
-    start = next(line for line in proc.stdout.splitlines() if "parameters |" in line)
-    return wall, last, start.split("|")[1].strip()
+    start = next(line for line in stdout if "parameters |" in line)
+    phases = dict(startup_s=stamps["start"], training_s=last["elapsed_s"],
+                  evaluations_s=stamps["done"] - stamps["start"] - last["elapsed_s"], exit_s=wall - stamps["done"])
+    return wall, last, start.split("|")[1].strip(), phases
 
 
 def bench_recipes(log, recipes=RECIPES, data_root=None):
@@ -521,22 +534,22 @@ def bench_recipes(log, recipes=RECIPES, data_root=None):
             for i, (name, config) in enumerate(recipes):
                 log(f"recipes: {config} on {cpu} ...")
                 # the reference keeps its own settings: nanoGPT trains in float32 on a CPU anyway
-                wall, last, device = train_run(config, env, os.path.join(tmp, f"{len(rows)}"), data_root,
-                                               args if i else ())
+                wall, last, device, phases = train_run(config, env, os.path.join(tmp, f"{len(rows)}"),
+                                                       data_root, args if i else ())
                 walls[name] = wall
                 rows.append(dict(cpu=cpu, recipe=name, config=config, reference=i == 0, device=device,
-                                 iters=last["iter"],
-                                 val_loss_full=last["val_loss_full"], training_s=last["elapsed_s"], wall_s=wall,
-                                 wall_over_classic=wall / walls[recipes[0][0]]))
+                                 iters=last["iter"], val_loss_full=last["val_loss_full"], wall_s=wall,
+                                 wall_over_classic=wall / walls[recipes[0][0]], **phases))
     return rows
 
 
 def recipes_table(rows):
-    lines = ["| CPU | recipe | device, dtype | iters | whole-val loss | training s | wall s | wall / nanoGPT's |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| CPU | recipe | device, dtype | iters | whole-val loss | start-up s | training s | evaluations s "
+             "| exit s | wall s | wall / nanoGPT's |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['cpu']} | `{r['config']}` | {r['device']} | {r['iters']} | {r['val_loss_full']:.4f} | "
-                     f"{r['training_s']:.1f} | {r['wall_s']:.1f} | {r['wall_over_classic']:.2f} |")
+                     f"{r['startup_s']:.1f} | {r['training_s']:.1f} | {r['evaluations_s']:.1f} | {r['exit_s']:.1f} | "
+                     f"{r['wall_s']:.1f} | {r['wall_over_classic']:.2f} |")
     return "\n".join(lines)
 
 

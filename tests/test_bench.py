@@ -169,6 +169,9 @@ def test_recipe_race_on_both_cpu_classes(tmp_path, corpus_path, monkeypatch):
     classes = bench.cpu_classes()  # the real ones: each named, the first as it is
     assert classes[0][1:] == ({}, []) and all(name for name, _, _ in classes)
     assert all(r["val_loss_full"] > 0 and r["training_s"] > 0 for r in rows)
+    for r in rows:  # the phases add up to the wall time, each measured
+        assert all(r[k] > 0 for k in ("startup_s", "evaluations_s", "exit_s"))
+        assert abs(r["startup_s"] + r["training_s"] + r["evaluations_s"] + r["exit_s"] - r["wall_s"]) < 1e-6
     targets = bench.recipe_targets(rows)
     assert len(targets) == 2 and all(t["met"] is False for t in targets)  # 3 iters reach no 1.88
     assert "| capped | `" in bench.recipes_table(rows)
