@@ -26,19 +26,20 @@ import threading
 import time
 import types
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
+from batches import get_batch, load_split, step_batches
 from checkpoint import (CheckpointError, checkpoint_path, clean_state_dict, first_line, load_checkpoint,
                         save_checkpoint)
 from configurator import ConfigError, describe, parse_args
-from data.prepare import DataError, ensure_dataset, load_meta, load_tokens
+from data.prepare import DataError, ensure_dataset, load_meta
 from hardware import auto_dtype, native_bf16
 from model import GPT, GPTConfig
+from optim import get_lr, make_optimizers
 from tokenizer import TokenizerError
 
 # -----------------------------------------------------------------------------
@@ -77,7 +78,6 @@ DEFAULTS = dict(
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "dropout",
               "n_kv_head", "rope", "qk_norm", "activation")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-SMALL_DATASET = 100_000_000  # tokens; a smaller split lives on the device as int64
 USER_ERRORS = (ConfigError, DataError, CheckpointError, TokenizerError, ValueError)
 
 
@@ -172,54 +172,7 @@ def precision_context(device_type, dtype, block_size):
 
 
 # -----------------------------------------------------------------------------
-# Data: a batch is a set of random block_size windows of a split
-
-
-def load_split(dataset_dir, split, block_size, vocab_size, device):
-    """A small split becomes one int64 tensor on the device, so a batch is one
-    gather there; a large one stays a memmap, read batch by batch."""
-    tokens = load_tokens(dataset_dir, split)
-    if len(tokens) < block_size + 1:
-        raise ValueError(f"the {split} split of {dataset_dir} has {len(tokens)} tokens, fewer than "
-                         f"block_size + 1 = {block_size + 1}; use a smaller --block_size")
-    if len(tokens) < SMALL_DATASET:
-        # a damaged file can hold ids past the vocabulary, which would crash a
-        # later step; a large split is not scanned (that would read all of it)
-        top = int(tokens.max())
-        if top >= vocab_size:
-            raise DataError(f"{os.path.join(dataset_dir, split + '.bin')} holds token id {top}, outside "
-                            f"the vocabulary of {vocab_size}; prepare the dataset again")
-        return torch.from_numpy(tokens.astype(np.int64)).to(device)
-    return tokens
-
-
-def to_device(t, device):
-    if device.type == "cuda":  # from pinned memory the copy does not stall the host
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
-
-
-def get_batch(data, starts, length, device):
-    """x, y (N, length) for the windows starting at starts (N,); y is x shifted by one."""
-    if isinstance(data, torch.Tensor):
-        rows = to_device(starts, device)[:, None] + torch.arange(length + 1, device=device)
-        chunk = data[rows]  # (N, length + 1)
-    else:
-        rows = starts.numpy()[:, None] + np.arange(length + 1)
-        chunk = to_device(torch.from_numpy(data[rows].astype(np.int64)), device)
-    return chunk[:, :-1], chunk[:, 1:]
-
-
-def step_batches(data, gen, cfg, rank, world, device):
-    """This process's micro-batches of one iter, x and y (accum / world, B, T).
-
-    Every process draws the windows of all micro-steps from the same generator
-    and takes micro-steps rank, rank + world, ...: the update is then the same
-    whatever the number of processes."""
-    n, B, T = cfg["gradient_accumulation_steps"], cfg["batch_size"], cfg["block_size"]
-    starts = torch.randint(len(data) - T, (n, B), generator=gen)[rank::world]  # (n / world, B)
-    x, y = get_batch(data, starts.reshape(-1), T, device)
-    return x.reshape(-1, B, T), y.reshape(-1, B, T)
+# Evaluation: the mean loss over batches (batches.py draws them)
 
 
 def all_sum(t, world):
@@ -275,7 +228,7 @@ def full_val_loss(r):
 
 
 # -----------------------------------------------------------------------------
-# Model and optimizer
+# Model (optim.py holds the optimizers)
 
 
 # What resuming reads from a checkpoint, and the type each must have.
@@ -342,78 +295,6 @@ def init_model(cfg, meta, device):
                          f"dataset's ({meta['vocab_size']})")
     cfg.update({key: getattr(model.config, key) for key in MODEL_KEYS})
     return model.to(device), ckpt
-
-
-class Muon(torch.optim.Muon):
-    """torch.optim.Muon, with its Newton-Schulz orthogonalisation in float32 when
-    float32=True. PyTorch runs it in bfloat16, with no option: right where bfloat16
-    is native, about 40x slower where it is emulated (a CPU with only AVX2), where
-    it then dominates the step. The hyperparameters, the state and the update rule
-    are PyTorch's, so a checkpoint resumes with either."""
-
-    def __init__(self, params, float32=False, **kwargs):
-        super().__init__(params, **kwargs)
-        self.float32 = float32
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        if not self.float32:
-            return super().step(closure)
-        # torch.optim._muon looks its iteration up at every step: lend it ours
-        module = torch.optim._muon
-        bf16_iteration, module._zeropower_via_newtonschulz = module._zeropower_via_newtonschulz, newton_schulz
-        try:
-            return super().step(closure)
-        finally:
-            module._zeropower_via_newtonschulz = bf16_iteration
-
-
-def newton_schulz(g, ns_coefficients, ns_steps, eps):
-    """Muon's quintic Newton-Schulz iteration (Jordan et al. 2024, with
-    torch.optim.Muon's coefficients and steps) in float32: it pushes every
-    singular value of the matrix g towards 1, keeping its singular vectors."""
-    a, b, c = ns_coefficients
-    x = g.float()
-    tall = x.size(0) > x.size(1)
-    if tall:
-        x = x.T  # iterate on the wide side: its Gram matrix x x^T is the smaller
-    x = x / x.norm().clamp(min=eps)  # Frobenius norm 1 bounds the spectral norm by 1
-    for _ in range(ns_steps):
-        gram = x @ x.T
-        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)  # a x + (b G + c G^2) x
-    return x.T if tall else x
-
-
-def make_optimizers(model, cfg, device_type):
-    """Optimizers that step together: [AdamW], or [Muon, AdamW]."""
-    lr, wd, betas = cfg["learning_rate"], cfg["weight_decay"], (cfg["beta1"], cfg["beta2"])
-    if cfg["optimizer"] == "adamw":
-        return [model.configure_optimizers(wd, lr, betas, device_type)]
-    # Muon orthogonalises the update of each hidden matrix. Embeddings (and the
-    # head tied to them), biases and gains are not hidden matrices: AdamW.
-    # match_rms_adamw scales Muon's steps like AdamW's, so one lr serves both.
-    hidden = [p for p in model.transformer.h.parameters() if p.dim() == 2]
-    hidden_ids = {id(p) for p in hidden}
-    rest = [p for p in model.parameters() if id(p) not in hidden_ids]
-    muon = Muon(hidden, lr=lr, weight_decay=wd, adjust_lr_fn="match_rms_adamw",
-                float32=not native_bf16(device_type)[0])
-    adamw = torch.optim.AdamW([{"params": [p for p in rest if p.dim() >= 2], "weight_decay": wd},
-                               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}],
-                              lr=lr, betas=betas, fused=device_type in ("cuda", "cpu"))
-    return [muon, adamw]
-
-
-def get_lr(it, cfg):
-    """Linear warmup, cosine decay to min_lr at lr_decay_iters, then min_lr."""
-    lr, warmup, end, min_lr = cfg["learning_rate"], cfg["warmup_iters"], cfg["lr_decay_iters"], cfg["min_lr"]
-    if not cfg["decay_lr"]:
-        return lr
-    if it < warmup:
-        return lr * (it + 1) / (warmup + 1)
-    if it >= end:
-        return min_lr
-    progress = (it - warmup) / (end - warmup)  # 0 -> 1
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
 
 
 def rng_state(device):

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import batches
 import bench
 import sample
 import smoke_gpu
@@ -112,7 +113,7 @@ def meta_run(data_root, tmp_path, monkeypatch):
 @pytest.mark.parametrize("data", ["tensor", "memmap"])
 def test_training_steps_on_the_meta_device(meta_run, monkeypatch, optimizer, data):
     if data == "memmap":
-        monkeypatch.setattr(train, "SMALL_DATASET", 0)  # a split read batch by batch
+        monkeypatch.setattr(batches, "SMALL_DATASET", 0)  # a split read batch by batch
     r = meta_run(f"--optimizer={optimizer}")
     assert isinstance(r.splits["train"], torch.Tensor) == (data == "tensor")
     with OneDevicePerOp():
@@ -130,9 +131,9 @@ def test_training_steps_on_the_meta_device(meta_run, monkeypatch, optimizer, dat
 @pytest.mark.parametrize("data", ["tensor", "memmap"])
 def test_a_batch_left_on_the_cpu_fails_the_meta_step(meta_run, monkeypatch, data):
     if data == "memmap":
-        monkeypatch.setattr(train, "SMALL_DATASET", 0)
+        monkeypatch.setattr(batches, "SMALL_DATASET", 0)
     r = meta_run()
-    monkeypatch.setattr(train, "to_device", lambda t, device: t)  # the bug: a batch never moved
+    monkeypatch.setattr(batches, "to_device", lambda t, device: t)  # the bug: a batch never moved
     with OneDevicePerOp(), pytest.raises(RuntimeError, match="mixes devices|not on the expected device"):
         train.train_step(r, 1e-3)
 
