@@ -36,6 +36,8 @@ from batches import get_batch, load_split, step_batches
 from checkpoint import (CheckpointError, checkpoint_path, clean_state_dict, first_line, load_checkpoint,
                         save_checkpoint)
 from configurator import ConfigError, describe, parse_args
+from context_parallel import ContextParallel
+from context_parallel import check as check_context_parallel
 from data.prepare import DataError, ensure_dataset, load_meta
 from hardware import auto_dtype, native_bf16
 from model import GPT, GPTConfig
@@ -73,6 +75,8 @@ DEFAULTS = dict(
     compile=None,  # torch.compile; None: on for CUDA only
     seed=1337,
     ddp_timeout=600,  # seconds a process waits for the others before it fails
+    # processes per sequence, each holding 1/context_parallel of it (context_parallel.py)
+    context_parallel=1, context_parallel_layout="zigzag",  # or 'contiguous'
 )
 
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "dropout",
@@ -91,7 +95,7 @@ def check_config(cfg):
         if value is None and DEFAULTS[key] is not None:
             raise ValueError(f"{key} cannot be None; give it a value like {DEFAULTS[key]!r}")
     for key in ("batch_size", "block_size", "gradient_accumulation_steps", "eval_interval",
-                "eval_iters", "log_interval", "ddp_timeout"):
+                "eval_iters", "log_interval", "ddp_timeout", "context_parallel"):
         if cfg[key] < 1:
             raise ValueError(f"{key} must be a positive integer, got {cfg[key]}")
     for key in ("max_iters", "warmup_iters", "lr_decay_iters", "learning_rate", "min_lr",
@@ -186,15 +190,15 @@ def mean_loss(r, model, data, batches, desc):
     """Mean loss per token over batches [(starts (N,), length)], shared by the
     processes, with a progress bar; a stop signal ends it (Stopped) within a batch."""
     total = torch.zeros(2, device=r.device)  # (loss summed over tokens, tokens)
-    mine = batches[r.rank::r.world]
-    rounds = -(-len(batches) // r.world)  # every process checks for a stop in every round
+    mine = batches[r.dp_rank::r.dp_world]  # the ranks of one sequence share its batches
+    rounds = -(-len(batches) // r.dp_world)  # every process checks for a stop in every round
     model.eval()
     try:
         for i in tqdm(range(rounds), desc=desc, leave=False, disable=not r.master, dynamic_ncols=True):
             if stop_requested(r, agree=True):
                 raise Stopped()
             if i < len(mine):
-                x, y = get_batch(data, *mine[i], r.device)
+                x, y = map(r.split, get_batch(data, *mine[i], r.device))
                 with r.ctx():
                     total[0] += model(x, y)[1].float() * y.numel()
                 total[1] += y.numel()
@@ -222,8 +226,9 @@ def full_val_loss(r):
     n = len(data) - 1  # tokens with a next token to predict
     starts = torch.arange(0, n, T)
     batches = [(batch, T) for batch in starts[:n // T].split(B)]
-    if n % T:
-        batches.append((starts[-1:], n % T))
+    tail = n % T // r.split_unit * r.split_unit  # context parallelism leaves out < 2P tokens
+    if tail:
+        batches.append((starts[-1:], tail))
     return mean_loss(r, r.raw, data, batches, "whole val split")
 
 
@@ -389,14 +394,18 @@ def wrap_model(raw, device, world, use_compile):
 def setup(cfg):
     rank, local_rank, world = (int(os.environ.get(k, d)) for k, d in
                                (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1)))  # set by torchrun
-    if cfg["gradient_accumulation_steps"] % world:
+    check_context_parallel(cfg, world)
+    dp_world = world // cfg["context_parallel"]  # the ranks of one sequence share its batches
+    if cfg["gradient_accumulation_steps"] % dp_world:
         raise ValueError(f"gradient_accumulation_steps ({cfg['gradient_accumulation_steps']}) must be "
-                         f"divisible by the number of processes ({world})")
+                         f"divisible by the number of data-parallel processes ({dp_world})")
     device, dtype, why = pick_device(cfg, local_rank, world > 1)
     if rank == 0:
         explain_device(cfg, device, dtype)
     if world > 1:
         join_processes(device, datetime.timedelta(seconds=cfg["ddp_timeout"]))
+    cp = ContextParallel(cfg["context_parallel"], cfg["context_parallel_layout"] == "zigzag") \
+        if cfg["context_parallel"] > 1 else None
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 matmuls
     torch.manual_seed(cfg["seed"] + rank)  # model init, then dropout
@@ -408,6 +417,8 @@ def setup(cfg):
     dataset_dir = ensure_dataset(cfg["dataset"], cfg["data_root"])
     meta = load_meta(dataset_dir)
     raw, ckpt = init_model(cfg, meta, device)
+    if cp is not None:
+        cp.attach(raw)
     splits = {split: load_split(dataset_dir, split, cfg["block_size"], meta["vocab_size"], device)
               for split in ("train", "val")}
     optimizers = make_optimizers(raw, cfg, device.type)
@@ -416,7 +427,7 @@ def setup(cfg):
     if ckpt is not None:
         restore(ckpt, cfg, optimizers, scaler, data_gen, device, rank)
 
-    use_compile = device.type == "cuda" if cfg["compile"] is None else cfg["compile"]
+    use_compile = device.type == "cuda" and cp is None if cfg["compile"] is None else cfg["compile"]
     model, ddp_model = wrap_model(raw, device, world, use_compile)
     ctx = functools.partial(precision_context, device.type, dtype, cfg["block_size"])
     wandb = start_wandb(cfg) if cfg["wandb_log"] and rank == 0 else None
@@ -429,10 +440,12 @@ def setup(cfg):
         except OSError as e:
             raise ValueError(f"cannot write into out_dir {cfg['out_dir']!r} ({e.strerror or e}); "
                              "pass an --out_dir that can be created and written") from None
-        print(f"{raw.num_params() / 1e6:.2f}M parameters | {device}, {dtype} ({why}) | {world} process(es) | "
+        split = f" ({dp_world} x {cfg['context_parallel']} per sequence)" if cp else ""
+        print(f"{raw.num_params() / 1e6:.2f}M parameters | {device}, {dtype} ({why}) | {world} process(es){split} | "
               f"{tokens_per_iter:,} tokens per iter | {dataset_dir}")
     return types.SimpleNamespace(
-        cfg=cfg, rank=rank, world=world, master=rank == 0, device=device, ctx=ctx, raw=raw, model=model,
+        cfg=cfg, rank=rank, world=world, master=rank == 0, dp_rank=rank // cfg["context_parallel"],
+        dp_world=dp_world, split=cp.split if cp else (lambda t: t), split_unit=cp.ring.size * (1 + cp.zigzag) if cp else 1, device=device, ctx=ctx, raw=raw, model=model,
         ddp_model=ddp_model, optimizers=optimizers, scaler=scaler, data_gen=data_gen, splits=splits,
         meta=meta, tokens_per_iter=tokens_per_iter, resumed=ckpt is not None, wandb=wandb,
         # a checkpoint saved by a stop signal has not been evaluated at its iter (older ones always were)
@@ -451,7 +464,7 @@ def train_step(r, lr):
         for group in opt.param_groups:
             group["lr"] = lr
     before = rng_state(r.device), r.data_gen.get_state()  # to undo a step cut short
-    x, y = step_batches(r.splits["train"], r.data_gen, r.cfg, r.rank, r.world, r.device)
+    x, y = map(r.split, step_batches(r.splits["train"], r.data_gen, r.cfg, r.dp_rank, r.dp_world, r.device))
     n = x.size(0)
     loss_sum = torch.zeros((), device=r.device)
     for micro in range(n):
@@ -671,7 +684,8 @@ def train(r):
                 wants_stop = signals.name is not None or 0 < cfg["max_time"] <= elapsed()
                 if iter_num % cfg["log_interval"] == 0 or iter_num == cfg["max_iters"]:
                     # the processes agree on the mean loss and on stopping (this waits for the device)
-                    t = torch.stack([loss_sum / cfg["gradient_accumulation_steps"],
+                    # (every micro-batch's loss is the mean of its context_parallel ranks' losses)
+                    t = torch.stack([loss_sum / (cfg["gradient_accumulation_steps"] * cfg["context_parallel"]),
                                      torch.tensor(float(wants_stop), device=r.device)])
                     loss, wants_stop = all_sum(t, r.world).tolist()
                     if not math.isfinite(loss):

@@ -446,7 +446,8 @@ def test_a_training_step_on_cuda_matches_the_cpu(optimizer, monkeypatch):
         torch.manual_seed(0)
         raw = GPT(GPTConfig(**train.model_args(cfg, 37))).to(device)
         data = torch.randint(0, 37, (1000,), generator=torch.Generator().manual_seed(1)).to(device)
-        r = types.SimpleNamespace(cfg=cfg, rank=0, world=1, device=device, raw=raw, ddp_model=raw,
+        r = types.SimpleNamespace(cfg=cfg, rank=0, world=1, dp_rank=0, dp_world=1, split=lambda t: t,
+                                  device=device, raw=raw, ddp_model=raw,
                                   optimizers=train.make_optimizers(raw, cfg, device.type),
                                   scaler=torch.amp.GradScaler(device.type, enabled=False),
                                   data_gen=torch.Generator().manual_seed(2), splits={"train": data},
