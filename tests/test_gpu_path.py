@@ -98,6 +98,20 @@ def test_generation_on_the_meta_device(options):
         assert logits.shape == (2, 37) and logits.device == META
 
 
+@pytest.mark.parametrize("zigzag", [False, True])
+def test_ring_attention_on_the_meta_device(zigzag):
+    """Ring attention's masks and running sums are made on its inputs' device."""
+    from ring_attention import Ring, ring_attention
+    q = torch.empty(2, 4, 12, 8, device=META, requires_grad=True)
+    k, v = (torch.empty(2, 2, 12, 8, device=META, requires_grad=True) for _ in range(2))
+    ring = Ring(single=True)
+    ring.zigzag = zigzag
+    with OneDevicePerOp():
+        out = ring_attention(q, k, v, ring=ring, block=5)
+        out.sum().backward()
+    assert out.shape == q.shape and {t.grad.device for t in (q, k, v)} == {META}
+
+
 @pytest.fixture
 def meta_run(data_root, tmp_path, monkeypatch):
     """setup() as on a GPU, with the meta device in its place."""
@@ -383,12 +397,13 @@ def test_smoke_test_commands_are_valid_settings(tmp_path, monkeypatch):
     parsers = {"train.py": train.get_config, "sample.py": sample.parse_options,
                "bench.py": lambda argv: bench.parse_args(bench.DEFAULTS, argv, allow_files=False)}
     seen = set()
-    for name, command in smoke_gpu.steps(str(tmp_path)):
-        script = command[1]
-        if script in parsers:
-            parsers[script](command[2:])  # raises on an unknown key or a bad value
-            seen.add(script)
-    assert seen == set(parsers)
+    for name, command in smoke_gpu.steps(str(tmp_path), gpus=2):
+        at = next((i for i, word in enumerate(command) if word in parsers), None)  # python or torchrun
+        if at is not None:
+            parsers[command[at]](command[at + 1:])  # raises on an unknown key or a bad value
+            seen.add((command[at], "--context_parallel=2" in command))
+    assert seen == {(script, False) for script in parsers} | {("train.py", True)}
+    assert not any("--context_parallel=2" in command for _, command in smoke_gpu.steps(str(tmp_path), gpus=1))
 
 
 def test_smoke_test_reads_the_figures_of_real_runs(data_root, tmp_path):

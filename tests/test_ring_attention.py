@@ -157,3 +157,18 @@ def test_uneven_inputs_are_refused():
     q, k, v, _ = inputs(1, 2, 2, 7, 4)
     with pytest.raises(ValueError, match="even number of tokens"):
         ring_attention(q, k, v, ring=ring)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_blockwise_attention_on_cuda(monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # float32 as on the CPU
+    q, k, v, w = (t.cuda() for t in inputs(2, 4, 2, 300, 16))
+    ours, reference = grads(lambda *a: blockwise_attention(*a, block=64), q, k, v, w), grads(explicit, q, k, v, w)
+    torch.testing.assert_close(ours[0], reference[0], rtol=0, atol=1e-5)
+    for a, b in zip(ours[1:], reference[1:]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
+    # bfloat16: the accumulators stay float32, so it is as close to SDPA as SDPA's own rounding
+    q, k, v = (t.bfloat16() for t in (q, k, v))
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(blockwise_attention(q, k, v, 64), sdpa, rtol=2e-2, atol=2e-2)
