@@ -47,6 +47,7 @@ class ContextParallel:
     def __init__(self, size, zigzag=True):
         world, rank = dist.get_world_size(), dist.get_rank()
         self.size, self.zigzag = size, zigzag
+        self.unit = 2 * size if zigzag else size  # a sequence's length must be a multiple of this
         self.rank = rank % size  # in its ring
         self.dp_rank, self.dp_world = rank // size, world // size
         # every rank must create every group, in the same order

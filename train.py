@@ -6,6 +6,8 @@ Train a GPT on a prepared dataset, on one device or data-parallel.
     python train.py config/shakespeare.py --batch_size=32  # any key can be overridden
     python train.py config/shakespeare.py --init_from=resume          # continue exactly
     torchrun --standalone --nproc_per_node=8 train.py config/gpt2.py  # DistributedDataParallel
+    torchrun --standalone --nproc_per_node=2 train.py config/shakespeare_cpu.py --context_parallel=2
+    (each sequence split over the 2 processes: ring attention, docs/ring_attention.md)
 
 Settings: DEFAULTS below, then config files (Python), then --key=value; see
 `python train.py --help`. Each evaluation is printed and appended to
@@ -445,7 +447,7 @@ def setup(cfg):
               f"{tokens_per_iter:,} tokens per iter | {dataset_dir}")
     return types.SimpleNamespace(
         cfg=cfg, rank=rank, world=world, master=rank == 0, dp_rank=rank // cfg["context_parallel"],
-        dp_world=dp_world, split=cp.split if cp else (lambda t: t), split_unit=cp.ring.size * (1 + cp.zigzag) if cp else 1, device=device, ctx=ctx, raw=raw, model=model,
+        dp_world=dp_world, split=cp.split if cp else (lambda t: t), split_unit=cp.unit if cp else 1, device=device, ctx=ctx, raw=raw, model=model,
         ddp_model=ddp_model, optimizers=optimizers, scaler=scaler, data_gen=data_gen, splits=splits,
         meta=meta, tokens_per_iter=tokens_per_iter, resumed=ckpt is not None, wandb=wandb,
         # a checkpoint saved by a stop signal has not been evaluated at its iter (older ones always were)
