@@ -10,6 +10,7 @@ the measured call (Linux's VmHWM, reset through /proc/self/clear_refs), so it
 counts every tensor the call allocates, PyTorch's and the allocator's alike.
 """
 
+import ctypes
 import datetime
 import os
 import sys
@@ -25,6 +26,11 @@ from model import GPT, GPTConfig, attention, causal_mask  # noqa: E402
 from ring_attention import Ring, blockwise_attention, ring_attention, split_sequence  # noqa: E402
 
 MiB = 2 ** 20
+
+# Tensors above 64 KiB get pages of their own from the kernel, returned when
+# freed: otherwise glibc raises this threshold as tensors come and go, keeps
+# freed memory for reuse, and a later peak would not show in resident memory.
+ctypes.CDLL("libc.so.6").mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD
 
 
 def resident(key="VmRSS"):
