@@ -157,6 +157,7 @@ class MultiHeadAttention(nn.Module):
         self.qk_norm = config.qk_norm
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
+        self.sdpa = F.scaled_dot_product_attention  # context_parallel.py swaps in ring attention
 
     def forward(self, x, kv_cache=None, layer=0, rotary=None, return_attention=False, at=None):
         B, T, C = x.size()
@@ -188,7 +189,7 @@ class MultiHeadAttention(nn.Module):
             # Its is_causal aligns queries to the first keys, not the last, so a
             # chunk appended to a cache needs the mask; one new token sees all keys
             mask = causal_mask(T, Tk, x.device) if 1 < T < Tk else None
-            y = F.scaled_dot_product_attention(
+            y = self.sdpa(
                 q, k, v, attn_mask=mask, is_causal=T == Tk,
                 dropout_p=self.dropout if self.training else 0.0, enable_gqa=nkv != nh)
             weights = None

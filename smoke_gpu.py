@@ -4,10 +4,12 @@ path of this project and says, step by step, what works.
 
     python smoke_gpu.py        # a few minutes on one GPU
 
-Steps: the CUDA tests (pytest -m cuda), 20 iters of config/shakespeare.py and a
-resume to 40, sample.py in the default dtype with and without --compile, the
-same greedy sample in float32 with and without --compile (which must agree),
-and bench.py --device=cuda --quick. It prints one line per step, ok or FAIL
+Steps: the CUDA tests (pytest -m cuda; among them blockwise and ring attention
+over NCCL on the first GPU), 20 iters of config/shakespeare.py and a resume to
+40, on two GPUs or more 20 iters with each sequence split over two
+(--context_parallel=2), sample.py in the default dtype with and without
+--compile, the same greedy sample in float32 with and without --compile (which
+must agree), and bench.py --device=cuda --quick. It prints one line per step, ok or FAIL
 with the error, and writes the figures to out-smoke-gpu/smoke.json and every
 step's whole output to out-smoke-gpu/<step>.log. Without CUDA it says so and
 does nothing.
@@ -44,16 +46,23 @@ FIGURES = [
 ]
 
 
-def steps(out):
-    """[(name, command)], in the order they run."""
+def steps(out, gpus=None):
+    """[(name, command)], in the order they run; gpus (default: this machine's)
+    decides whether the sequence is also split over two GPUs."""
+    gpus = torch.cuda.device_count() if gpus is None else gpus
     python, ckpt = sys.executable, os.path.join(out, "train")
     train = [python, "train.py", "config/shakespeare.py", f"--out_dir={ckpt}"]
     sample = [python, "sample.py", f"--out_dir={ckpt}", "--prompt=ROMEO:", "--max_new_tokens=300", "--seed=1337"]
     greedy = sample + ["--dtype=float32", "--temperature=0", "--num_samples=1", "--attn_dir="]
+    # each sequence split over 2 GPUs, NCCL passing keys and values round the ring
+    split = [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+             "config/shakespeare.py", f"--out_dir={os.path.join(out, 'context_parallel')}", "--max_iters=20",
+             "--context_parallel=2", "--dropout=0.0", "--compile=False", "--eval_iters=20"]
     return [
         ("cuda tests", [python, "-m", "pytest", "-q", "-m", "cuda", "tests"]),
         ("train 20 iters", train + ["--max_iters=20"]),
         ("resume to 40", train + ["--max_iters=40", "--init_from=resume"]),
+        *([("context parallel, 2 GPUs", split)] if gpus >= 2 else []),
         ("sample", sample + ["--num_samples=2"]),
         ("sample --compile", sample + ["--num_samples=2", "--compile"]),
         ("float32 greedy", greedy),

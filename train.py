@@ -6,6 +6,8 @@ Train a GPT on a prepared dataset, on one device or data-parallel.
     python train.py config/shakespeare.py --batch_size=32  # any key can be overridden
     python train.py config/shakespeare.py --init_from=resume          # continue exactly
     torchrun --standalone --nproc_per_node=8 train.py config/gpt2.py  # DistributedDataParallel
+    torchrun --standalone --nproc_per_node=2 train.py config/shakespeare_cpu.py --context_parallel=2
+    (each sequence split over the 2 processes: ring attention, docs/ring_attention.md)
 
 Settings: DEFAULTS below, then config files (Python), then --key=value; see
 `python train.py --help`. Each evaluation is printed and appended to
@@ -30,19 +32,22 @@ import hardware
 
 hardware.check_bf16()  # before torch loads: whether bfloat16 runs here, and its fix (hardware.py)
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from batches import get_batch, load_split, step_batches  # noqa: E402
 from checkpoint import (CheckpointError, checkpoint_path, clean_state_dict, first_line,  # noqa: E402
                         load_checkpoint, save_checkpoint)
 from configurator import ConfigError, describe, parse_args  # noqa: E402
-from data.prepare import DataError, ensure_dataset, load_meta, load_tokens  # noqa: E402
+from context_parallel import ContextParallel  # noqa: E402
+from context_parallel import check as check_context_parallel  # noqa: E402
+from data.prepare import DataError, ensure_dataset, load_meta  # noqa: E402
 from hardware import auto_dtype, bf16_error, faster_cpu_dtype, native_bf16  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+from optim import get_lr, make_optimizers  # noqa: E402
 from tokenizer import TokenizerError  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -76,12 +81,13 @@ DEFAULTS = dict(
     compile=None,  # torch.compile; None: on for CUDA only
     seed=1337,
     ddp_timeout=600,  # seconds a process waits for the others before it fails
+    # processes per sequence, each holding 1/context_parallel of it (context_parallel.py)
+    context_parallel=1, context_parallel_layout="zigzag",  # or 'contiguous'
 )
 
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "dropout",
               "n_kv_head", "rope", "qk_norm", "activation")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-SMALL_DATASET = 100_000_000  # tokens; a smaller split lives on the device as int64
 USER_ERRORS = (ConfigError, DataError, CheckpointError, TokenizerError, ValueError)
 
 
@@ -95,7 +101,7 @@ def check_config(cfg):
         if value is None and DEFAULTS[key] is not None:
             raise ValueError(f"{key} cannot be None; give it a value like {DEFAULTS[key]!r}")
     for key in ("batch_size", "block_size", "gradient_accumulation_steps", "eval_interval",
-                "eval_iters", "log_interval", "ddp_timeout"):
+                "eval_iters", "log_interval", "ddp_timeout", "context_parallel"):
         if cfg[key] < 1:
             raise ValueError(f"{key} must be a positive integer, got {cfg[key]}")
     for key in ("max_iters", "warmup_iters", "lr_decay_iters", "learning_rate", "min_lr",
@@ -201,54 +207,7 @@ def precision_context(device_type, dtype, block_size):
 
 
 # -----------------------------------------------------------------------------
-# Data: a batch is a set of random block_size windows of a split
-
-
-def load_split(dataset_dir, split, block_size, vocab_size, device):
-    """A small split becomes one int64 tensor on the device, so a batch is one
-    gather there; a large one stays a memmap, read batch by batch."""
-    tokens = load_tokens(dataset_dir, split)
-    if len(tokens) < block_size + 1:
-        raise ValueError(f"the {split} split of {dataset_dir} has {len(tokens)} tokens, fewer than "
-                         f"block_size + 1 = {block_size + 1}; use a smaller --block_size")
-    if len(tokens) < SMALL_DATASET:
-        # a damaged file can hold ids past the vocabulary, which would crash a
-        # later step; a large split is not scanned (that would read all of it)
-        top = int(tokens.max())
-        if top >= vocab_size:
-            raise DataError(f"{os.path.join(dataset_dir, split + '.bin')} holds token id {top}, outside "
-                            f"the vocabulary of {vocab_size}; prepare the dataset again")
-        return torch.from_numpy(tokens.astype(np.int64)).to(device)
-    return tokens
-
-
-def to_device(t, device):
-    if device.type == "cuda":  # from pinned memory the copy does not stall the host
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
-
-
-def get_batch(data, starts, length, device):
-    """x, y (N, length) for the windows starting at starts (N,); y is x shifted by one."""
-    if isinstance(data, torch.Tensor):
-        rows = to_device(starts, device)[:, None] + torch.arange(length + 1, device=device)
-        chunk = data[rows]  # (N, length + 1)
-    else:
-        rows = starts.numpy()[:, None] + np.arange(length + 1)
-        chunk = to_device(torch.from_numpy(data[rows].astype(np.int64)), device)
-    return chunk[:, :-1], chunk[:, 1:]
-
-
-def step_batches(data, gen, cfg, rank, world, device):
-    """This process's micro-batches of one iter, x and y (accum / world, B, T).
-
-    Every process draws the windows of all micro-steps from the same generator
-    and takes micro-steps rank, rank + world, ...: the update is then the same
-    whatever the number of processes."""
-    n, B, T = cfg["gradient_accumulation_steps"], cfg["batch_size"], cfg["block_size"]
-    starts = torch.randint(len(data) - T, (n, B), generator=gen)[rank::world]  # (n / world, B)
-    x, y = get_batch(data, starts.reshape(-1), T, device)
-    return x.reshape(-1, B, T), y.reshape(-1, B, T)
+# Evaluation: the mean loss over batches (batches.py draws them)
 
 
 def all_sum(t, world):
@@ -262,15 +221,15 @@ def mean_loss(r, model, data, batches, desc):
     """Mean loss per token over batches [(starts (N,), length)], shared by the
     processes, with a progress bar; a stop signal ends it (Stopped) within a batch."""
     total = torch.zeros(2, device=r.device)  # (loss summed over tokens, tokens)
-    mine = batches[r.rank::r.world]
-    rounds = -(-len(batches) // r.world)  # every process checks for a stop in every round
+    mine = batches[r.dp_rank::r.dp_world]  # the ranks of one sequence share its batches
+    rounds = -(-len(batches) // r.dp_world)  # every process checks for a stop in every round
     model.eval()
     try:
         for i in tqdm(range(rounds), desc=desc, leave=False, disable=not r.master, dynamic_ncols=True):
             if stop_requested(r, agree=True):
                 raise Stopped()
             if i < len(mine):
-                x, y = get_batch(data, *mine[i], r.device)
+                x, y = map(r.split, get_batch(data, *mine[i], r.device))
                 with r.ctx():
                     total[0] += model(x, y)[1].float() * y.numel()
                 total[1] += y.numel()
@@ -298,13 +257,14 @@ def full_val_loss(r):
     n = len(data) - 1  # tokens with a next token to predict
     starts = torch.arange(0, n, T)
     batches = [(batch, T) for batch in starts[:n // T].split(B)]
-    if n % T:
-        batches.append((starts[-1:], n % T))
+    tail = n % T // r.split_unit * r.split_unit  # context parallelism leaves out < 2P tokens
+    if tail:
+        batches.append((starts[-1:], tail))
     return mean_loss(r, r.raw, data, batches, "whole val split")
 
 
 # -----------------------------------------------------------------------------
-# Model and optimizer
+# Model (optim.py holds the optimizers)
 
 
 # What resuming reads from a checkpoint, and the type each must have.
@@ -371,80 +331,6 @@ def init_model(cfg, meta, device):
                          f"dataset's ({meta['vocab_size']})")
     cfg.update({key: getattr(model.config, key) for key in MODEL_KEYS})
     return model.to(device), ckpt
-
-
-class Muon(torch.optim.Muon):
-    """torch.optim.Muon, with its Newton-Schulz orthogonalisation in float32 when
-    float32=True. PyTorch runs it in bfloat16, with no option: right where bfloat16
-    is native, about 40x slower where it is emulated (a CPU with only AVX2), where
-    it then dominates the step. The hyperparameters, the state and the update rule
-    are PyTorch's, so a checkpoint resumes with either."""
-
-    def __init__(self, params, float32=False, **kwargs):
-        super().__init__(params, **kwargs)
-        self.float32 = float32
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        if not self.float32:
-            return super().step(closure)
-        # torch.optim._muon looks its iteration up at every step: lend it ours
-        module = torch.optim._muon
-        bf16_iteration, module._zeropower_via_newtonschulz = module._zeropower_via_newtonschulz, newton_schulz
-        try:
-            return super().step(closure)
-        finally:
-            module._zeropower_via_newtonschulz = bf16_iteration
-
-
-def newton_schulz(g, ns_coefficients, ns_steps, eps):
-    """Muon's quintic Newton-Schulz iteration (Jordan et al. 2024, with
-    torch.optim.Muon's coefficients and steps) in float32: it pushes every
-    singular value of the matrix g towards 1, keeping its singular vectors."""
-    a, b, c = ns_coefficients
-    x = g.float()
-    tall = x.size(0) > x.size(1)
-    if tall:
-        x = x.T  # iterate on the wide side: its Gram matrix x x^T is the smaller
-    x = x / x.norm().clamp(min=eps)  # Frobenius norm 1 bounds the spectral norm by 1
-    for _ in range(ns_steps):
-        gram = x @ x.T
-        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)  # a x + (b G + c G^2) x
-    return x.T if tall else x
-
-
-def make_optimizers(model, cfg, device_type, dtype):
-    """Optimizers that step together: [AdamW], or [Muon, AdamW]. Muon orthogonalises
-    in bfloat16 only when training in it: elsewhere bfloat16 may be emulated (40x
-    slower) or crash (hardware.py)."""
-    lr, wd, betas = cfg["learning_rate"], cfg["weight_decay"], (cfg["beta1"], cfg["beta2"])
-    if cfg["optimizer"] == "adamw":
-        return [model.configure_optimizers(wd, lr, betas, device_type)]
-    # Muon orthogonalises the update of each hidden matrix. Embeddings (and the
-    # head tied to them), biases and gains are not hidden matrices: AdamW.
-    # match_rms_adamw scales Muon's steps like AdamW's, so one lr serves both.
-    hidden = [p for p in model.transformer.h.parameters() if p.dim() == 2]
-    hidden_ids = {id(p) for p in hidden}
-    rest = [p for p in model.parameters() if id(p) not in hidden_ids]
-    muon = Muon(hidden, lr=lr, weight_decay=wd, adjust_lr_fn="match_rms_adamw",
-                float32=dtype != "bfloat16")
-    adamw = torch.optim.AdamW([{"params": [p for p in rest if p.dim() >= 2], "weight_decay": wd},
-                               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}],
-                              lr=lr, betas=betas, fused=device_type in ("cuda", "cpu"))
-    return [muon, adamw]
-
-
-def get_lr(it, cfg):
-    """Linear warmup, cosine decay to min_lr at lr_decay_iters, then min_lr."""
-    lr, warmup, end, min_lr = cfg["learning_rate"], cfg["warmup_iters"], cfg["lr_decay_iters"], cfg["min_lr"]
-    if not cfg["decay_lr"]:
-        return lr
-    if it < warmup:
-        return lr * (it + 1) / (warmup + 1)
-    if it >= end:
-        return min_lr
-    progress = (it - warmup) / (end - warmup)  # 0 -> 1
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
 
 
 def rng_state(device):
@@ -539,14 +425,18 @@ def wrap_model(raw, device, world, use_compile):
 def setup(cfg):
     rank, local_rank, world = (int(os.environ.get(k, d)) for k, d in
                                (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1)))  # set by torchrun
-    if cfg["gradient_accumulation_steps"] % world:
+    check_context_parallel(cfg, world)
+    dp_world = world // cfg["context_parallel"]  # the ranks of one sequence share its batches
+    if cfg["gradient_accumulation_steps"] % dp_world:
         raise ValueError(f"gradient_accumulation_steps ({cfg['gradient_accumulation_steps']}) must be "
-                         f"divisible by the number of processes ({world})")
+                         f"divisible by the number of data-parallel processes ({dp_world})")
     device, dtype, why = pick_device(cfg, local_rank, world > 1)
     if rank == 0:
         explain_device(cfg, device, dtype)
     if world > 1:
         join_processes(device, datetime.timedelta(seconds=cfg["ddp_timeout"]))
+    cp = ContextParallel(cfg["context_parallel"], cfg["context_parallel_layout"] == "zigzag") \
+        if cfg["context_parallel"] > 1 else None
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 matmuls
     torch.manual_seed(cfg["seed"] + rank)  # model init, then dropout
@@ -558,6 +448,8 @@ def setup(cfg):
     dataset_dir = ensure_dataset(cfg["dataset"], cfg["data_root"])
     meta = load_meta(dataset_dir)
     raw, ckpt = init_model(cfg, meta, device)
+    if cp is not None:
+        cp.attach(raw)
     splits = {split: load_split(dataset_dir, split, cfg["block_size"], meta["vocab_size"], device)
               for split in ("train", "val")}
     if cfg["dtype"] == "auto" and device.type == "cpu" and dtype == "bfloat16":
@@ -571,7 +463,7 @@ def setup(cfg):
     if ckpt is not None:
         restore(ckpt, cfg, optimizers, scaler, data_gen, device, rank)
 
-    use_compile = device.type == "cuda" if cfg["compile"] is None else cfg["compile"]
+    use_compile = device.type == "cuda" and cp is None if cfg["compile"] is None else cfg["compile"]
     model, ddp_model = wrap_model(raw, device, world, use_compile)
     ctx = functools.partial(precision_context, device.type, dtype, cfg["block_size"])
     wandb = start_wandb(cfg) if cfg["wandb_log"] and rank == 0 else None
@@ -584,11 +476,13 @@ def setup(cfg):
         except OSError as e:
             raise ValueError(f"cannot write into out_dir {cfg['out_dir']!r} ({e.strerror or e}); "
                              "pass an --out_dir that can be created and written") from None
-        print(f"{raw.num_params() / 1e6:.2f}M parameters | {device}, {dtype} ({why}) | {world} process(es) | "
+        split = f" ({dp_world} x {cfg['context_parallel']} per sequence)" if cp else ""
+        print(f"{raw.num_params() / 1e6:.2f}M parameters | {device}, {dtype} ({why}) | {world} process(es){split} | "
               f"{tokens_per_iter:,} tokens per iter | {dataset_dir}")
     return types.SimpleNamespace(
-        cfg=cfg, rank=rank, world=world, master=rank == 0, device=device, dtype=dtype, ctx=ctx, raw=raw,
-        model=model,
+        cfg=cfg, rank=rank, world=world, master=rank == 0, dp_rank=rank // cfg["context_parallel"],
+        dp_world=dp_world, split=cp.split if cp else (lambda t: t), split_unit=cp.unit if cp else 1,
+        device=device, dtype=dtype, ctx=ctx, raw=raw, model=model,
         ddp_model=ddp_model, optimizers=optimizers, scaler=scaler, data_gen=data_gen, splits=splits,
         meta=meta, tokens_per_iter=tokens_per_iter, resumed=ckpt is not None, wandb=wandb,
         # a checkpoint saved by a stop signal has not been evaluated at its iter (older ones always were)
@@ -607,7 +501,7 @@ def train_step(r, lr):
         for group in opt.param_groups:
             group["lr"] = lr
     before = rng_state(r.device), r.data_gen.get_state()  # to undo a step cut short
-    x, y = step_batches(r.splits["train"], r.data_gen, r.cfg, r.rank, r.world, r.device)
+    x, y = map(r.split, step_batches(r.splits["train"], r.data_gen, r.cfg, r.dp_rank, r.dp_world, r.device))
     n = x.size(0)
     loss_sum = torch.zeros((), device=r.device)
     for micro in range(n):
@@ -827,7 +721,8 @@ def train(r):
                 wants_stop = signals.name is not None or 0 < cfg["max_time"] <= elapsed()
                 if iter_num % cfg["log_interval"] == 0 or iter_num == cfg["max_iters"]:
                     # the processes agree on the mean loss and on stopping (this waits for the device)
-                    t = torch.stack([loss_sum / cfg["gradient_accumulation_steps"],
+                    # (every micro-batch's loss is the mean of its context_parallel ranks' losses)
+                    t = torch.stack([loss_sum / (cfg["gradient_accumulation_steps"] * cfg["context_parallel"]),
                                      torch.tensor(float(wants_stop), device=r.device)])
                     loss, wants_stop = all_sum(t, r.world).tolist()
                     if not math.isfinite(loss):

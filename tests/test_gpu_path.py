@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import batches
 import bench
 import sample
 import smoke_gpu
@@ -97,6 +98,20 @@ def test_generation_on_the_meta_device(options):
         assert logits.shape == (2, 37) and logits.device == META
 
 
+@pytest.mark.parametrize("zigzag", [False, True])
+def test_ring_attention_on_the_meta_device(zigzag):
+    """Ring attention's masks and running sums are made on its inputs' device."""
+    from ring_attention import Ring, ring_attention
+    q = torch.empty(2, 4, 12, 8, device=META, requires_grad=True)
+    k, v = (torch.empty(2, 2, 12, 8, device=META, requires_grad=True) for _ in range(2))
+    ring = Ring(single=True)
+    ring.zigzag = zigzag
+    with OneDevicePerOp():
+        out = ring_attention(q, k, v, ring=ring, block=5)
+        out.sum().backward()
+    assert out.shape == q.shape and {t.grad.device for t in (q, k, v)} == {META}
+
+
 @pytest.fixture
 def meta_run(data_root, tmp_path, monkeypatch):
     """setup() as on a GPU, with the meta device in its place."""
@@ -112,7 +127,7 @@ def meta_run(data_root, tmp_path, monkeypatch):
 @pytest.mark.parametrize("data", ["tensor", "memmap"])
 def test_training_steps_on_the_meta_device(meta_run, monkeypatch, optimizer, data):
     if data == "memmap":
-        monkeypatch.setattr(train, "SMALL_DATASET", 0)  # a split read batch by batch
+        monkeypatch.setattr(batches, "SMALL_DATASET", 0)  # a split read batch by batch
     r = meta_run(f"--optimizer={optimizer}")
     assert isinstance(r.splits["train"], torch.Tensor) == (data == "tensor")
     with OneDevicePerOp():
@@ -130,9 +145,9 @@ def test_training_steps_on_the_meta_device(meta_run, monkeypatch, optimizer, dat
 @pytest.mark.parametrize("data", ["tensor", "memmap"])
 def test_a_batch_left_on_the_cpu_fails_the_meta_step(meta_run, monkeypatch, data):
     if data == "memmap":
-        monkeypatch.setattr(train, "SMALL_DATASET", 0)
+        monkeypatch.setattr(batches, "SMALL_DATASET", 0)
     r = meta_run()
-    monkeypatch.setattr(train, "to_device", lambda t, device: t)  # the bug: a batch never moved
+    monkeypatch.setattr(batches, "to_device", lambda t, device: t)  # the bug: a batch never moved
     with OneDevicePerOp(), pytest.raises(RuntimeError, match="mixes devices|not on the expected device"):
         train.train_step(r, 1e-3)
 
@@ -382,12 +397,13 @@ def test_smoke_test_commands_are_valid_settings(tmp_path, monkeypatch):
     parsers = {"train.py": train.get_config, "sample.py": sample.parse_options,
                "bench.py": lambda argv: bench.parse_args(bench.DEFAULTS, argv, allow_files=False)}
     seen = set()
-    for name, command in smoke_gpu.steps(str(tmp_path)):
-        script = command[1]
-        if script in parsers:
-            parsers[script](command[2:])  # raises on an unknown key or a bad value
-            seen.add(script)
-    assert seen == set(parsers)
+    for name, command in smoke_gpu.steps(str(tmp_path), gpus=2):
+        at = next((i for i, word in enumerate(command) if word in parsers), None)  # python or torchrun
+        if at is not None:
+            parsers[command[at]](command[at + 1:])  # raises on an unknown key or a bad value
+            seen.add((command[at], "--context_parallel=2" in command))
+    assert seen == {(script, False) for script in parsers} | {("train.py", True)}
+    assert not any("--context_parallel=2" in command for _, command in smoke_gpu.steps(str(tmp_path), gpus=1))
 
 
 def test_smoke_test_reads_the_figures_of_real_runs(data_root, tmp_path):
@@ -445,8 +461,9 @@ def test_a_training_step_on_cuda_matches_the_cpu(optimizer, monkeypatch):
         torch.manual_seed(0)
         raw = GPT(GPTConfig(**train.model_args(cfg, 37))).to(device)
         data = torch.randint(0, 37, (1000,), generator=torch.Generator().manual_seed(1)).to(device)
-        r = types.SimpleNamespace(cfg=cfg, rank=0, world=1, device=device, raw=raw, ddp_model=raw,
-                                  optimizers=train.make_optimizers(raw, cfg, device.type),
+        r = types.SimpleNamespace(cfg=cfg, rank=0, world=1, dp_rank=0, dp_world=1, split=lambda t: t,
+                                  device=device, raw=raw, ddp_model=raw,
+                                  optimizers=train.make_optimizers(raw, cfg, device.type, "float32"),
                                   scaler=torch.amp.GradScaler(device.type, enabled=False),
                                   data_gen=torch.Generator().manual_seed(2), splits={"train": data},
                                   ctx=functools.partial(train.precision_context, device.type, "float32", 16))
@@ -455,7 +472,7 @@ def test_a_training_step_on_cuda_matches_the_cpu(optimizer, monkeypatch):
 
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # float32 as on the CPU
     (cuda_losses, cuda_weights), (cpu_losses, cpu_weights) = run(torch.device("cuda")), run(torch.device("cpu"))
-    # Muon orthogonalises in bfloat16, where the two devices round differently
+    # the two devices add in different orders (Muon orthogonalises in float32 on both)
     assert cuda_losses == pytest.approx(cpu_losses, abs=1e-3)
     for a, b in zip(cuda_weights, cpu_weights):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)

@@ -299,7 +299,8 @@ def test_val_loss_is_the_loss_of_record(tiny):
     # and what train.py's final evaluation computes
     r = types.SimpleNamespace(splits={"val": torch.from_numpy(np.asarray(data, dtype=np.int64))},
                               cfg={"batch_size": 8, "block_size": B}, raw=copy.deepcopy(model),
-                              rank=0, world=1, master=True, device=torch.device("cpu"), ctx=lambda: torch.no_grad())
+                              rank=0, world=1, master=True, device=torch.device("cpu"), ctx=lambda: torch.no_grad(),
+                              dp_rank=0, dp_world=1, split=lambda t: t, split_unit=1)
     assert got == pytest.approx(train.full_val_loss(r), abs=1e-5)
 
 

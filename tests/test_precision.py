@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import hardware
+import optim
 import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -267,7 +268,7 @@ SHAPES = [(48, 192), (192, 48), (96, 96)]  # wide, tall, square
 def test_float32_iteration_is_the_bf16_iteration_without_rounding(shape):
     g = torch.randn(shape, generator=torch.Generator().manual_seed(1))
     exact = newton_schulz_float64(g)
-    ours = train.newton_schulz(g, (3.4445, -4.7750, 2.0315), 5, 1e-7)
+    ours = optim.newton_schulz(g, (3.4445, -4.7750, 2.0315), 5, 1e-7)
     theirs = torch.optim._muon._zeropower_via_newtonschulz(g, (3.4445, -4.7750, 2.0315), 5, 1e-7)
     assert ours.dtype == torch.float32 and theirs.dtype == torch.bfloat16
     assert (ours.double() - exact).abs().max() < 1e-4  # float32 rounding only
@@ -280,7 +281,7 @@ def muon_pair(shape, seed=0):
     w = torch.randn(shape)
     p_ref, p_ours = torch.nn.Parameter(w.clone()), torch.nn.Parameter(w.clone())
     kwargs = dict(lr=0.02, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
-    return (p_ref, torch.optim.Muon([p_ref], **kwargs)), (p_ours, train.Muon([p_ours], float32=True, **kwargs))
+    return (p_ref, torch.optim.Muon([p_ref], **kwargs)), (p_ours, optim.Muon([p_ours], float32=True, **kwargs))
 
 
 def step_with(param, optimizer, grad):
@@ -329,5 +330,5 @@ def test_muon_orthogonalises_in_the_training_precision(dtype):
     from model import GPT, GPTConfig
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=11))
     cfg = dict(train.DEFAULTS, optimizer="muon")
-    muon, adamw = train.make_optimizers(model, cfg, "cpu", dtype)
+    muon, adamw = optim.make_optimizers(model, cfg, "cpu", dtype)
     assert isinstance(muon, torch.optim.Muon) and muon.float32 == (dtype == "float32")

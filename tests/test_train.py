@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import batches
 import train
 from checkpoint import load_checkpoint
 from data.prepare import ensure_dataset, load_tokens
@@ -309,9 +310,11 @@ def test_failed_save_stops_with_one_line(data_root, tmp_path, monkeypatch, capsy
 def test_memmap_batches_equal_in_memory_batches(data_root, tmp_path, monkeypatch):
     common = ["--max_iters=4", "--eval_interval=2"]
     run_in_process(args(data_root, tmp_path / "memory", *common))
-    monkeypatch.setattr(train, "SMALL_DATASET", 0)  # as if the corpus were too large to hold
-    kinds, get_batch = set(), train.get_batch
-    monkeypatch.setattr(train, "get_batch", lambda data, *rest: kinds.add(type(data)) or get_batch(data, *rest))
+    monkeypatch.setattr(batches, "SMALL_DATASET", 0)  # as if the corpus were too large to hold
+    kinds, get_batch = set(), batches.get_batch
+    counted = lambda data, *rest: kinds.add(type(data)) or get_batch(data, *rest)  # noqa: E731
+    monkeypatch.setattr(batches, "get_batch", counted)  # the training batches
+    monkeypatch.setattr(train, "get_batch", counted)  # the evaluation batches
     run_in_process(args(data_root, tmp_path / "memmap", *common))
     assert kinds == {np.memmap}
     assert losses(read_log(tmp_path / "memory")) == losses(read_log(tmp_path / "memmap"))

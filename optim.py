@@ -1,0 +1,82 @@
+"""
+The optimizers train.py steps: AdamW, or Muon for the hidden matrices with AdamW
+for the rest, and the learning-rate schedule.
+"""
+
+import math
+
+import torch
+
+
+class Muon(torch.optim.Muon):
+    """torch.optim.Muon, with its Newton-Schulz orthogonalisation in float32 when
+    float32=True. PyTorch runs it in bfloat16, with no option: right where bfloat16
+    is native, about 40x slower where it is emulated (a CPU with only AVX2), where
+    it then dominates the step. The hyperparameters, the state and the update rule
+    are PyTorch's, so a checkpoint resumes with either."""
+
+    def __init__(self, params, float32=False, **kwargs):
+        super().__init__(params, **kwargs)
+        self.float32 = float32
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if not self.float32:
+            return super().step(closure)
+        # torch.optim._muon looks its iteration up at every step: lend it ours
+        module = torch.optim._muon
+        bf16_iteration, module._zeropower_via_newtonschulz = module._zeropower_via_newtonschulz, newton_schulz
+        try:
+            return super().step(closure)
+        finally:
+            module._zeropower_via_newtonschulz = bf16_iteration
+
+
+def newton_schulz(g, ns_coefficients, ns_steps, eps):
+    """Muon's quintic Newton-Schulz iteration (Jordan et al. 2024, with
+    torch.optim.Muon's coefficients and steps) in float32: it pushes every
+    singular value of the matrix g towards 1, keeping its singular vectors."""
+    a, b, c = ns_coefficients
+    x = g.float()
+    tall = x.size(0) > x.size(1)
+    if tall:
+        x = x.T  # iterate on the wide side: its Gram matrix x x^T is the smaller
+    x = x / x.norm().clamp(min=eps)  # Frobenius norm 1 bounds the spectral norm by 1
+    for _ in range(ns_steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)  # a x + (b G + c G^2) x
+    return x.T if tall else x
+
+
+def make_optimizers(model, cfg, device_type, dtype):
+    """Optimizers that step together: [AdamW], or [Muon, AdamW]. Muon orthogonalises
+    in bfloat16 only when training in it: elsewhere bfloat16 may be emulated (40x
+    slower) or crash (hardware.py)."""
+    lr, wd, betas = cfg["learning_rate"], cfg["weight_decay"], (cfg["beta1"], cfg["beta2"])
+    if cfg["optimizer"] == "adamw":
+        return [model.configure_optimizers(wd, lr, betas, device_type)]
+    # Muon orthogonalises the update of each hidden matrix. Embeddings (and the
+    # head tied to them), biases and gains are not hidden matrices: AdamW.
+    # match_rms_adamw scales Muon's steps like AdamW's, so one lr serves both.
+    hidden = [p for p in model.transformer.h.parameters() if p.dim() == 2]
+    hidden_ids = {id(p) for p in hidden}
+    rest = [p for p in model.parameters() if id(p) not in hidden_ids]
+    muon = Muon(hidden, lr=lr, weight_decay=wd, adjust_lr_fn="match_rms_adamw",
+                float32=dtype != "bfloat16")
+    adamw = torch.optim.AdamW([{"params": [p for p in rest if p.dim() >= 2], "weight_decay": wd},
+                               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}],
+                              lr=lr, betas=betas, fused=device_type in ("cuda", "cpu"))
+    return [muon, adamw]
+
+
+def get_lr(it, cfg):
+    """Linear warmup, cosine decay to min_lr at lr_decay_iters, then min_lr."""
+    lr, warmup, end, min_lr = cfg["learning_rate"], cfg["warmup_iters"], cfg["lr_decay_iters"], cfg["min_lr"]
+    if not cfg["decay_lr"]:
+        return lr
+    if it < warmup:
+        return lr * (it + 1) / (warmup + 1)
+    if it >= end:
+        return min_lr
+    progress = (it - warmup) / (end - warmup)  # 0 -> 1
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)

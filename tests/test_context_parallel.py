@@ -1,0 +1,103 @@
+"""Context parallelism (context_parallel.py): torchrun with each sequence split
+over 2 gloo processes trains exactly as one process does, and bad settings are
+one-line errors before any work."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import train
+from checkpoint import load_checkpoint
+from context_parallel import ContextParallel
+from model import GPT, GPTConfig
+
+REPO = os.path.dirname(os.path.abspath(train.__file__))
+TINY = ["--n_layer=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--gradient_accumulation_steps=2",
+        "--device=cpu", "--compile=False", "--dtype=float32", "--eval_iters=4", "--log_interval=1",
+        "--warmup_iters=2", "--learning_rate=3e-3", "--min_lr=3e-4", "--dropout=0.0", "--seed=7",
+        "--max_iters=4", "--eval_interval=2", "--lr_decay_iters=4", "--eval_full_val=True"]
+
+
+def args(data_root, out_dir, *extra):
+    return ["--dataset=shakespeare_char", f"--data_root={data_root}", f"--out_dir={out_dir}", *TINY, *extra]
+
+
+def read_log(out_dir):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.mark.parametrize("model", [
+    ["--n_head=2", "--context_parallel_layout=zigzag"],  # learned positions
+    ["--n_head=4", "--n_kv_head=2", "--rope=True", "--context_parallel_layout=contiguous"],
+], ids=["learned-zigzag", "rope-gqa-contiguous"])
+def test_sequence_split_over_two_processes_trains_as_one(data_root, tmp_path, model):
+    one, two = tmp_path / "one", tmp_path / "two"
+    train.main(args(data_root, one, *model))
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "train.py", *args(data_root, two, *model, "--context_parallel=2")],
+                            cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                            timeout=240)
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
+    assert "2 process(es) (1 x 2 per sequence)" in result.stdout
+    log_one, log_two = read_log(one), read_log(two)
+    assert [r["iter"] for r in log_two] == [0, 2, 4]
+    for a, b in zip(log_one, log_two):
+        for key in ("train_loss", "val_loss"):
+            assert a[key] == pytest.approx(b[key], abs=1e-4), (a, b)
+    assert log_one[-1]["val_loss_full"] == pytest.approx(log_two[-1]["val_loss_full"], abs=1e-4)
+    c1, c2 = load_checkpoint(str(one)), load_checkpoint(str(two))
+    for key in c1["model"]:
+        torch.testing.assert_close(c1["model"][key], c2["model"][key], rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("world, extra, needles", [
+    (1, ["--context_parallel=2"], ["context_parallel=2", "does not divide", "1 process"]),
+    (2, ["--context_parallel=2", "--block_size=30"], ["30 tokens", "4 equal pieces", "zigzag"]),
+    (2, ["--context_parallel=2", "--block_size=31", "--context_parallel_layout=contiguous"], ["31 tokens", "2 equal"]),
+    (2, ["--context_parallel=2", "--dropout=0.1"], ["dropout=0"]),
+    (2, ["--context_parallel=2", "--compile=True"], ["compile=False"]),
+    (2, ["--context_parallel=2", "--context_parallel_layout=spiral"], ["unknown context_parallel_layout"]),
+    (1, ["--context_parallel=0"], ["context_parallel", "positive"]),
+])
+def test_bad_context_parallel_settings_are_one_line_errors(data_root, tmp_path, monkeypatch, capsys,
+                                                           world, extra, needles):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", str(world))  # no process group is joined: the error comes first
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(args(data_root, tmp_path / "out", "--n_head=2", *extra))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+    for needle in needles:
+        assert needle in err, err
+    assert not dist.is_initialized()
+
+
+@pytest.fixture
+def one_process_group(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("zigzag", [False, True])
+def test_attached_model_of_one_rank_is_the_model(one_process_group, zigzag):
+    """A ring of one: the hooks (positions, ring attention) change nothing; no
+    attention maps nor KV cache from a split model."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=11, n_layer=2, n_head=4, n_kv_head=2, n_embd=16, rope=zigzag))
+    split = ContextParallel(1, zigzag).attach(GPT(model.config))
+    split.load_state_dict(model.state_dict())
+    idx = torch.randint(0, 11, (2, 16))
+    torch.testing.assert_close(split(idx, idx)[1], model(idx, idx)[1], rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="no attention maps"):
+        split(idx, return_attention=True)
+    with pytest.raises(ValueError, match="no attention maps"):
+        split.generate(idx[:, :2], 2)
