@@ -32,19 +32,21 @@ def read_log(out_dir):
         return [json.loads(line) for line in f]
 
 
-@pytest.mark.parametrize("model", [
-    ["--n_head=2", "--context_parallel_layout=zigzag"],  # learned positions
-    ["--n_head=4", "--n_kv_head=2", "--rope=True", "--context_parallel_layout=contiguous"],
-], ids=["learned-zigzag", "rope-gqa-contiguous"])
-def test_sequence_split_over_two_processes_trains_as_one(data_root, tmp_path, model):
+@pytest.mark.parametrize("processes, model", [
+    (2, ["--n_head=2", "--context_parallel_layout=zigzag"]),  # learned positions
+    (4, ["--n_head=4", "--n_kv_head=2", "--rope=True", "--context_parallel_layout=contiguous"]),
+], ids=["learned-zigzag", "rope-gqa-contiguous-2x2"])
+def test_sequence_split_over_two_processes_trains_as_one(data_root, tmp_path, processes, model):
+    """Each sequence over 2 processes: alone, or twice side by side, data-parallel."""
     one, two = tmp_path / "one", tmp_path / "two"
     train.main(args(data_root, one, *model))
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             "train.py", *args(data_root, two, *model, "--context_parallel=2")],
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             f"--nproc_per_node={processes}", "train.py",
+                             *args(data_root, two, *model, "--context_parallel=2")],
                             cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
                             timeout=240)
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
-    assert "2 process(es) (1 x 2 per sequence)" in result.stdout
+    assert f"{processes} process(es) ({processes // 2} x 2 per sequence)" in result.stdout
     log_one, log_two = read_log(one), read_log(two)
     assert [r["iter"] for r in log_two] == [0, 2, 4]
     for a, b in zip(log_one, log_two):
