@@ -82,24 +82,41 @@ def test_bad_context_parallel_settings_are_one_line_errors(data_root, tmp_path, 
     assert not dist.is_initialized()
 
 
-@pytest.fixture
-def one_process_group(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+def join_alone(tmp_path, device):
+    """A process group of one: gloo on the CPU, NCCL on a GPU."""
+    if device.type == "cuda":
+        dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1,
+                                device_id=device)
+    else:
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
 
 
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                            reason="needs CUDA")])])
 @pytest.mark.parametrize("zigzag", [False, True])
-def test_attached_model_of_one_rank_is_the_model(one_process_group, zigzag):
-    """A ring of one: the hooks (positions, ring attention) change nothing; no
-    attention maps nor KV cache from a split model."""
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=16, vocab_size=11, n_layer=2, n_head=4, n_kv_head=2, n_embd=16, rope=zigzag))
-    split = ContextParallel(1, zigzag).attach(GPT(model.config))
-    split.load_state_dict(model.state_dict())
-    idx = torch.randint(0, 11, (2, 16))
-    torch.testing.assert_close(split(idx, idx)[1], model(idx, idx)[1], rtol=0, atol=1e-5)
-    with pytest.raises(ValueError, match="no attention maps"):
-        split(idx, return_attention=True)
-    with pytest.raises(ValueError, match="no attention maps"):
-        split.generate(idx[:, :2], 2)
+def test_attached_model_of_one_rank_is_the_model(tmp_path, monkeypatch, device, zigzag):
+    """A ring of one: the hooks (positions, ring attention) change neither the
+    loss nor the gradients; no attention maps nor KV cache from a split model."""
+    device = torch.device(device)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # float32 as on the CPU
+    join_alone(tmp_path, device)
+    try:
+        torch.manual_seed(0)
+        config = GPTConfig(block_size=16, vocab_size=11, n_layer=2, n_head=4, n_kv_head=2, n_embd=16, rope=zigzag)
+        model = GPT(config).to(device)
+        split = ContextParallel(1, zigzag).attach(GPT(config).to(device))
+        split.load_state_dict(model.state_dict())
+        idx = torch.randint(0, 11, (2, 16), device=device)
+        losses = [m(idx, idx)[1] for m in (split, model)]
+        torch.testing.assert_close(losses[0], losses[1], rtol=0, atol=1e-5)
+        for loss in losses:
+            loss.backward()
+        for (name, a), b in zip(split.named_parameters(), model.parameters()):
+            torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=1e-5, msg=name)
+        with pytest.raises(ValueError, match="no attention maps"):
+            split(idx, return_attention=True)
+        with pytest.raises(ValueError, match="no attention maps"):
+            split.generate(idx[:, :2], 2)
+    finally:
+        dist.destroy_process_group()
