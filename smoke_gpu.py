@@ -4,15 +4,15 @@ path of this project and says, step by step, what works.
 
     python smoke_gpu.py        # a few minutes on one GPU
 
-Steps: the CUDA tests (pytest -m cuda; among them blockwise and ring attention
-over NCCL on the first GPU), 20 iters of config/shakespeare.py and a resume to
-40, on two GPUs or more 20 iters with each sequence split over two
-(--context_parallel=2), sample.py in the default dtype with and without
---compile, the same greedy sample in float32 with and without --compile (which
-must agree), and bench.py --device=cuda --quick. It prints one line per step, ok or FAIL
-with the error, and writes the figures to out-smoke-gpu/smoke.json and every
-step's whole output to out-smoke-gpu/<step>.log. Without CUDA it says so and
-does nothing.
+Steps: the CUDA tests (pytest -m cuda; among them blockwise attention, and the
+model through the context-parallel hooks in a one-process NCCL group), 20
+iters of config/shakespeare.py and a resume to 40, on two GPUs or more 20
+iters with each sequence split over two (--context_parallel=2), sample.py in
+the default dtype with and without --compile, the same greedy sample in
+float32 with and without --compile (which must agree), and bench.py
+--device=cuda --quick. It prints one line per step, ok or FAIL with the error,
+and writes the figures to out-smoke-gpu/smoke.json and every step's whole
+output to out-smoke-gpu/<step>.log. Without CUDA it says so and does nothing.
 """
 
 import json

@@ -480,9 +480,11 @@ def setup(cfg):
         print(f"{raw.num_params() / 1e6:.2f}M parameters | {device}, {dtype} ({why}) | {world} process(es){split} | "
               f"{tokens_per_iter:,} tokens per iter | {dataset_dir}")
     return types.SimpleNamespace(
-        cfg=cfg, rank=rank, world=world, master=rank == 0, dp_rank=rank // cfg["context_parallel"],
-        dp_world=dp_world, split=cp.split if cp else (lambda t: t), split_unit=cp.unit if cp else 1,
-        device=device, dtype=dtype, ctx=ctx, raw=raw, model=model,
+        cfg=cfg, rank=rank, world=world, master=rank == 0, device=device, dtype=dtype, ctx=ctx, raw=raw,
+        model=model,
+        # context parallelism: the data-parallel place, and this rank's part of a sequence
+        dp_rank=rank // cfg["context_parallel"], dp_world=dp_world, split=cp.split if cp else (lambda t: t),
+        split_unit=cp.unit if cp else 1,
         ddp_model=ddp_model, optimizers=optimizers, scaler=scaler, data_gen=data_gen, splits=splits,
         meta=meta, tokens_per_iter=tokens_per_iter, resumed=ckpt is not None, wandb=wandb,
         # a checkpoint saved by a stop signal has not been evaluated at its iter (older ones always were)

@@ -32,19 +32,21 @@ def read_log(out_dir):
         return [json.loads(line) for line in f]
 
 
-@pytest.mark.parametrize("model", [
-    ["--n_head=2", "--context_parallel_layout=zigzag"],  # learned positions
-    ["--n_head=4", "--n_kv_head=2", "--rope=True", "--context_parallel_layout=contiguous"],
-], ids=["learned-zigzag", "rope-gqa-contiguous"])
-def test_sequence_split_over_two_processes_trains_as_one(data_root, tmp_path, model):
+@pytest.mark.parametrize("processes, model", [
+    (2, ["--n_head=2", "--context_parallel_layout=zigzag"]),  # learned positions
+    (4, ["--n_head=4", "--n_kv_head=2", "--rope=True", "--context_parallel_layout=contiguous"]),
+], ids=["learned-zigzag", "rope-gqa-contiguous-2x2"])
+def test_sequence_split_over_two_processes_trains_as_one(data_root, tmp_path, processes, model):
+    """Each sequence over 2 processes: alone, or twice side by side, data-parallel."""
     one, two = tmp_path / "one", tmp_path / "two"
     train.main(args(data_root, one, *model))
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             "train.py", *args(data_root, two, *model, "--context_parallel=2")],
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             f"--nproc_per_node={processes}", "train.py",
+                             *args(data_root, two, *model, "--context_parallel=2")],
                             cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
                             timeout=240)
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
-    assert "2 process(es) (1 x 2 per sequence)" in result.stdout
+    assert f"{processes} process(es) ({processes // 2} x 2 per sequence)" in result.stdout
     log_one, log_two = read_log(one), read_log(two)
     assert [r["iter"] for r in log_two] == [0, 2, 4]
     for a, b in zip(log_one, log_two):
@@ -80,24 +82,41 @@ def test_bad_context_parallel_settings_are_one_line_errors(data_root, tmp_path, 
     assert not dist.is_initialized()
 
 
-@pytest.fixture
-def one_process_group(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+def join_alone(tmp_path, device):
+    """A process group of one: gloo on the CPU, NCCL on a GPU."""
+    if device.type == "cuda":
+        dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1,
+                                device_id=device)
+    else:
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
 
 
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                            reason="needs CUDA")])])
 @pytest.mark.parametrize("zigzag", [False, True])
-def test_attached_model_of_one_rank_is_the_model(one_process_group, zigzag):
-    """A ring of one: the hooks (positions, ring attention) change nothing; no
-    attention maps nor KV cache from a split model."""
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=16, vocab_size=11, n_layer=2, n_head=4, n_kv_head=2, n_embd=16, rope=zigzag))
-    split = ContextParallel(1, zigzag).attach(GPT(model.config))
-    split.load_state_dict(model.state_dict())
-    idx = torch.randint(0, 11, (2, 16))
-    torch.testing.assert_close(split(idx, idx)[1], model(idx, idx)[1], rtol=0, atol=1e-5)
-    with pytest.raises(ValueError, match="no attention maps"):
-        split(idx, return_attention=True)
-    with pytest.raises(ValueError, match="no attention maps"):
-        split.generate(idx[:, :2], 2)
+def test_attached_model_of_one_rank_is_the_model(tmp_path, monkeypatch, device, zigzag):
+    """A ring of one: the hooks (positions, ring attention) change neither the
+    loss nor the gradients; no attention maps nor KV cache from a split model."""
+    device = torch.device(device)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # float32 as on the CPU
+    join_alone(tmp_path, device)
+    try:
+        torch.manual_seed(0)
+        config = GPTConfig(block_size=16, vocab_size=11, n_layer=2, n_head=4, n_kv_head=2, n_embd=16, rope=zigzag)
+        model = GPT(config).to(device)
+        split = ContextParallel(1, zigzag).attach(GPT(config).to(device))
+        split.load_state_dict(model.state_dict())
+        idx = torch.randint(0, 11, (2, 16), device=device)
+        losses = [m(idx, idx)[1] for m in (split, model)]
+        torch.testing.assert_close(losses[0], losses[1], rtol=0, atol=1e-5)
+        for loss in losses:
+            loss.backward()
+        for (name, a), b in zip(split.named_parameters(), model.parameters()):
+            torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=1e-5, msg=name)
+        with pytest.raises(ValueError, match="no attention maps"):
+            split(idx, return_attention=True)
+        with pytest.raises(ValueError, match="no attention maps"):
+            split.generate(idx[:, :2], 2)
+    finally:
+        dist.destroy_process_group()

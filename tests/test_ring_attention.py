@@ -132,7 +132,8 @@ def test_ring_equals_explicit_attention(size, tmp_path):
     T, cases = 56, {}
     for zigzag in (False, True):
         for nh, nkv in ((4, 4), (4, 2)):
-            cases[f"{'zigzag' if zigzag else 'contiguous'}-{nh}/{nkv}"] = (*inputs(2, nh, nkv, T, 8, seed=nkv), zigzag, 5)
+            name = f"{'zigzag' if zigzag else 'contiguous'}-{nh}/{nkv}"
+            cases[name] = (*inputs(2, nh, nkv, T, 8, seed=nkv), zigzag, 5)
     if size == 4:
         cases["subgroup-zigzag-4/1"] = (*inputs(1, 4, 1, 24, 8, seed=3), True, 4)
     run_ranks(worker, size, (size, str(tmp_path / "init"), cases, str(tmp_path)))
