@@ -43,6 +43,27 @@ def attention(q, k, v, mask=None):
     return weights @ v, weights
 
 
+# Linear attention (Katharopoulos et al. 2020), an option (GPTConfig.attention) ----------
+# exp(q . k) becomes phi(q) . phi(k), phi = elu + 1 > 0, so the sum over keys factors through a
+# fixed-size state: y_i = phi(q_i) S_i / phi(q_i) . z_i, S_i = sum_{j<=i} phi(k_j) v_j^T, z_i = sum_{j<=i} phi(k_j).
+def linear_attention(q, k, v, state=None, return_attention=False, chunk=64):
+    """Causal, for q, k (B, nh, T, hs), v (B, nh, T, hv), after the positions summed in state
+    [S (B, nh, hs, hv), z (B, nh, hs)], brought up to date in place. Chunked: the masked quadratic
+    form within a chunk, the state between chunks, so O(T). return_attention: one chunk, and its weights."""
+    q, k = F.elu(q) + 1, F.elu(k) + 1
+    S, z = state or (q.new_zeros(*q.shape[:-2], q.size(-1), v.size(-1)), q.new_zeros(q[..., 0, :].shape))
+    ys, chunk = [], q.size(2) if return_attention else chunk
+    for s in range(0, q.size(2), chunk):
+        qc, kc, vc = q[:, :, s:s + chunk], k[:, :, s:s + chunk], v[:, :, s:s + chunk]
+        w = (qc @ kc.transpose(-2, -1)).tril()  # (B, nh, c, c): phi(q_i) . phi(k_j) within the chunk, j <= i
+        den = qc @ z[..., None] + w.sum(-1, keepdim=True)  # (B, nh, c, 1)
+        ys.append((qc @ S + w @ vc) / den)
+        S, z = S + kc.transpose(-2, -1) @ vc, z + kc.sum(2)  # the chunk joins the state
+    if state:
+        state[0].copy_(S), state[1].copy_(z)
+    return torch.cat(ys, dim=2), (w / den if return_attention else None)  # (B, nh, T, hv), (B, nh, T, T)
+
+
 # 2. The causal mask ----------
 def causal_mask(t_q, t_k, device=None):
     """Bool (t_q, t_k): True where query i may attend to key j. The queries are
@@ -122,6 +143,25 @@ class KVCache:
         return sum(t.nbytes for t in self.k + self.v)
 
 
+class LinearState:
+    """A linear-attention model's past, in KVCache's place and with its interface: S (B, nh,
+    hs, hs) and z (B, nh, hs) per layer, one size at any position; with rope, no block_size."""
+
+    def __init__(self, config, batch_size, device=None, dtype=None):
+        hs = config.n_embd // config.n_head
+        S = torch.zeros(batch_size, config.n_head, hs, hs, device=device, dtype=dtype)
+        self.state = [[S.clone(), S[..., 0].clone()] for _ in range(config.n_layer)]  # [S, z] per layer
+        self.block_size, self.pos = config.context, 0
+        self.nbytes = sum(t.nbytes for s in self.state for t in s)  # the same at every position
+
+    def advance(self, n):
+        self.pos += n
+
+    def reset(self):
+        self.pos = 0
+        [t.zero_() for s in self.state for t in s]
+
+
 # Rotary position embeddings, an option (GPTConfig.rope) ----------
 # Each pair of channels of q and k is rotated by an angle proportional to the
 # position, so q . k depends on the positions only through their difference.
@@ -155,6 +195,7 @@ class MultiHeadAttention(nn.Module):
         self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * kv_width, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # W_O
         self.qk_norm = config.qk_norm
+        self.attention = config.attention
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
@@ -171,6 +212,10 @@ class MultiHeadAttention(nn.Module):
             q, k = F.rms_norm(q, (hs,)), F.rms_norm(k, (hs,))
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        if self.attention == "linear":  # a running state in place of the keys (LinearState)
+            k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)
+            y, weights = linear_attention(q, k, v, kv_cache.state[layer] if kv_cache else None, return_attention)
+            return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, C))), weights
         if kv_cache is not None:
             k, v = kv_cache.update(layer, k, v, at)  # (B, nkv, Tk, hs), Tk = cached + T
         Tk = k.size(2)
@@ -247,6 +292,7 @@ class GPTConfig:
     rope: bool = False  # rotary embeddings instead of learned positions
     qk_norm: bool = False  # RMS-normalise queries and keys per head
     activation: str = "gelu"  # "gelu" (tanh approximation) or "relu2"
+    attention: str = "softmax"  # or "linear": linear_attention, O(T) and a fixed-size state
 
     def __post_init__(self):
         self.n_kv_head = self.n_head if self.n_kv_head is None else self.n_kv_head
@@ -264,6 +310,10 @@ class GPTConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if self.activation not in ("gelu", "relu2"):
             raise ValueError(f"activation must be 'gelu' or 'relu2', got {self.activation!r}")
+        if self.attention not in ("softmax", "linear"):
+            raise ValueError(f"attention must be 'softmax' or 'linear', got {self.attention!r}")
+        # how far positions go: learned ones stop at block_size; a linear model with rope goes on
+        self.context = math.inf if self.attention == "linear" and self.rope else self.block_size
 
 
 # Dense bf16 peaks in FLOP/s (vendors' data sheets) for estimate_mfu, matched in order
@@ -334,6 +384,8 @@ class GPT(nn.Module):
 
     def make_kv_cache(self, batch_size, dtype=None, zero=False):
         c, p = self.config, self.transformer.wte.weight
+        if c.attention == "linear":
+            return LinearState(c, batch_size, p.device, dtype or p.dtype)
         return KVCache(c.n_layer, batch_size, c.n_kv_head, c.block_size, c.n_embd // c.n_head,
                        device=p.device, dtype=dtype or p.dtype, zero=zero)
 
@@ -357,9 +409,12 @@ class GPT(nn.Module):
         if kv_cache is not None and start + T > kv_cache.block_size:
             raise ValueError(f"KV cache overflow: {start} positions cached + {T} new > block_size "
                              f"{kv_cache.block_size}; reset the cache or slide the window")
-        if T > self.config.block_size:
+        if T > self.config.context:
             raise ValueError(f"sequence of length {T} is longer than block_size {self.config.block_size}")
 
+        if self.config.rope and start + T > len(self.rotary_cos):  # a LinearState goes on past the table
+            tables = rotary_tables(2 * self.rotary_cos.size(1), 2 * (start + T))
+            self.rotary_cos, self.rotary_sin = (t.to(idx.device) for t in tables)
         x, rotary = self.embed(idx, torch.arange(start, start + T, device=idx.device))
         x = self.transformer.drop(x)
         maps = []
@@ -395,7 +450,7 @@ class GPT(nn.Module):
         given that it began at `start`. Positions stop at block_size, so a full
         window slides: the oldest quarter is dropped and the cache rebuilt from
         the rest in one forward, once every block_size / 4 tokens, not every token."""
-        bs = self.config.block_size
+        bs = self.config.context
         if length - start <= bs:
             return start
         return length - max(1, bs - bs // 4)
@@ -416,8 +471,8 @@ class GPT(nn.Module):
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if idx.size(1) < 1:
             raise ValueError("generation needs at least one prompt token")
-        if compile and (return_attention or not use_cache):
-            raise ValueError("compile=True decodes through the KV cache and returns no attention maps")
+        if compile and (return_attention or not use_cache or self.config.attention != "softmax"):
+            raise ValueError("compile=True decodes softmax attention through the KV cache, with no attention maps")
         if compile:
             step, cache = self.compiled_decoder(idx.size(0))
         else:
@@ -426,7 +481,7 @@ class GPT(nn.Module):
             def step(token):  # the newest tokens (B, 1) attend to the cache
                 return self(token, kv_cache=cache, return_attention=return_attention)
         # a prompt longer than the window keeps its last block_size tokens
-        start, fresh = max(0, idx.size(1) - self.config.block_size), True
+        start, fresh = max(0, idx.size(1) - self.config.context), True
         for _ in range(max_new_tokens):
             new_start = self.context_start(idx.size(1), start)
             if cache is None or fresh or new_start != start:
@@ -522,6 +577,8 @@ class GPT(nn.Module):
         """GPT-2 from a Hugging Face folder, or by name ('gpt2', 'gpt2-medium', ...)
         through huggingface_hub. overrides: GPTConfig fields to change, e.g.
         dropout or a smaller block_size. A bad file is a one-line ValueError."""
+        if overrides.get("attention", "softmax") != "softmax":
+            raise ValueError("GPT-2's weights need softmax attention; train a linear model from scratch")
         from checkpoint import read_gpt2_files  # safetensors, or a weights_only torch.load
         hf, state = read_gpt2_files(path_or_name)
         if hf["activation_function"] not in ("gelu_new", "gelu_pytorch_tanh"):
