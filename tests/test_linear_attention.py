@@ -164,3 +164,47 @@ def test_softmax_stays_the_default():
     config = GPTConfig(block_size=16, vocab_size=40, n_layer=1, n_head=2, n_embd=16, rope=True)
     assert config.attention == "softmax" and config.context == 16
     assert type(GPT(config).make_kv_cache(1)).__name__ == "KVCache"
+
+
+def test_train_sample_and_heads_on_a_linear_checkpoint(data_root, tmp_path, capsys):
+    """--attention=linear is a config key; the checkpoint carries it, and sample.py
+    (with its attention maps) and heads.py load the model from it."""
+    import heads
+    import numpy as np
+    import sample
+    import train
+    from checkpoint import load_checkpoint
+    out = str(tmp_path / "out")
+    train.main(["--dataset=shakespeare_char", f"--data_root={data_root}", f"--out_dir={out}", "--n_layer=2",
+                "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=8", "--gradient_accumulation_steps=1",
+                "--device=cpu", "--compile=False", "--dtype=float32", "--eval_iters=2", "--max_iters=20",
+                "--eval_interval=20", "--warmup_iters=2", "--learning_rate=3e-3", "--rope=True",
+                "--attention=linear"])
+    ckpt = load_checkpoint(out)
+    assert ckpt["model_args"]["attention"] == "linear" and ckpt["config"]["attention"] == "linear"
+    capsys.readouterr()
+    assert sample.run([f"--out_dir={out}", "--prompt=ROMEO:", "--num_samples=1", "--max_new_tokens=40",
+                       "--temperature=0", "--seed=1"]) == 0
+    text = capsys.readouterr().out.split("\n" + "-" * 40 + "\n")[0]
+    assert text.startswith("ROMEO:") and len(text) == 46  # 6 + 40 characters, past the 32-token block
+    z = np.load(f"{out}/attention/attention.npz")
+    assert z["layer_0"].shape == (2, 46, 46)  # every token: rope lets a linear model see them all
+    np.testing.assert_allclose(z["layer_1"].sum(-1), 1.0, atol=1e-5)
+    model = GPT(GPTConfig(**ckpt["model_args"]))
+    model.load_state_dict(ckpt["model"])
+    tok = sample.get_tokenizer(ckpt["tokenizer"])
+    expected = model.eval().generate(torch.tensor([tok.encode("ROMEO:")]), 40, temperature=0)
+    assert tok.decode(expected[0].tolist()) == text  # the same text as generating with the state
+    assert heads.run([f"--out_dir={out}", "--max_windows=4", "--seed=7"]) == 0
+    assert "layer" in capsys.readouterr().out
+    assert sample.run([f"--out_dir={out}", "--prompt=ROMEO:", "--compile", "--attn_dir="]) == 1
+    assert capsys.readouterr().err.strip().endswith("drop it for this linear-attention model")
+
+
+def test_gpt2_weights_with_linear_attention_is_refused(data_root, tmp_path, capsys):
+    import train
+    with pytest.raises(SystemExit):
+        train.main([f"--data_root={data_root}", f"--out_dir={tmp_path}", "--init_from=gpt2",
+                    "--dataset=shakespeare_char", "--attention=linear", "--device=cpu"])
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "softmax attention" in err, err
