@@ -2,10 +2,10 @@
 A GPT-style causal decoder in one file, meant to be read top to bottom.
 
 The ideas appear in the order they are built:
-  1. attention      softmax(Q K^T / sqrt(d)) V, written out, returning its weights
+  1. attention      softmax(Q K^T / sqrt(d)) V, written out, returning its weights; linear_attention
   2. causal_mask    which keys each query may see; future scores become -inf
   3. Head           one attention head with its own W_Q, W_K, W_V
-  4. KVCache        preallocated keys and values, so decoding feeds one token at a time
+  4. KVCache        preallocated keys and values, so decoding feeds one token at a time; LinearState
   5. MultiHeadAttention  all heads in one projection, plus W_O
   6. MLP, Block     the feed-forward layer and the pre-LayerNorm residual block
   7. GPT            embeddings, blocks, tied LM head, loss, a fixed-shape decode step
@@ -43,18 +43,16 @@ def attention(q, k, v, mask=None):
     return weights @ v, weights
 
 
-# Linear attention (Katharopoulos et al. 2020), an option (GPTConfig.attention) ----------
-# exp(q . k) becomes phi(q) . phi(k), phi = elu + 1 > 0, so the sum over keys factors through a
-# fixed-size state: y_i = phi(q_i) S_i / phi(q_i) . z_i, S_i = sum_{j<=i} phi(k_j) v_j^T, z_i = sum_{j<=i} phi(k_j).
 def linear_attention(q, k, v, state=None, return_attention=False, chunk=64):
-    """Causal, for q, k (B, nh, T, hs), v (B, nh, T, hv), after the positions summed in state
-    [S (B, nh, hs, hv), z (B, nh, hs)], brought up to date in place. Chunked: the masked quadratic
-    form within a chunk, the state between chunks, so O(T). return_attention: one chunk, and its weights."""
+    """Linear attention (Katharopoulos et al. 2020), GPTConfig.attention = "linear": exp(q.k)
+    becomes phi(q).phi(k), phi = elu + 1 > 0, and the sum over keys runs through a fixed-size state:
+    y_i = phi(q_i) S_i / phi(q_i).z_i, S_i = sum_{j<=i} phi(k_j) v_j^T, z_i = sum_{j<=i} phi(k_j).
+    Causal, for q, k (B, nh, T, hs), v (B, nh, T, hv) after the positions in state [S, z] (updated
+    in place). Chunked: the masked quadratic form within a chunk, the state between, so O(T)."""
     q, k = F.elu(q) + 1, F.elu(k) + 1
     S, z = state or (q.new_zeros(*q.shape[:-2], q.size(-1), v.size(-1)), q.new_zeros(q[..., 0, :].shape))
-    ys, chunk = [], q.size(2) if return_attention else chunk
-    for s in range(0, q.size(2), chunk):
-        qc, kc, vc = q[:, :, s:s + chunk], k[:, :, s:s + chunk], v[:, :, s:s + chunk]
+    ys, chunk = [], q.size(2) if return_attention else chunk  # the weights: of one chunk, at short T
+    for qc, kc, vc in zip(q.split(chunk, 2), k.split(chunk, 2), v.split(chunk, 2)):
         w = (qc @ kc.transpose(-2, -1)).tril()  # (B, nh, c, c): phi(q_i) . phi(k_j) within the chunk, j <= i
         den = qc @ z[..., None] + w.sum(-1, keepdim=True)  # (B, nh, c, 1)
         ys.append((qc @ S + w @ vc) / den)
@@ -144,15 +142,12 @@ class KVCache:
 
 
 class LinearState:
-    """A linear-attention model's past, in KVCache's place and with its interface: S (B, nh,
-    hs, hs) and z (B, nh, hs) per layer, one size at any position; with rope, no block_size."""
+    """A linear model's KVCache, with its interface: per layer [S (B, nh, hs, hs), z (B, nh, hs)]."""
 
-    def __init__(self, config, batch_size, device=None, dtype=None):
-        hs = config.n_embd // config.n_head
-        S = torch.zeros(batch_size, config.n_head, hs, hs, device=device, dtype=dtype)
-        self.state = [[S.clone(), S[..., 0].clone()] for _ in range(config.n_layer)]  # [S, z] per layer
-        self.block_size, self.pos = config.context, 0
-        self.nbytes = sum(t.nbytes for s in self.state for t in s)  # the same at every position
+    def __init__(self, config, B, device=None, dtype=None):
+        S = torch.zeros(B, config.n_head, *[config.n_embd // config.n_head] * 2, device=device, dtype=dtype)
+        self.state = [[S.clone(), S[..., 0].clone()] for _ in range(config.n_layer)]
+        self.block_size, self.pos, self.nbytes = config.context, 0, sum(t.nbytes for s in self.state for t in s)
 
     def advance(self, n):
         self.pos += n
@@ -180,11 +175,10 @@ def apply_rotary(x, cos, sin):
 
 # 5. Multi-head attention ----------
 class MultiHeadAttention(nn.Module):
-    """n_head causal heads computed together, then mixed by W_O. One Linear
-    (c_attn) holds every head's W_Q, W_K, W_V side by side: the same as n_head
-    Heads, concatenated, then W_O. With n_kv_head < n_head (grouped-query
-    attention) each key/value head serves n_head / n_kv_head query heads, which
-    shrinks the KV cache."""
+    """n_head causal heads computed together, then mixed by W_O. One Linear (c_attn) holds
+    every head's W_Q, W_K, W_V side by side: the same as n_head Heads, concatenated, then W_O.
+    With n_kv_head < n_head (grouped-query attention) each key/value head serves n_head /
+    n_kv_head query heads, which shrinks the KV cache."""
 
     def __init__(self, config):
         super().__init__()
@@ -308,12 +302,10 @@ class GPTConfig:
             raise ValueError("rope needs an even head size (n_embd / n_head)")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if self.activation not in ("gelu", "relu2"):
-            raise ValueError(f"activation must be 'gelu' or 'relu2', got {self.activation!r}")
-        if self.attention not in ("softmax", "linear"):
-            raise ValueError(f"attention must be 'softmax' or 'linear', got {self.attention!r}")
-        # how far positions go: learned ones stop at block_size; a linear model with rope goes on
-        self.context = math.inf if self.attention == "linear" and self.rope else self.block_size
+        for name, kinds in (("activation", ("gelu", "relu2")), ("attention", ("softmax", "linear"))):
+            if getattr(self, name) not in kinds:
+                raise ValueError(f"{name} must be {' or '.join(map(repr, kinds))}, got {getattr(self, name)!r}")
+        self.context = math.inf if self.attention == "linear" and self.rope else self.block_size  # max positions
 
 
 # Dense bf16 peaks in FLOP/s (vendors' data sheets) for estimate_mfu, matched in order
@@ -375,8 +367,7 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def num_params(self, non_embedding=False):
-        """Parameters, the tied LM head counted once; non_embedding leaves out the
-        position embedding (the token one is the LM head too)."""
+        """Parameters, the tied LM head counted once; non_embedding: less the position embedding."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding and "wpe" in self.transformer:
             n -= self.transformer.wpe.weight.numel()
@@ -398,12 +389,10 @@ class GPT(nn.Module):
         return x + self.transformer.wpe(pos), None  # (T, C) broadcast over B
 
     def forward(self, idx, targets=None, kv_cache=None, return_attention=False, last_only=False):
-        """idx (B, T) token ids -> (logits (B, T, vocab), loss or None).
-
-        kv_cache: attend over the cached positions plus idx, append idx's keys and
-        values, advance the cache. return_attention adds a third item, one
-        (B, n_head, T, Tk) weight tensor per layer. last_only: the last position's
-        logits alone (what generation needs)."""
+        """idx (B, T) token ids -> (logits (B, T, vocab), loss or None). kv_cache (a KVCache,
+        or a LinearState): attend over its positions plus idx, add idx's to it, advance it.
+        return_attention adds a third item, one (B, n_head, T, Tk) weight tensor per layer.
+        last_only: the last position's logits alone (what generation needs)."""
         B, T = idx.size()
         start = kv_cache.pos if kv_cache is not None else 0
         if kv_cache is not None and start + T > kv_cache.block_size:
@@ -433,12 +422,11 @@ class GPT(nn.Module):
         return (logits, loss, maps) if return_attention else (logits, loss)
 
     def decode_step(self, idx, at, kv_cache):
-        """Logits (B, vocab) of one new token per sequence, idx (B, 1), at position
-        `at` (a 1-element long tensor), through a zeroed cache. forward with a
-        cache does the same, but its shapes grow with the cache; here the whole
-        cache is attended to, with the positions past `at` masked, so the shapes
-        never change: torch.compile builds the step once, and on CUDA it can be
-        replayed as a CUDA graph. Inference only; the caller advances the cache."""
+        """Logits (B, vocab) of one new token per sequence, idx (B, 1), at position `at` (a
+        1-element long tensor), through a zeroed cache. forward with a cache does the same, but
+        its shapes grow with the cache; here the whole cache is attended to, with the positions
+        past `at` masked, so the shapes never change: torch.compile builds the step once, and on
+        CUDA it can be replayed as a CUDA graph. Inference only; the caller advances the cache."""
         x, rotary = self.embed(idx, at)
         for layer, block in enumerate(self.transformer.h):
             x, _ = block(x, kv_cache, layer, rotary, at=at)
@@ -446,10 +434,10 @@ class GPT(nn.Module):
 
     # 8. Generation ----------
     def context_start(self, length, start):
-        """Where the window of a `length`-token sequence begins for the next token,
-        given that it began at `start`. Positions stop at block_size, so a full
-        window slides: the oldest quarter is dropped and the cache rebuilt from
-        the rest in one forward, once every block_size / 4 tokens, not every token."""
+        """Where the window of a `length`-token sequence begins for the next token, given
+        that it began at `start`. Positions stop at block_size (a linear model with rope has no
+        end), so a full window slides: the oldest quarter is dropped and the cache rebuilt
+        from the rest in one forward, once every block_size / 4 tokens, not every token."""
         bs = self.config.context
         if length - start <= bs:
             return start
@@ -460,13 +448,12 @@ class GPT(nn.Module):
                         use_cache=True, generator=None, return_attention=False, compile=False):
         """Yield (next_token (B, 1), attention, window_start) for each new token.
 
-        The window (the prompt, or what is left after a slide) goes through the
-        model in one forward that fills the cache; then only the newest token
-        does. use_cache=False runs the whole window every time; compile=True
-        runs the newest token through the compiled step (compiled_decoder).
-        attention (with return_attention): the per-layer weights of the forward
-        that gave this token, over idx[:, window_start:]: (B, nh, T, T) maps,
-        then one (B, nh, 1, Tk) row per step."""
+        The window (the prompt, or what is left after a slide) goes through the model in
+        one forward that fills the cache; then only the newest token does. use_cache=False
+        runs the whole window every time; compile=True runs the newest token through the
+        compiled step (compiled_decoder). attention (with return_attention): the per-layer
+        weights of the forward that gave this token, over idx[:, window_start:]: (B, nh, T, T)
+        maps, then one (B, nh, 1, Tk) row per step."""
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if idx.size(1) < 1:
@@ -499,22 +486,19 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
                  use_cache=True, generator=None, compile=False):
-        """idx (B, T) with max_new_tokens sampled tokens appended; temperature=0 is
-        greedy. use_cache=False (the whole window every step, same sliding rule)
-        gives the same greedy tokens, and so does compile=True in float32."""
+        """idx (B, T) plus max_new_tokens sampled tokens; temperature=0 is greedy. use_cache=False (the
+        whole window every step, same sliding rule) and compile=True in float32 give the same greedy tokens."""
         steps = self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p,
                                      use_cache, generator, compile=compile)
         return torch.cat([idx] + [token for token, _, _ in steps], dim=1)
 
     def compiled_decoder(self, batch_size, cuda_graphs=None):
-        """(step, cache): decode_step compiled, with its zeroed KVCache, built once
-        per batch size and kept; step(token (B, 1)) returns what forward would and
-        advances the cache. cuda_graphs (default: on CUDA):
-        mode "reduce-overhead" records the step as a CUDA graph, writing the
-        static cache tensors in place. Otherwise max-autotune with frozen weights
-        lets inductor write its own matrix-vector kernels (docs/benchmarks.md);
-        frozen weights are constants of the compiled code, so changing a
-        parameter rebuilds it."""
+        """(step, cache): decode_step compiled, with its zeroed KVCache, built once per batch
+        size and kept; step(token (B, 1)) returns what forward would and advances the cache.
+        cuda_graphs (default: on CUDA): mode "reduce-overhead" records the step as a CUDA graph,
+        writing the static cache tensors in place. Otherwise max-autotune with frozen weights
+        lets inductor write its own matrix-vector kernels (docs/benchmarks.md); frozen weights
+        are constants of the compiled code, so changing a parameter rebuilds it."""
         p = self.transformer.wte.weight
         if p.device.type not in ("cpu", "cuda"):
             raise ValueError(f"compile=True is built for CPU and CUDA, not {p.device.type}")
@@ -563,8 +547,7 @@ class GPT(nn.Module):
         return 6 * self.num_params(non_embedding=True) + 12 * c.n_layer * c.n_embd * c.block_size
 
     def estimate_mfu(self, tokens_per_iter, dt):
-        """Model FLOPs utilisation against the bf16 peak of the current GPU
-        (PEAK_FLOPS); None without CUDA and where the peak is unknown."""
+        """Model FLOPs utilisation against the current GPU's bf16 peak (PEAK_FLOPS), or None."""
         if not torch.cuda.is_available() or dt <= 0:
             return None
         name = torch.cuda.get_device_name()
@@ -574,9 +557,9 @@ class GPT(nn.Module):
     # 9. GPT-2 weights in Hugging Face format ----------
     @classmethod
     def from_pretrained(cls, path_or_name, **overrides):
-        """GPT-2 from a Hugging Face folder, or by name ('gpt2', 'gpt2-medium', ...)
-        through huggingface_hub. overrides: GPTConfig fields to change, e.g.
-        dropout or a smaller block_size. A bad file is a one-line ValueError."""
+        """GPT-2 from a Hugging Face folder, or by name ('gpt2', 'gpt2-medium', ...) through
+        huggingface_hub. overrides: GPTConfig fields to change, e.g. dropout or a smaller
+        block_size. A bad file, or attention='linear', is a one-line ValueError."""
         if overrides.get("attention", "softmax") != "softmax":
             raise ValueError("GPT-2's weights need softmax attention; train a linear model from scratch")
         from checkpoint import read_gpt2_files  # safetensors, or a weights_only torch.load
