@@ -451,6 +451,12 @@ against {maxcost("softmax"):.3f}): with flat weights, a head passes on an averag
 of its context, which the other heads largely carry too. This is the missing
 spikiness the Hedgehog paper describes, seen in this model's own maps.
 
+Layer 0 of the linear model over the prompt "ROMEO:" and 58 generated
+characters (`sample.py --seed=1337 --max_new_tokens=58`); the softmax model's
+layer 0, with its bright diagonals, is [attention_layer_0.png](attention_layer_0.png):
+
+![layer 0 of the linear model: every row spread evenly over the keys](linear_attention_layer_0.png)
+
 ## Reproduce
 
 ```sh
@@ -458,8 +464,11 @@ export TINYSHAKESPEARE_PATH=/path/to/input.txt
 python docs/linear_attention.py train    # trains both models into out-la-softmax/ and out-la-linear/
 python docs/linear_attention.py layer
 python docs/linear_attention.py decode
+python docs/linear_attention.py context
 python docs/linear_attention.py heads
 python docs/linear_attention.py report
+python sample.py --out_dir=out-la-linear --prompt "ROMEO:" --seed=1337 --num_samples=1 \\
+    --max_new_tokens=58 --attn_dir=/tmp/maps   # /tmp/maps/layer_0.png is the picture
 ```
 """
     with open(os.path.join(DOCS, "linear_attention.md"), "w") as f:
