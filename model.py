@@ -403,7 +403,7 @@ class GPT(nn.Module):
 
         if self.config.rope and start + T > len(self.rotary_cos):  # a LinearState goes on past the table
             tables = rotary_tables(2 * self.rotary_cos.size(1), 2 * (start + T))
-            self.rotary_cos, self.rotary_sin = (t.to(idx.device) for t in tables)
+            self.rotary_cos, self.rotary_sin = (t.to(self.rotary_cos) for t in tables)  # same device, dtype
         x, rotary = self.embed(idx, torch.arange(start, start + T, device=idx.device))
         x = self.transformer.drop(x)
         maps = []
