@@ -401,7 +401,7 @@ class GPT(nn.Module):
         if T > self.config.context:
             raise ValueError(f"sequence of length {T} is longer than block_size {self.config.block_size}")
 
-        if self.config.rope and start + T > len(self.rotary_cos):  # a LinearState goes on past the table
+        if self.config.rope and start + T > len(self.rotary_cos):  # linear with rope: past the table
             tables = rotary_tables(2 * self.rotary_cos.size(1), 2 * (start + T))
             self.rotary_cos, self.rotary_sin = (t.to(self.rotary_cos) for t in tables)  # same device, dtype
         x, rotary = self.embed(idx, torch.arange(start, start + T, device=idx.device))
