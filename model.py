@@ -2,10 +2,10 @@
 A GPT-style causal decoder in one file, meant to be read top to bottom.
 
 The ideas appear in the order they are built:
-  1. attention      softmax(Q K^T / sqrt(d)) V, written out, returning its weights
+  1. attention      softmax(Q K^T / sqrt(d)) V, written out, returning its weights; linear_attention
   2. causal_mask    which keys each query may see; future scores become -inf
   3. Head           one attention head with its own W_Q, W_K, W_V
-  4. KVCache        preallocated keys and values, so decoding feeds one token at a time
+  4. KVCache        preallocated keys and values, so decoding feeds one token at a time; LinearState
   5. MultiHeadAttention  all heads in one projection, plus W_O
   6. MLP, Block     the feed-forward layer and the pre-LayerNorm residual block
   7. GPT            embeddings, blocks, tied LM head, loss, a fixed-shape decode step
@@ -41,6 +41,25 @@ def attention(q, k, v, mask=None):
     # the softmax runs in float32 so that bf16/fp16 weights still sum to 1
     weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
     return weights @ v, weights
+
+
+def linear_attention(q, k, v, state=None, return_attention=False, chunk=64):
+    """Linear attention (Katharopoulos et al. 2020), GPTConfig.attention = "linear": exp(q.k)
+    becomes phi(q).phi(k), phi = elu + 1 > 0, and the sum over keys runs through a fixed-size state:
+    y_i = phi(q_i) S_i / phi(q_i).z_i, S_i = sum_{j<=i} phi(k_j) v_j^T, z_i = sum_{j<=i} phi(k_j).
+    Causal, for q, k (B, nh, T, hs), v (B, nh, T, hv) after the positions in state [S, z] (updated
+    in place). Chunked: the masked quadratic form within a chunk, the state between, so O(T)."""
+    q, k = F.elu(q) + 1, F.elu(k) + 1
+    S, z = state or (q.new_zeros(*q.shape[:-2], q.size(-1), v.size(-1)), q.new_zeros(q[..., 0, :].shape))
+    ys, chunk = [], q.size(2) if return_attention else chunk  # the weights: of one chunk, at short T
+    for qc, kc, vc in zip(q.split(chunk, 2), k.split(chunk, 2), v.split(chunk, 2)):
+        w = (qc @ kc.transpose(-2, -1)).tril()  # (B, nh, c, c): phi(q_i) . phi(k_j) within the chunk, j <= i
+        den = qc @ z[..., None] + w.sum(-1, keepdim=True)  # (B, nh, c, 1)
+        ys.append((qc @ S + w @ vc) / den)
+        S, z = S + kc.transpose(-2, -1) @ vc, z + kc.sum(2)  # the chunk joins the state
+    if state:
+        state[0].copy_(S), state[1].copy_(z)
+    return torch.cat(ys, dim=2), (w / den if return_attention else None)  # (B, nh, T, hv), (B, nh, T, T)
 
 
 # 2. The causal mask ----------
@@ -122,6 +141,22 @@ class KVCache:
         return sum(t.nbytes for t in self.k + self.v)
 
 
+class LinearState:
+    """A linear model's KVCache, with its interface: per layer [S (B, nh, hs, hs), z (B, nh, hs)]."""
+
+    def __init__(self, config, B, device=None, dtype=None):
+        S = torch.zeros(B, config.n_head, *[config.n_embd // config.n_head] * 2, device=device, dtype=dtype)
+        self.state = [[S.clone(), S[..., 0].clone()] for _ in range(config.n_layer)]
+        self.block_size, self.pos, self.nbytes = config.context, 0, sum(t.nbytes for s in self.state for t in s)
+
+    def advance(self, n):
+        self.pos += n
+
+    def reset(self):
+        self.pos = 0
+        [t.zero_() for s in self.state for t in s]
+
+
 # Rotary position embeddings, an option (GPTConfig.rope) ----------
 # Each pair of channels of q and k is rotated by an angle proportional to the
 # position, so q . k depends on the positions only through their difference.
@@ -140,11 +175,10 @@ def apply_rotary(x, cos, sin):
 
 # 5. Multi-head attention ----------
 class MultiHeadAttention(nn.Module):
-    """n_head causal heads computed together, then mixed by W_O. One Linear
-    (c_attn) holds every head's W_Q, W_K, W_V side by side: the same as n_head
-    Heads, concatenated, then W_O. With n_kv_head < n_head (grouped-query
-    attention) each key/value head serves n_head / n_kv_head query heads, which
-    shrinks the KV cache."""
+    """n_head causal heads computed together, then mixed by W_O. One Linear (c_attn) holds
+    every head's W_Q, W_K, W_V side by side: the same as n_head Heads, concatenated, then W_O.
+    With n_kv_head < n_head (grouped-query attention) each key/value head serves n_head /
+    n_kv_head query heads, which shrinks the KV cache."""
 
     def __init__(self, config):
         super().__init__()
@@ -155,6 +189,7 @@ class MultiHeadAttention(nn.Module):
         self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * kv_width, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # W_O
         self.qk_norm = config.qk_norm
+        self.attention = config.attention
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
         self.sdpa = F.scaled_dot_product_attention  # context_parallel.py swaps in ring attention
@@ -172,6 +207,10 @@ class MultiHeadAttention(nn.Module):
             q, k = F.rms_norm(q, (hs,)), F.rms_norm(k, (hs,))
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        if self.attention == "linear":  # a running state in place of the keys (LinearState)
+            k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)
+            y, weights = linear_attention(q, k, v, kv_cache.state[layer] if kv_cache else None, return_attention)
+            return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, C))), weights
         if kv_cache is not None:
             k, v = kv_cache.update(layer, k, v, at)  # (B, nkv, Tk, hs), Tk = cached + T
         Tk = k.size(2)
@@ -248,6 +287,7 @@ class GPTConfig:
     rope: bool = False  # rotary embeddings instead of learned positions
     qk_norm: bool = False  # RMS-normalise queries and keys per head
     activation: str = "gelu"  # "gelu" (tanh approximation) or "relu2"
+    attention: str = "softmax"  # or "linear": linear_attention, O(T) and a fixed-size state
 
     def __post_init__(self):
         self.n_kv_head = self.n_head if self.n_kv_head is None else self.n_kv_head
@@ -263,8 +303,10 @@ class GPTConfig:
             raise ValueError("rope needs an even head size (n_embd / n_head)")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if self.activation not in ("gelu", "relu2"):
-            raise ValueError(f"activation must be 'gelu' or 'relu2', got {self.activation!r}")
+        for name, kinds in (("activation", ("gelu", "relu2")), ("attention", ("softmax", "linear"))):
+            if getattr(self, name) not in kinds:
+                raise ValueError(f"{name} must be {' or '.join(map(repr, kinds))}, got {getattr(self, name)!r}")
+        self.context = math.inf if self.attention == "linear" and self.rope else self.block_size  # max positions
 
 
 # Dense bf16 peaks in FLOP/s (vendors' data sheets) for estimate_mfu, matched in order
@@ -326,8 +368,7 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def num_params(self, non_embedding=False):
-        """Parameters, the tied LM head counted once; non_embedding leaves out the
-        position embedding (the token one is the LM head too)."""
+        """Parameters, the tied LM head counted once; non_embedding: less the position embedding."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding and "wpe" in self.transformer:
             n -= self.transformer.wpe.weight.numel()
@@ -335,6 +376,8 @@ class GPT(nn.Module):
 
     def make_kv_cache(self, batch_size, dtype=None, zero=False):
         c, p = self.config, self.transformer.wte.weight
+        if c.attention == "linear":
+            return LinearState(c, batch_size, p.device, dtype or p.dtype)
         return KVCache(c.n_layer, batch_size, c.n_kv_head, c.block_size, c.n_embd // c.n_head,
                        device=p.device, dtype=dtype or p.dtype, zero=zero)
 
@@ -347,20 +390,21 @@ class GPT(nn.Module):
         return x + self.transformer.wpe(pos), None  # (T, C) broadcast over B
 
     def forward(self, idx, targets=None, kv_cache=None, return_attention=False, last_only=False):
-        """idx (B, T) token ids -> (logits (B, T, vocab), loss or None).
-
-        kv_cache: attend over the cached positions plus idx, append idx's keys and
-        values, advance the cache. return_attention adds a third item, one
-        (B, n_head, T, Tk) weight tensor per layer. last_only: the last position's
-        logits alone (what generation needs)."""
+        """idx (B, T) token ids -> (logits (B, T, vocab), loss or None). kv_cache (a KVCache,
+        or a LinearState): attend over its positions plus idx, add idx's to it, advance it.
+        return_attention adds a third item, one (B, n_head, T, Tk) weight tensor per layer.
+        last_only: the last position's logits alone (what generation needs)."""
         B, T = idx.size()
         start = kv_cache.pos if kv_cache is not None else 0
         if kv_cache is not None and start + T > kv_cache.block_size:
             raise ValueError(f"KV cache overflow: {start} positions cached + {T} new > block_size "
                              f"{kv_cache.block_size}; reset the cache or slide the window")
-        if T > self.config.block_size:
+        if T > self.config.context:
             raise ValueError(f"sequence of length {T} is longer than block_size {self.config.block_size}")
 
+        if self.config.rope and start + T > len(self.rotary_cos):  # linear with rope: past the table
+            tables = rotary_tables(2 * self.rotary_cos.size(1), 2 * (start + T))
+            self.rotary_cos, self.rotary_sin = (t.to(self.rotary_cos) for t in tables)  # same device, dtype
         x, rotary = self.embed(idx, torch.arange(start, start + T, device=idx.device))
         x = self.transformer.drop(x)
         maps = []
@@ -379,12 +423,11 @@ class GPT(nn.Module):
         return (logits, loss, maps) if return_attention else (logits, loss)
 
     def decode_step(self, idx, at, kv_cache):
-        """Logits (B, vocab) of one new token per sequence, idx (B, 1), at position
-        `at` (a 1-element long tensor), through a zeroed cache. forward with a
-        cache does the same, but its shapes grow with the cache; here the whole
-        cache is attended to, with the positions past `at` masked, so the shapes
-        never change: torch.compile builds the step once, and on CUDA it can be
-        replayed as a CUDA graph. Inference only; the caller advances the cache."""
+        """Logits (B, vocab) of one new token per sequence, idx (B, 1), at position `at` (a
+        1-element long tensor), through a zeroed cache. forward with a cache does the same, but
+        its shapes grow with the cache; here the whole cache is attended to, with the positions
+        past `at` masked, so the shapes never change: torch.compile builds the step once, and on
+        CUDA it can be replayed as a CUDA graph. Inference only; the caller advances the cache."""
         x, rotary = self.embed(idx, at)
         for layer, block in enumerate(self.transformer.h):
             x, _ = block(x, kv_cache, layer, rotary, at=at)
@@ -392,11 +435,11 @@ class GPT(nn.Module):
 
     # 8. Generation ----------
     def context_start(self, length, start):
-        """Where the window of a `length`-token sequence begins for the next token,
-        given that it began at `start`. Positions stop at block_size, so a full
-        window slides: the oldest quarter is dropped and the cache rebuilt from
-        the rest in one forward, once every block_size / 4 tokens, not every token."""
-        bs = self.config.block_size
+        """Where the window of a `length`-token sequence begins for the next token, given
+        that it began at `start`. Positions stop at block_size (a linear model with rope has no
+        end), so a full window slides: the oldest quarter is dropped and the cache rebuilt
+        from the rest in one forward, once every block_size / 4 tokens, not every token."""
+        bs = self.config.context
         if length - start <= bs:
             return start
         return length - max(1, bs - bs // 4)
@@ -406,19 +449,18 @@ class GPT(nn.Module):
                         use_cache=True, generator=None, return_attention=False, compile=False):
         """Yield (next_token (B, 1), attention, window_start) for each new token.
 
-        The window (the prompt, or what is left after a slide) goes through the
-        model in one forward that fills the cache; then only the newest token
-        does. use_cache=False runs the whole window every time; compile=True
-        runs the newest token through the compiled step (compiled_decoder).
-        attention (with return_attention): the per-layer weights of the forward
-        that gave this token, over idx[:, window_start:]: (B, nh, T, T) maps,
-        then one (B, nh, 1, Tk) row per step."""
+        The window (the prompt, or what is left after a slide) goes through the model in
+        one forward that fills the cache; then only the newest token does. use_cache=False
+        runs the whole window every time; compile=True runs the newest token through the
+        compiled step (compiled_decoder). attention (with return_attention): the per-layer
+        weights of the forward that gave this token, over idx[:, window_start:]: (B, nh, T, T)
+        maps, then one (B, nh, 1, Tk) row per step."""
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if idx.size(1) < 1:
             raise ValueError("generation needs at least one prompt token")
-        if compile and (return_attention or not use_cache):
-            raise ValueError("compile=True decodes through the KV cache and returns no attention maps")
+        if compile and (return_attention or not use_cache or self.config.attention != "softmax"):
+            raise ValueError("compile=True decodes softmax attention through the KV cache, with no attention maps")
         if compile:
             step, cache = self.compiled_decoder(idx.size(0))
         else:
@@ -427,7 +469,7 @@ class GPT(nn.Module):
             def step(token):  # the newest tokens (B, 1) attend to the cache
                 return self(token, kv_cache=cache, return_attention=return_attention)
         # a prompt longer than the window keeps its last block_size tokens
-        start, fresh = max(0, idx.size(1) - self.config.block_size), True
+        start, fresh = max(0, idx.size(1) - self.config.context), True
         for _ in range(max_new_tokens):
             new_start = self.context_start(idx.size(1), start)
             if cache is None or fresh or new_start != start:
@@ -445,22 +487,19 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
                  use_cache=True, generator=None, compile=False):
-        """idx (B, T) with max_new_tokens sampled tokens appended; temperature=0 is
-        greedy. use_cache=False (the whole window every step, same sliding rule)
-        gives the same greedy tokens, and so does compile=True in float32."""
+        """idx (B, T) plus max_new_tokens sampled tokens; temperature=0 is greedy. use_cache=False (the
+        whole window every step, same sliding rule) and compile=True in float32 give the same greedy tokens."""
         steps = self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p,
                                      use_cache, generator, compile=compile)
         return torch.cat([idx] + [token for token, _, _ in steps], dim=1)
 
     def compiled_decoder(self, batch_size, cuda_graphs=None):
-        """(step, cache): decode_step compiled, with its zeroed KVCache, built once
-        per batch size and kept; step(token (B, 1)) returns what forward would and
-        advances the cache. cuda_graphs (default: on CUDA):
-        mode "reduce-overhead" records the step as a CUDA graph, writing the
-        static cache tensors in place. Otherwise max-autotune with frozen weights
-        lets inductor write its own matrix-vector kernels (docs/benchmarks.md);
-        frozen weights are constants of the compiled code, so changing a
-        parameter rebuilds it."""
+        """(step, cache): decode_step compiled, with its zeroed KVCache, built once per batch
+        size and kept; step(token (B, 1)) returns what forward would and advances the cache.
+        cuda_graphs (default: on CUDA): mode "reduce-overhead" records the step as a CUDA graph,
+        writing the static cache tensors in place. Otherwise max-autotune with frozen weights
+        lets inductor write its own matrix-vector kernels (docs/benchmarks.md); frozen weights
+        are constants of the compiled code, so changing a parameter rebuilds it."""
         p = self.transformer.wte.weight
         if p.device.type not in ("cpu", "cuda"):
             raise ValueError(f"compile=True is built for CPU and CUDA, not {p.device.type}")
@@ -509,8 +548,7 @@ class GPT(nn.Module):
         return 6 * self.num_params(non_embedding=True) + 12 * c.n_layer * c.n_embd * c.block_size
 
     def estimate_mfu(self, tokens_per_iter, dt):
-        """Model FLOPs utilisation against the bf16 peak of the current GPU
-        (PEAK_FLOPS); None without CUDA and where the peak is unknown."""
+        """Model FLOPs utilisation against the current GPU's bf16 peak (PEAK_FLOPS), or None."""
         if not torch.cuda.is_available() or dt <= 0:
             return None
         name = torch.cuda.get_device_name()
@@ -520,9 +558,11 @@ class GPT(nn.Module):
     # 9. GPT-2 weights in Hugging Face format ----------
     @classmethod
     def from_pretrained(cls, path_or_name, **overrides):
-        """GPT-2 from a Hugging Face folder, or by name ('gpt2', 'gpt2-medium', ...)
-        through huggingface_hub. overrides: GPTConfig fields to change, e.g.
-        dropout or a smaller block_size. A bad file is a one-line ValueError."""
+        """GPT-2 from a Hugging Face folder, or by name ('gpt2', 'gpt2-medium', ...) through
+        huggingface_hub. overrides: GPTConfig fields to change, e.g. dropout or a smaller
+        block_size. A bad file, or attention='linear', is a one-line ValueError."""
+        if overrides.get("attention", "softmax") != "softmax":
+            raise ValueError("GPT-2's weights need softmax attention; train a linear model from scratch")
         from checkpoint import read_gpt2_files  # safetensors, or a weights_only torch.load
         hf, state = read_gpt2_files(path_or_name)
         if hf["activation_function"] not in ("gelu_new", "gelu_pytorch_tanh"):

@@ -176,7 +176,7 @@ def encode_prompt(tok, text, model):
         raise SampleError(f"the tokenizer gives token {max(ids)} but the model has only "
                           f"{model.config.vocab_size}; the checkpoint's tokenizer does not match it")
     block_size = model.config.block_size
-    if len(ids) > block_size:
+    if len(ids) > model.config.context:  # a linear model with rope takes any length
         print(f"note: the prompt has {len(ids)} tokens, more than the model's context of "
               f"{block_size}; keeping the last {block_size}", file=sys.stderr)
         ids = ids[-block_size:]
@@ -203,9 +203,11 @@ def generate_one(model, idx, cfg, generator, attention=False, on_token=None):
     the generator's state restored, so the samples are the same either way.
     """
     n_new = cfg["max_new_tokens"]
+    # a linear-attention model's state keeps no keys to weigh: its maps come from whole forwards
+    linear = attention and model.config.attention == "linear"
     stream = model.generate_stream(
         idx, n_new + int(attention), cfg["temperature"], cfg["top_k"], cfg["top_p"],
-        use_cache=not cfg["no_cache"], generator=generator, return_attention=attention,
+        use_cache=not (cfg["no_cache"] or linear), generator=generator, return_attention=attention,
         compile=cfg["compile"])
     new, steps = [], []
     for i in range(n_new + int(attention)):
@@ -285,6 +287,8 @@ def main(argv):
     if cfg["compile"]:
         if not device.startswith(("cpu", "cuda")):
             raise SampleError(f"--compile runs on CPU and CUDA, not {device}; drop --compile")
+        if model.config.attention != "softmax":
+            raise SampleError("--compile decodes softmax attention only; drop it for this linear-attention model")
         t0 = time.perf_counter()
         model.generate(idx, 2, temperature=0.0, compile=True)  # the second token compiles the step
         sync(device)

@@ -69,6 +69,7 @@ DEFAULTS = dict(
     # model; n_kv_head None: as many as n_head
     n_layer=12, n_head=12, n_embd=768, dropout=0.0, bias=True,
     n_kv_head=None, rope=False, qk_norm=False, activation="gelu",
+    attention="softmax",  # or 'linear': phi(q).phi(k) attention, O(T), a fixed-size state when generating
     # optimizer: 'adamw', or 'muon' (Muon for the hidden matrices, AdamW for the rest)
     optimizer="adamw", learning_rate=6e-4, max_iters=600000, weight_decay=1e-1,
     beta1=0.9, beta2=0.95, grad_clip=1.0,  # grad_clip 0: no clipping
@@ -86,7 +87,7 @@ DEFAULTS = dict(
 )
 
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "dropout",
-              "n_kv_head", "rope", "qk_norm", "activation")
+              "n_kv_head", "rope", "qk_norm", "activation", "attention")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 USER_ERRORS = (ConfigError, DataError, CheckpointError, TokenizerError, ValueError)
 
@@ -126,6 +127,9 @@ def check_config(cfg):
     for key in ("data_root", "wandb_run_name"):
         if cfg[key] is not None and not isinstance(cfg[key], str):
             raise ValueError(f"{key} must be a string or None, got {cfg[key]!r}")
+    if cfg["attention"] != "softmax" and cfg["init_from"] not in ("scratch", "resume"):
+        raise ValueError(f"init_from={cfg['init_from']!r} loads GPT-2's weights, which need softmax attention; "
+                         f"train --attention={cfg['attention']} from scratch")
     if cfg["init_from"] == "scratch":
         GPTConfig(**model_args(cfg, vocab_size=1))  # raises on bad model sizes
 
@@ -292,7 +296,8 @@ def check_resumable(ckpt, path):
 def load_pretrained(init, cfg):
     """GPT-2 weights from a Hugging Face folder or by name; any failure is one line naming it."""
     try:
-        return GPT.from_pretrained(init, dropout=cfg["dropout"], block_size=cfg["block_size"])
+        return GPT.from_pretrained(init, dropout=cfg["dropout"], block_size=cfg["block_size"],
+                                   attention=cfg["attention"])
     except (OSError, *LOAD_ERRORS) as e:
         if out_of_memory(e):
             raise

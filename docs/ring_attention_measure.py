@@ -16,11 +16,15 @@ import os
 import sys
 import tempfile
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import hardware  # noqa: E402
+
+hardware.check_bf16()  # before torch loads: whether bfloat16 runs here, and its fix (hardware.py)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
 from context_parallel import ContextParallel  # noqa: E402
 from model import GPT, GPTConfig, attention, causal_mask  # noqa: E402
 from ring_attention import Ring, blockwise_attention, ring_attention, split_sequence  # noqa: E402
