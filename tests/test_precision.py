@@ -332,3 +332,37 @@ def test_muon_orthogonalises_in_the_training_precision(dtype):
     cfg = dict(train.DEFAULTS, optimizer="muon")
     muon, adamw = optim.make_optimizers(model, cfg, "cpu", dtype)
     assert isinstance(muon, torch.optim.Muon) and muon.float32 == (dtype == "float32")
+
+
+ENTRY_POINTS = ["train.py", "sample.py", "heads.py", "bench.py", "smoke_gpu.py", "docs/induction_experiment.py",
+                "docs/linear_attention.py", "docs/ring_attention_measure.py"]
+
+
+@pytest.mark.parametrize("path", ENTRY_POINTS + ["tests/conftest.py"])
+def test_every_entry_point_checks_bfloat16_before_torch_loads(path):
+    """The fix (ONEDNN_MAX_CPU_ISA) only works if it is set before torch loads."""
+    import ast
+    tree = ast.parse(open(os.path.join(REPO, path)).read())
+    check = torch_import = None
+    for node in tree.body:  # module level, in order
+        if check is None and isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
+                and ast.unparse(node.value.func) == "hardware.check_bf16":
+            check = node.lineno
+        if isinstance(node, ast.Assign) and ast.unparse(node.value) == "hardware.check_bf16()":
+            check = check or node.lineno
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        if torch_import is None and any(n == "torch" or n.startswith("torch.") for n in names):
+            torch_import = node.lineno
+    assert check is not None and torch_import is not None and check < torch_import
+
+
+def test_the_entry_point_list_is_complete():
+    """Any script with a main block that imports torch is in ENTRY_POINTS."""
+    import glob
+    scripts = set()
+    for path in glob.glob(os.path.join(REPO, "*.py")) + glob.glob(os.path.join(REPO, "docs", "*.py")):
+        text = open(path).read()
+        if '__name__ == "__main__"' in text and "import torch" in text:
+            scripts.add(os.path.relpath(path, REPO))
+    assert scripts - {"hardware.py"} <= set(ENTRY_POINTS), scripts - set(ENTRY_POINTS)
