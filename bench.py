@@ -50,6 +50,7 @@ DEFAULTS = dict(
     threads=0,  # CPU threads; 0 keeps torch's default. 1 steadies ratios on a busy machine
     out="bench.json",  # where every figure goes
     recipes=False,  # instead: train the CPU recipe against nanoGPT's CPU settings, on this CPU and capped at AVX2
+    nanogpt="",  # with --recipes: a nanoGPT checkout (its data prepared) whose own train.py runs beside ours
 )
 
 # name, model shape, batch on CPU, batch on GPU
@@ -498,19 +499,22 @@ def train_run(config, env, out_dir, data_root=None, args=()):
     import subprocess
     extra = [f"--data_root={data_root}"] if data_root else []
     extra += list(args)
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "train.py", config, f"--out_dir={out_dir}", "--eval_full_val=True",
-                             *extra], cwd=os.path.dirname(os.path.abspath(__file__)), env=dict(os.environ, **env),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    import tempfile
     stamps, stdout = {}, []
-    for line in proc.stdout:  # the progress bar writes to stderr, read once the process ends
-        stdout.append(line)
-        for key, mark in (("start", "parameters |"), ("done", "done at iter")):
-            if mark in line:
-                stamps[key] = time.perf_counter() - t0
-    stderr = proc.stderr.read()
-    proc.wait()
-    wall = time.perf_counter() - t0
+    with tempfile.TemporaryFile("w+") as err:  # the progress bar's stderr: a pipe left unread would fill
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "train.py", config, f"--out_dir={out_dir}", "--eval_full_val=True",
+                                 *extra], cwd=os.path.dirname(os.path.abspath(__file__)),
+                                env=dict(os.environ, **env), stdout=subprocess.PIPE, stderr=err, text=True)
+        for line in proc.stdout:
+            stdout.append(line)
+            for key, mark in (("start", "parameters |"), ("done", "done at iter")):
+                if mark in line:
+                    stamps[key] = time.perf_counter() - t0
+        proc.wait()
+        wall = time.perf_counter() - t0
+        err.seek(0)
+        stderr = err.read()
     if proc.returncode != 0 or len(stamps) < 2:
         raise BenchError(f"train.py {config} failed: {stderr.strip().splitlines()[-1:]}")
     with open(os.path.join(out_dir, "log.jsonl")) as f:
@@ -521,9 +525,31 @@ def train_run(config, env, out_dir, data_root=None, args=()):
     return wall, last, start.split("|")[1].strip(), phases
 
 
-def bench_recipes(log, recipes=RECIPES, data_root=None):
+# nanoGPT's README command for a CPU (its train.py trains in float32 there)
+NANOGPT_CPU = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
+               "--log_interval=1", "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4",
+               "--n_embd=128", "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]
+
+
+def nanogpt_run(path, env, out_dir):
+    """nanoGPT's own train.py, as its README runs it on a CPU: (wall seconds, its
+    last val loss, an estimate over eval_iters batches)."""
+    import re
+    import subprocess
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "train.py", *NANOGPT_CPU, f"--out_dir={out_dir}"], cwd=path,
+                          env=dict(os.environ, **env), capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    losses = re.findall(r"step \d+: train loss [\d.]+, val loss ([\d.]+)", proc.stdout)
+    if proc.returncode != 0 or not losses:
+        raise BenchError(f"nanoGPT's train.py failed: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return wall, float(losses[-1])
+
+
+def bench_recipes(log, recipes=RECIPES, data_root=None, nanogpt=""):
     """Each recipe trained to the end on each CPU class, the first recipe (nanoGPT's
-    settings) first: the others' wall times are given as fractions of its."""
+    settings) first: the others' wall times are given as fractions of its, and of
+    nanoGPT's own train.py's when a checkout is given."""
     import tempfile
     from data.prepare import ensure_dataset
     ensure_dataset("shakespeare_char", data_root)  # prepared before the clocks start
@@ -531,6 +557,11 @@ def bench_recipes(log, recipes=RECIPES, data_root=None):
     with tempfile.TemporaryDirectory() as tmp:
         for cpu, env, args in cpu_classes():
             walls = {}
+            if nanogpt:
+                log(f"recipes: nanoGPT's own train.py on {cpu} ...")
+                walls["nanoGPT"], val = nanogpt_run(nanogpt, env, os.path.join(tmp, f"nanogpt{len(rows)}"))
+                rows.append(dict(cpu=cpu, recipe="nanoGPT itself", config="nanoGPT train.py", reference=True,
+                                 device="cpu, float32", iters=2000, val_loss=val, wall_s=walls["nanoGPT"]))
             for i, (name, config) in enumerate(recipes):
                 log(f"recipes: {config} on {cpu} ...")
                 # the reference keeps its own settings: nanoGPT trains in float32 on a CPU anyway
@@ -540,16 +571,24 @@ def bench_recipes(log, recipes=RECIPES, data_root=None):
                 rows.append(dict(cpu=cpu, recipe=name, config=config, reference=i == 0, device=device,
                                  iters=last["iter"], val_loss_full=last["val_loss_full"], wall_s=wall,
                                  wall_over_classic=wall / walls[recipes[0][0]], **phases))
+                if nanogpt:
+                    rows[-1]["wall_over_nanogpt"] = wall / walls["nanoGPT"]
     return rows
 
 
 def recipes_table(rows):
-    lines = ["| CPU | recipe | device, dtype | iters | whole-val loss | start-up s | training s | evaluations s "
-             "| exit s | wall s | wall / nanoGPT's |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| CPU | recipe | device, dtype | iters | val loss | start-up s | training s | evaluations s "
+             "| exit s | wall s | wall / nanoGPT's settings | wall / nanoGPT itself |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def cell(r, key, form):
+        return format(r[key], form) if key in r else "-"
     for r in rows:
-        lines.append(f"| {r['cpu']} | `{r['config']}` | {r['device']} | {r['iters']} | {r['val_loss_full']:.4f} | "
-                     f"{r['startup_s']:.1f} | {r['training_s']:.1f} | {r['evaluations_s']:.1f} | {r['exit_s']:.1f} | "
-                     f"{r['wall_s']:.1f} | {r['wall_over_classic']:.2f} |")
+        loss = f"{r['val_loss_full']:.4f} (whole split)" if "val_loss_full" in r else f"{r['val_loss']:.4f} (estimate)"
+        lines.append(f"| {r['cpu']} | `{r['config']}` | {r['device']} | {r['iters']} | {loss} | "
+                     + " | ".join(cell(r, k, ".1f") for k in ("startup_s", "training_s", "evaluations_s", "exit_s"))
+                     + f" | {r['wall_s']:.1f} | {cell(r, 'wall_over_classic', '.2f')} | "
+                     f"{cell(r, 'wall_over_nanogpt', '.2f')} |")
     return "\n".join(lines)
 
 
@@ -557,7 +596,7 @@ def recipe_targets(rows):
     return [dict(target=f"{r['cpu']}: whole-val loss <= {TARGET_RECIPE_LOSS} in <= {TARGET_RECIPE_WALL}x "
                         "the wall time of nanoGPT's CPU settings", measured=r["wall_over_classic"],
                  met=r["val_loss_full"] <= TARGET_RECIPE_LOSS and r["wall_over_classic"] <= TARGET_RECIPE_WALL)
-            for r in rows if not r["reference"]]
+            for r in rows if "wall_over_classic" in r and not r["reference"]]
 
 
 # -----------------------------------------------------------------------------
@@ -775,7 +814,7 @@ def run(args, log=print):
     if args["recipes"]:
         if gpu:
             raise BenchError("--recipes compares CPU training recipes; drop --device=cuda")
-        result["recipes"] = bench_recipes(log)
+        result["recipes"] = bench_recipes(log, nanogpt=args["nanogpt"])
         result["targets"] = recipe_targets(result["recipes"])
         result["seconds"], result["load_average_after"] = time.perf_counter() - t0, load_average()
         result["markdown"] = (header_lines(result, device) + "\n\n## Training to the target loss\n\n"
