@@ -585,7 +585,7 @@ def bench_attention(args, log):
         log(f"attention: T={T} ...")
         torch.manual_seed(0)
         q, k, v = (torch.randn(B, nh, T, hs, device=device, dtype=dtype) for _ in range(3))
-        mask = causal_mask(T, T, device)
+        mask = causal_mask(T, T, device=device)
 
         def explicit():
             return attention(q, k, v, mask)[0]

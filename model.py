@@ -44,11 +44,28 @@ def attention(q, k, v, mask=None):
 
 
 # 2. The causal mask ----------
-def causal_mask(t_q, t_k, device=None):
+def causal_mask(t_q, t_k, window=None, sinks=0, device=None):
     """Bool (t_q, t_k): True where query i may attend to key j. The queries are
     the last t_q of the t_k positions: causal_mask(T, T) is the lower triangle,
-    causal_mask(1, T) lets the newest token (the KV-cache case) see all keys."""
-    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=t_k - t_q)
+    causal_mask(1, T) lets the newest token (the KV-cache case) see all keys.
+    window W, sinks S: the sliding window and attention sinks (GPTConfig)."""
+    i = torch.arange(t_k - t_q, t_k, device=device)[:, None]
+    return visible(i, torch.arange(t_k, device=device), window, sinks)
+
+
+def visible(i, j, window=None, sinks=0):
+    """May queries at positions i see keys at positions j (broadcast)? j <= i, and
+    with a window W also i - W < j: exactly W keys counting itself (FlashAttention's
+    window_size=(W, 0) sees W + 1). The first S positions stay visible to all."""
+    seen = j <= i
+    return seen if window is None else seen & ((j > i - window) | (j < sinks))
+
+
+def check_window(window, sinks):  # one line for a bad sliding window or sink count
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"sliding window must be a positive integer, got {window!r}")
+    if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0 or (sinks and window is None):
+        raise ValueError(f"sink tokens must be an integer >= 0 and need a sliding window, got {sinks!r}")
 
 
 # 3. One attention head ----------
@@ -64,7 +81,7 @@ class Head(nn.Module):
     def forward(self, x):
         T = x.size(1)
         q, k, v = self.query(x), self.key(x), self.value(x)  # (B, T, hs) each
-        out, weights = attention(q, k, v, causal_mask(T, T, x.device))
+        out, weights = attention(q, k, v, causal_mask(T, T, device=x.device))
         return out, weights  # (B, T, hs), (B, T, T)
 
 
@@ -78,25 +95,39 @@ class KVCache:
     fixed-shape decode step (GPT.decode_step), which attends to the whole buffer
     with the unwritten part masked. That step needs zeroed buffers (zero=True):
     a masked value is still multiplied by its weight 0, and 0 * NaN is NaN.
+
+    With a window W and S sinks it is a rolling buffer (Mistral) of S + W slots
+    however long the sequence: position p at slot p if p < S, else S + (p - S) mod W.
+    rotary (cos, sin tables): StreamingLLM for a model trained without a window;
+    the keys are cached unrotated and rotated when read at their place in the
+    cache, so positions never pass S + W (rotated keys would keep their old ones).
     """
 
     def __init__(self, n_layer, batch_size, n_kv_head, block_size, head_size, device=None, dtype=None,
-                 zero=False):
+                 zero=False, window=None, sinks=0, rotary=None):
+        check_window(window, sinks)
+        block_size = block_size if window is None else sinks + window
         shape = (batch_size, n_kv_head, block_size, head_size)
         # empty by default: positions past pos are never read. One tensor per layer:
         # a compiled step writing into a slice of a shared one copies all of it
-        alloc = torch.zeros if zero else torch.empty
+        alloc = torch.zeros if zero or window is not None else torch.empty
         self.k = [alloc(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.v = [alloc(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.block_size = block_size
         self.pos = 0
         # advanced in place: a fresh tensor per token would be a host-to-device copy
         self.at = torch.zeros(1, dtype=torch.long, device=device)
+        self.window, self.sinks, self.rotary, self.seen = window, sinks, rotary, None
+        self.span = block_size if rotary is not None else math.inf  # the longest first chunk
+        self.slot_pos = torch.full((block_size,), -1, device=device)  # rolling: position in each slot
 
     def update(self, layer, k, v, at=None):
         """Write k, v (B, n_kv_head, T, hs) of one layer at the next positions and
         return its keys and values so far (B, n_kv_head, pos + T, hs); with `at`
-        (1-element tensor, T = 1) write there and return the whole buffers."""
+        (1-element tensor, T = 1) write there and return the whole buffers.
+        Rolling: the slots' keys and the new ones, in that order (see mask)."""
+        if self.window is not None:
+            return self.roll(layer, k, v)
         if at is not None:
             self.k[layer][:, :, at] = k
             self.v[layer][:, :, at] = v
@@ -106,13 +137,53 @@ class KVCache:
         self.v[layer][:, :, self.pos:end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
+    def roll(self, layer, k, v):
+        # the new keys are attended to before they are written: a chunk longer than
+        # W overwrites its own first keys
+        new, keep, slot = self.slots(k.size(2))
+        keys, values, kpos, self.seen = k, v, new, None  # None: a fresh causal sequence
+        if self.pos:
+            keys, values = torch.cat([self.k[layer], k], 2), torch.cat([self.v[layer], v], 2)
+            kpos = torch.cat([self.slot_pos, new])  # -1: an empty slot
+            self.seen = visible(new[:, None], kpos, self.window, self.sinks) & (kpos >= 0)
+        self.k[layer][:, :, slot], self.v[layer][:, :, slot] = k[:, :, keep], v[:, :, keep]
+        if self.rotary is not None:
+            at = torch.where(kpos < self.sinks, kpos, kpos - self.shift(k.size(2))).clamp(0, len(self.slot_pos) - 1)
+            keys = apply_rotary(keys, self.rotary[0][at], self.rotary[1][at])
+        return keys, values
+
+    def slots(self, T):  # the T new positions, which of them stay, and their slots
+        new = torch.arange(self.pos, self.pos + T, device=self.at.device)
+        keep = (new < self.sinks) | (new > new[-1] - self.window)
+        return new, keep, torch.where(new < self.sinks, new, self.sinks + (new - self.sinks) % self.window)[keep]
+
+    def shift(self, T):  # StreamingLLM: how far positions in the cache lag the true ones
+        return max(0, self.pos + T - self.window - self.sinks) if self.rotary is not None else 0
+
+    def positions(self, T):  # where the model places the T new tokens
+        if self.shift(T) and T > 1:
+            raise ValueError("a full StreamingLLM cache takes one token at a time")
+        return torch.arange(self.pos, self.pos + T, device=self.at.device) - self.shift(T)
+
+    def mask(self, T, at=None):
+        """Which keys from update the T new queries see; None: plain causal (T == Tk)."""
+        if at is not None:
+            return self.written(at)
+        if self.window is not None:
+            return self.seen
+        return causal_mask(T, self.pos + T, device=self.at.device) if 1 < T < self.pos + T else None
+
     def advance(self, n):
+        if self.window is not None:
+            new, keep, slot = self.slots(n)
+            self.slot_pos[slot] = new[keep]
         self.pos += n
         self.at += n
 
     def reset(self):  # stale entries past pos are never read: no clearing needed
         self.pos = 0
         self.at.zero_()
+        self.slot_pos.fill_(-1)
 
     def written(self, at):  # a row of the causal mask (1, block_size): True at 0 .. at
         return (torch.arange(self.block_size, device=at.device) <= at)[None]
@@ -125,9 +196,10 @@ class KVCache:
 # Rotary position embeddings, an option (GPTConfig.rope) ----------
 # Each pair of channels of q and k is rotated by an angle proportional to the
 # position, so q . k depends on the positions only through their difference.
-def rotary_tables(head_size, length, base=10000.0):
-    inv_freq = 1.0 / base ** (torch.arange(0, head_size, 2).float() / head_size)
-    angles = torch.outer(torch.arange(length).float(), inv_freq)  # (length, hs/2)
+def rotary_tables(head_size, positions, base=10000.0):  # positions: a length, or a tensor of them
+    inv_freq = 1.0 / base ** (torch.arange(0, head_size, 2, device=getattr(positions, "device", None)).float() / head_size)
+    positions = torch.arange(positions) if isinstance(positions, int) else positions
+    angles = torch.outer(positions.float(), inv_freq)  # (length, hs/2)
     return angles.cos(), angles.sin()
 
 
@@ -136,6 +208,29 @@ def apply_rotary(x, cos, sin):
     x1, x2 = x.chunk(2, dim=-1)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def windowed_attention(q, k, v, window, sinks=0, dropout_p=0.0, block=128):
+    """Sliding-window attention for training, cost linear in T, no (T, T) mask: the
+    queries in blocks of c, each block attending through the fused kernel to its
+    own keys and those of the n blocks before it that the window reaches, plus the
+    sinks, with a small (c, S + (n + 1) c) mask. q, k, v (B, nh, T, hs)."""
+    B, nh, T, hs = q.shape
+    k, v = (x.repeat_interleave(nh // x.size(1), dim=1) for x in (k, v))  # grouped-query heads
+    c = min(window, block, T)
+    n, nb = -(-(window - 1) // c), -(-T // c)  # blocks reached back, query blocks
+    qb = F.pad(q, (0, 0, 0, nb * c - T)).view(B, nh, nb, c, hs)
+    kb, vb = (F.pad(x, (0, 0, n * c, nb * c - T)).unfold(2, (n + 1) * c, c).transpose(-1, -2)
+              for x in (k, v))  # (B, nh, nb, (n + 1) c, hs), overlapping views
+    i = torch.arange(nb * c, device=q.device).view(nb, c, 1)  # query positions
+    j = ((torch.arange(nb, device=q.device)[:, None] - n) * c + torch.arange((n + 1) * c, device=q.device))[:, None]
+    mask = visible(i, j, window) & (j >= 0)  # (nb, c, (n + 1) c)
+    if sinks:  # each block sees the sinks once, unless the window already covers them
+        s = min(sinks, T)
+        kb, vb = (torch.cat([x[:, :, None, :s].expand(B, nh, nb, s, hs), xb], 3) for x, xb in ((k, kb), (v, vb)))
+        mask = torch.cat([torch.arange(s, device=q.device) <= i - window, mask], -1)
+    y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, dropout_p=dropout_p)
+    return y.view(B, nh, nb * c, hs)[:, :, :T]
 
 
 # 5. Multi-head attention ----------
@@ -155,6 +250,7 @@ class MultiHeadAttention(nn.Module):
         self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * kv_width, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # W_O
         self.qk_norm = config.qk_norm
+        self.window, self.sinks = config.sliding_window, config.sink_tokens
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
@@ -169,10 +265,13 @@ class MultiHeadAttention(nn.Module):
             # normalising q and k bounds the attention logits, which lets fast
             # training recipes use large learning rates without blow-ups
             q, k = F.rms_norm(q, (hs,)), F.rms_norm(k, (hs,))
-        if rotary is not None:
-            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        if rotary is not None:  # a StreamingLLM cache rotates its keys itself
+            q = apply_rotary(q, *rotary)
+            k = k if getattr(kv_cache, "rotary", None) is not None else apply_rotary(k, *rotary)
+        mask = None  # the plain causal (or windowed) pattern of a fresh sequence, T == Tk
         if kv_cache is not None:
             k, v = kv_cache.update(layer, k, v, at)  # (B, nkv, Tk, hs), Tk = cached + T
+            mask = kv_cache.mask(T, at)
         Tk = k.size(2)
 
         if return_attention or at is not None:
@@ -181,15 +280,16 @@ class MultiHeadAttention(nn.Module):
             if nkv != nh:
                 k = k.repeat_interleave(nh // nkv, dim=1)  # (B, nh, Tk, hs)
                 v = v.repeat_interleave(nh // nkv, dim=1)
-            mask = kv_cache.written(at) if at is not None else causal_mask(T, Tk, x.device)
+            mask = causal_mask(T, Tk, self.window, self.sinks, x.device) if mask is None else mask
             y, weights = attention(q, k, v, mask)
+        elif mask is None and self.window is not None:
+            y, weights = windowed_attention(q, k, v, self.window, self.sinks, self.dropout if self.training else 0.0), None
         else:
             # the fused kernel: same result, never materialising the (T, Tk) weights.
             # Its is_causal aligns queries to the first keys, not the last, so a
             # chunk appended to a cache needs the mask; one new token sees all keys
-            mask = causal_mask(T, Tk, x.device) if 1 < T < Tk else None
             y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=T == Tk,
+                q, k, v, attn_mask=mask, is_causal=mask is None and T == Tk,
                 dropout_p=self.dropout if self.training else 0.0, enable_gqa=nkv != nh)
             weights = None
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
@@ -247,6 +347,8 @@ class GPTConfig:
     rope: bool = False  # rotary embeddings instead of learned positions
     qk_norm: bool = False  # RMS-normalise queries and keys per head
     activation: str = "gelu"  # "gelu" (tanh approximation) or "relu2"
+    sliding_window: int | None = None  # each query sees its last W positions (itself included)
+    sink_tokens: int = 0  # and the first S positions, whatever the window (needs sliding_window)
 
     def __post_init__(self):
         self.n_kv_head = self.n_head if self.n_kv_head is None else self.n_kv_head
@@ -264,6 +366,7 @@ class GPTConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if self.activation not in ("gelu", "relu2"):
             raise ValueError(f"activation must be 'gelu' or 'relu2', got {self.activation!r}")
+        check_window(self.sliding_window, self.sink_tokens)
 
 
 # Dense bf16 peaks in FLOP/s (vendors' data sheets) for estimate_mfu, matched in order
@@ -271,6 +374,18 @@ class GPTConfig:
 PEAK_FLOPS = {"H200 NVL": 835e12, "H200": 989e12, "GH200": 989e12, "H100 NVL": 835e12,
               "H100 PCIe": 756e12, "H100": 989e12, "H800": 989e12, "A100": 312e12, "A800": 312e12,
               "L40S": 362e12, "L4": 121e12, "A10": 125e12}
+
+
+def streaming_options(config, window, sinks, cos, sin):
+    """KVCache's options: the model's own window, or a StreamingLLM one (rope only)."""
+    if window is None:
+        return dict(window=config.sliding_window, sinks=config.sink_tokens)
+    check_window(window, sinks)
+    if not config.rope:
+        raise ValueError("a cache window needs a rope model: learned positions stop at block_size")
+    if sinks + window > config.block_size:
+        raise ValueError(f"window + sinks ({window} + {sinks}) must fit in block_size {config.block_size}")
+    return dict(window=window, sinks=sinks, rotary=None if config.sliding_window else (cos, sin))
 
 
 # Sampling the next token, for generation (section 8) ----------
@@ -332,15 +447,19 @@ class GPT(nn.Module):
             n -= self.transformer.wpe.weight.numel()
         return n
 
-    def make_kv_cache(self, batch_size, dtype=None, zero=False):
+    def make_kv_cache(self, batch_size, dtype=None, zero=False, window=None, sinks=0):
+        """window, sinks: a StreamingLLM cache for a rope model trained without a window."""
         c, p = self.config, self.transformer.wte.weight
         return KVCache(c.n_layer, batch_size, c.n_kv_head, c.block_size, c.n_embd // c.n_head,
-                       device=p.device, dtype=dtype or p.dtype, zero=zero)
+                       device=p.device, dtype=dtype or p.dtype, zero=zero,
+                       **streaming_options(c, window, sinks, getattr(self, "rotary_cos", None), getattr(self, "rotary_sin", None)))
 
     def embed(self, idx, pos):
         """Token embeddings (B, T, C) of idx at positions pos (T,): plus the learned
         position embeddings, or with rope, returned with the rotary tables at pos."""
         x = self.transformer.wte(idx)
+        if self.config.rope and self.config.sliding_window:  # positions past block_size, on the fly
+            return x, rotary_tables(self.config.n_embd // self.config.n_head, pos)
         if self.config.rope:
             return x, (self.rotary_cos[pos], self.rotary_sin[pos])  # (T, hs/2) each
         return x + self.transformer.wpe(pos), None  # (T, C) broadcast over B
@@ -354,13 +473,14 @@ class GPT(nn.Module):
         logits alone (what generation needs)."""
         B, T = idx.size()
         start = kv_cache.pos if kv_cache is not None else 0
-        if kv_cache is not None and start + T > kv_cache.block_size:
+        if kv_cache is not None and kv_cache.window is None and start + T > kv_cache.block_size:
             raise ValueError(f"KV cache overflow: {start} positions cached + {T} new > block_size "
                              f"{kv_cache.block_size}; reset the cache or slide the window")
-        if T > self.config.block_size:
+        if T > self.config.block_size and not (self.config.rope and self.config.sliding_window):
             raise ValueError(f"sequence of length {T} is longer than block_size {self.config.block_size}")
 
-        x, rotary = self.embed(idx, torch.arange(start, start + T, device=idx.device))
+        pos = kv_cache.positions(T) if kv_cache is not None else torch.arange(T, device=idx.device)
+        x, rotary = self.embed(idx, pos)
         x = self.transformer.drop(x)
         maps = []
         for layer, block in enumerate(self.transformer.h):
@@ -402,7 +522,7 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-                        use_cache=True, generator=None, return_attention=False, compile=False):
+                        use_cache=True, generator=None, return_attention=False, compile=False, window=None, sinks=0):
         """Yield (next_token (B, 1), attention, window_start) for each new token.
 
         The window (the prompt, or what is left after a slide) goes through the
@@ -416,19 +536,21 @@ class GPT(nn.Module):
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if idx.size(1) < 1:
             raise ValueError("generation needs at least one prompt token")
-        if compile and (return_attention or not use_cache):
-            raise ValueError("compile=True decodes through the KV cache and returns no attention maps")
+        if compile and (return_attention or not use_cache or window or self.config.sliding_window):
+            raise ValueError("compile=True decodes through the full KV cache, without attention maps or a window")
         if compile:
             step, cache = self.compiled_decoder(idx.size(0))
         else:
-            cache = self.make_kv_cache(idx.size(0)) if use_cache else None
+            cache = self.make_kv_cache(idx.size(0), window=window, sinks=sinks) if use_cache else None
 
             def step(token):  # the newest tokens (B, 1) attend to the cache
                 return self(token, kv_cache=cache, return_attention=return_attention)
-        # a prompt longer than the window keeps its last block_size tokens
-        start, fresh = max(0, idx.size(1) - self.config.block_size), True
+        # a rope model's rolling cache never slides; learned positions stop at block_size.
+        # A prompt longer than the window keeps its last block_size tokens (StreamingLLM: S + W)
+        rolling = self.config.rope and cache is not None and cache.window is not None
+        start, fresh = max(0, idx.size(1) - (cache.span if rolling else self.config.block_size)), True
         for _ in range(max_new_tokens):
-            new_start = self.context_start(idx.size(1), start)
+            new_start = start if rolling else self.context_start(idx.size(1), start)
             if cache is None or fresh or new_start != start:
                 # the whole window in one forward: the prompt, after a slide, or without a cache
                 start, fresh = new_start, False
@@ -443,12 +565,12 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-                 use_cache=True, generator=None, compile=False):
+                 use_cache=True, generator=None, compile=False, window=None, sinks=0):
         """idx (B, T) with max_new_tokens sampled tokens appended; temperature=0 is
         greedy. use_cache=False (the whole window every step, same sliding rule)
         gives the same greedy tokens, and so does compile=True in float32."""
         steps = self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p,
-                                     use_cache, generator, compile=compile)
+                                     use_cache, generator, compile=compile, window=window, sinks=sinks)
         return torch.cat([idx] + [token for token, _, _ in steps], dim=1)
 
     def compiled_decoder(self, batch_size, cuda_graphs=None):
