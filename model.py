@@ -48,24 +48,20 @@ def causal_mask(t_q, t_k, window=None, sinks=0, device=None):
     """Bool (t_q, t_k): True where query i may attend to key j. The queries are
     the last t_q of the t_k positions: causal_mask(T, T) is the lower triangle,
     causal_mask(1, T) lets the newest token (the KV-cache case) see all keys.
-    window W, sinks S: the sliding window and attention sinks (GPTConfig)."""
-    i = torch.arange(t_k - t_q, t_k, device=device)[:, None]
-    return visible(i, torch.arange(t_k, device=device), window, sinks)
+    A window W also needs i - W < j: exactly W keys counting itself (FlashAttention's
+    window_size=(W, 0) sees W + 1); the first `sinks` positions stay visible to all."""
+    return visible(torch.arange(t_k - t_q, t_k, device=device)[:, None], torch.arange(t_k, device=device), window, sinks)
 
 
-def visible(i, j, window=None, sinks=0):
-    """May queries at positions i see keys at positions j (broadcast)? j <= i, and
-    with a window W also i - W < j: exactly W keys counting itself (FlashAttention's
-    window_size=(W, 0) sees W + 1). The first S positions stay visible to all."""
-    seen = j <= i
-    return seen if window is None else seen & ((j > i - window) | (j < sinks))
+def visible(i, j, window=None, sinks=0):  # the same for query positions i, key positions j
+    return (j <= i) if window is None else (j <= i) & ((j > i - window) | (j < sinks))
 
 
-def check_window(window, sinks):  # one line for a bad sliding window or sink count
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise ValueError(f"sliding window must be a positive integer, got {window!r}")
-    if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0 or (sinks and window is None):
-        raise ValueError(f"sink tokens must be an integer >= 0 and need a sliding window, got {sinks!r}")
+def check_window(window, sinks):  # a bad sliding window or sink count, in one line
+    if (window is not None and (type(window) is not int or window < 1)) or type(sinks) is not int or sinks < 0:
+        raise ValueError(f"sliding window must be an integer >= 1 and sinks >= 0, got {window!r} and {sinks!r}")
+    if sinks and window is None:
+        raise ValueError("sink tokens need a sliding window")
 
 
 # 3. One attention head ----------
@@ -96,87 +92,69 @@ class KVCache:
     with the unwritten part masked. That step needs zeroed buffers (zero=True):
     a masked value is still multiplied by its weight 0, and 0 * NaN is NaN.
 
-    With a window W and S sinks it is a rolling buffer (Mistral) of S + W slots
-    however long the sequence: position p at slot p if p < S, else S + (p - S) mod W.
-    rotary (cos, sin tables): StreamingLLM for a model trained without a window;
-    the keys are cached unrotated and rotated when read at their place in the
-    cache, so positions never pass S + W (rotated keys would keep their old ones).
-    """
+    A window W with S sinks makes it a rolling buffer (Mistral) of S + W slots:
+    position p at slot p if p < S, else S + (p - S) mod W. With `rotary` tables
+    (StreamingLLM) keys are cached unrotated and rotated when read at their place
+    in the cache: positions a model trained without a window has seen."""
 
     def __init__(self, n_layer, batch_size, n_kv_head, block_size, head_size, device=None, dtype=None,
-                 zero=False, window=None, sinks=0, rotary=None):
-        check_window(window, sinks)
+                 zero=False, window=None, sinks=0, rotary=None, rolls=False):
         block_size = block_size if window is None else sinks + window
         shape = (batch_size, n_kv_head, block_size, head_size)
         # empty by default: positions past pos are never read. One tensor per layer:
         # a compiled step writing into a slice of a shared one copies all of it
-        alloc = torch.zeros if zero or window is not None else torch.empty
+        alloc = torch.zeros if zero or window else torch.empty
         self.k = [alloc(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.v = [alloc(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.block_size = block_size
         self.pos = 0
         # advanced in place: a fresh tensor per token would be a host-to-device copy
         self.at = torch.zeros(1, dtype=torch.long, device=device)
-        self.window, self.sinks, self.rotary, self.seen = window, sinks, rotary, None
-        self.span = block_size if rotary is not None else math.inf  # the longest first chunk
-        self.slot_pos = torch.full((block_size,), -1, device=device)  # rolling: position in each slot
+        self.window, self.sinks, self.rotary, self.rolls = window, sinks, rotary, rolls
+        self.slot_pos = torch.full((block_size,), -1, device=device)  # rolling: each slot's position
 
     def update(self, layer, k, v, at=None):
         """Write k, v (B, n_kv_head, T, hs) of one layer at the next positions and
-        return its keys and values so far (B, n_kv_head, pos + T, hs); with `at`
-        (1-element tensor, T = 1) write there and return the whole buffers.
-        Rolling: the slots' keys and the new ones, in that order (see mask)."""
+        return its keys and values so far (B, n_kv_head, pos + T, hs) with the mask
+        of those the T queries see (None: causal, T == pos + T); with `at`
+        (1-element tensor, T = 1) write there and return the whole buffers."""
         if self.window is not None:
             return self.roll(layer, k, v)
         if at is not None:
             self.k[layer][:, :, at] = k
             self.v[layer][:, :, at] = v
-            return self.k[layer], self.v[layer]  # (B, n_kv_head, block_size, hs)
-        end = self.pos + k.size(2)
+            return self.k[layer], self.v[layer], self.written(at)  # (B, n_kv_head, block_size, hs)
+        T, end = k.size(2), self.pos + k.size(2)
         self.k[layer][:, :, self.pos:end] = k
         self.v[layer][:, :, self.pos:end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end], causal_mask(T, end, device=k.device) if 1 < T < end else None
 
-    def roll(self, layer, k, v):
-        # the new keys are attended to before they are written: a chunk longer than
-        # W overwrites its own first keys
-        new, keep, slot = self.slots(k.size(2))
-        keys, values, kpos, self.seen = k, v, new, None  # None: a fresh causal sequence
+    def roll(self, layer, k, v):  # read, then write: a chunk longer than W overwrites its first keys
+        S, W, T = self.sinks, self.window, k.size(2)
+        new = torch.arange(self.pos, self.pos + T, device=k.device)
+        keys, values, kpos, mask = k, v, new, None  # the slots' keys, then the new ones
         if self.pos:
             keys, values = torch.cat([self.k[layer], k], 2), torch.cat([self.v[layer], v], 2)
-            kpos = torch.cat([self.slot_pos, new])  # -1: an empty slot
-            self.seen = visible(new[:, None], kpos, self.window, self.sinks) & (kpos >= 0)
+            kpos = torch.cat([self.slot_pos, new])
+            mask = visible(new[:, None], kpos, W, S) & (kpos >= 0)
+        keep = (new < S) | (new > new[-1] - W)  # what stays of the chunk
+        slot = torch.where(new < S, new, S + (new - S) % W)[keep]
         self.k[layer][:, :, slot], self.v[layer][:, :, slot] = k[:, :, keep], v[:, :, keep]
-        if self.rotary is not None:
-            at = torch.where(kpos < self.sinks, kpos, kpos - self.shift(k.size(2))).clamp(0, len(self.slot_pos) - 1)
+        if layer == len(self.k) - 1:
+            self.slot_pos[slot] = new[keep]
+        if self.rotary is not None:  # at their place in the cache (out of the window: masked)
+            at = torch.where(kpos < S, kpos, kpos - self.shift(T)).clamp(0, len(self.rotary[0]) - 1)
             keys = apply_rotary(keys, self.rotary[0][at], self.rotary[1][at])
-        return keys, values
+        return keys, values, mask
 
-    def slots(self, T):  # the T new positions, which of them stay, and their slots
-        new = torch.arange(self.pos, self.pos + T, device=self.at.device)
-        keep = (new < self.sinks) | (new > new[-1] - self.window)
-        return new, keep, torch.where(new < self.sinks, new, self.sinks + (new - self.sinks) % self.window)[keep]
+    def shift(self, T):  # StreamingLLM: how far the positions in the cache lag the true ones
+        return max(0, self.pos + T - self.block_size) if self.rotary is not None else 0
 
-    def shift(self, T):  # StreamingLLM: how far positions in the cache lag the true ones
-        return max(0, self.pos + T - self.window - self.sinks) if self.rotary is not None else 0
-
-    def positions(self, T):  # where the model places the T new tokens
-        if self.shift(T) and T > 1:
-            raise ValueError("a full StreamingLLM cache takes one token at a time")
+    def positions(self, T):  # of the T new tokens (StreamingLLM: in the cache)
+        assert T == 1 or not self.shift(T), "a full StreamingLLM cache takes one token at a time"
         return torch.arange(self.pos, self.pos + T, device=self.at.device) - self.shift(T)
 
-    def mask(self, T, at=None):
-        """Which keys from update the T new queries see; None: plain causal (T == Tk)."""
-        if at is not None:
-            return self.written(at)
-        if self.window is not None:
-            return self.seen
-        return causal_mask(T, self.pos + T, device=self.at.device) if 1 < T < self.pos + T else None
-
     def advance(self, n):
-        if self.window is not None:
-            new, keep, slot = self.slots(n)
-            self.slot_pos[slot] = new[keep]
         self.pos += n
         self.at += n
 
@@ -196,10 +174,10 @@ class KVCache:
 # Rotary position embeddings, an option (GPTConfig.rope) ----------
 # Each pair of channels of q and k is rotated by an angle proportional to the
 # position, so q . k depends on the positions only through their difference.
-def rotary_tables(head_size, positions, base=10000.0):  # positions: a length, or a tensor of them
-    inv_freq = 1.0 / base ** (torch.arange(0, head_size, 2, device=getattr(positions, "device", None)).float() / head_size)
-    positions = torch.arange(positions) if isinstance(positions, int) else positions
-    angles = torch.outer(positions.float(), inv_freq)  # (length, hs/2)
+def rotary_tables(head_size, length, base=10000.0):  # length: or a tensor of positions
+    pos = torch.arange(length) if isinstance(length, int) else length
+    inv_freq = 1.0 / base ** (torch.arange(0, head_size, 2, device=pos.device).float() / head_size)
+    angles = torch.outer(pos.float(), inv_freq)  # (length, hs/2)
     return angles.cos(), angles.sin()
 
 
@@ -211,10 +189,9 @@ def apply_rotary(x, cos, sin):
 
 
 def windowed_attention(q, k, v, window, sinks=0, dropout_p=0.0, block=128):
-    """Sliding-window attention for training, cost linear in T, no (T, T) mask: the
-    queries in blocks of c, each block attending through the fused kernel to its
-    own keys and those of the n blocks before it that the window reaches, plus the
-    sinks, with a small (c, S + (n + 1) c) mask. q, k, v (B, nh, T, hs)."""
+    """causal_mask(T, T, window, sinks) attention in time linear in T: queries in
+    blocks of c, each through the fused kernel to its block, the n blocks before it
+    that the window reaches and the sinks, with a (c, S + (n + 1) c) mask."""
     B, nh, T, hs = q.shape
     k, v = (x.repeat_interleave(nh // x.size(1), dim=1) for x in (k, v))  # grouped-query heads
     c = min(window, block, T)
@@ -225,7 +202,7 @@ def windowed_attention(q, k, v, window, sinks=0, dropout_p=0.0, block=128):
     i = torch.arange(nb * c, device=q.device).view(nb, c, 1)  # query positions
     j = ((torch.arange(nb, device=q.device)[:, None] - n) * c + torch.arange((n + 1) * c, device=q.device))[:, None]
     mask = visible(i, j, window) & (j >= 0)  # (nb, c, (n + 1) c)
-    if sinks:  # each block sees the sinks once, unless the window already covers them
+    if sinks:  # a sink once, where the window does not cover it
         s = min(sinks, T)
         kb, vb = (torch.cat([x[:, :, None, :s].expand(B, nh, nb, s, hs), xb], 3) for x, xb in ((k, kb), (v, vb)))
         mask = torch.cat([torch.arange(s, device=q.device) <= i - window, mask], -1)
@@ -270,8 +247,7 @@ class MultiHeadAttention(nn.Module):
             k = k if getattr(kv_cache, "rotary", None) is not None else apply_rotary(k, *rotary)
         mask = None  # the plain causal (or windowed) pattern of a fresh sequence, T == Tk
         if kv_cache is not None:
-            k, v = kv_cache.update(layer, k, v, at)  # (B, nkv, Tk, hs), Tk = cached + T
-            mask = kv_cache.mask(T, at)
+            k, v, mask = kv_cache.update(layer, k, v, at)  # (B, nkv, Tk, hs), Tk = cached + T
         Tk = k.size(2)
 
         if return_attention or at is not None:
@@ -376,16 +352,16 @@ PEAK_FLOPS = {"H200 NVL": 835e12, "H200": 989e12, "GH200": 989e12, "H100 NVL": 8
               "L40S": 362e12, "L4": 121e12, "A10": 125e12}
 
 
-def streaming_options(config, window, sinks, cos, sin):
-    """KVCache's options: the model's own window, or a StreamingLLM one (rope only)."""
-    if window is None:
-        return dict(window=config.sliding_window, sinks=config.sink_tokens)
+def cache_options(model, window, sinks):
+    """KVCache's window: the model's own, or a StreamingLLM one for a rope model
+    (rolls: never slides; learned positions stop at block_size and slide)."""
+    c = model.config
     check_window(window, sinks)
-    if not config.rope:
-        raise ValueError("a cache window needs a rope model: learned positions stop at block_size")
-    if sinks + window > config.block_size:
-        raise ValueError(f"window + sinks ({window} + {sinks}) must fit in block_size {config.block_size}")
-    return dict(window=window, sinks=sinks, rotary=None if config.sliding_window else (cos, sin))
+    if window is not None and (not c.rope or sinks + window > c.block_size):
+        raise ValueError(f"a cache window needs a rope model and window + sinks <= block_size {c.block_size}")
+    stream = None if window is None or c.sliding_window else (model.rotary_cos, model.rotary_sin)
+    return dict(window=window or c.sliding_window, sinks=sinks if window else c.sink_tokens, rotary=stream,
+                rolls=c.rope and (window or c.sliding_window) is not None)
 
 
 # Sampling the next token, for generation (section 8) ----------
@@ -448,20 +424,16 @@ class GPT(nn.Module):
         return n
 
     def make_kv_cache(self, batch_size, dtype=None, zero=False, window=None, sinks=0):
-        """window, sinks: a StreamingLLM cache for a rope model trained without a window."""
         c, p = self.config, self.transformer.wte.weight
-        return KVCache(c.n_layer, batch_size, c.n_kv_head, c.block_size, c.n_embd // c.n_head,
-                       device=p.device, dtype=dtype or p.dtype, zero=zero,
-                       **streaming_options(c, window, sinks, getattr(self, "rotary_cos", None), getattr(self, "rotary_sin", None)))
+        return KVCache(c.n_layer, batch_size, c.n_kv_head, c.block_size, c.n_embd // c.n_head, device=p.device,
+                       dtype=dtype or p.dtype, zero=zero, **cache_options(self, window, sinks))
 
     def embed(self, idx, pos):
         """Token embeddings (B, T, C) of idx at positions pos (T,): plus the learned
         position embeddings, or with rope, returned with the rotary tables at pos."""
         x = self.transformer.wte(idx)
-        if self.config.rope and self.config.sliding_window:  # positions past block_size, on the fly
-            return x, rotary_tables(self.config.n_embd // self.config.n_head, pos)
-        if self.config.rope:
-            return x, (self.rotary_cos[pos], self.rotary_sin[pos])  # (T, hs/2) each
+        if self.config.rope:  # (T, hs/2) each; a windowed model's past block_size, on the fly
+            return x, rotary_tables(len(self.rotary_cos[0]) * 2, pos) if self.config.sliding_window else (self.rotary_cos[pos], self.rotary_sin[pos])
         return x + self.transformer.wpe(pos), None  # (T, C) broadcast over B
 
     def forward(self, idx, targets=None, kv_cache=None, return_attention=False, last_only=False):
@@ -479,8 +451,7 @@ class GPT(nn.Module):
         if T > self.config.block_size and not (self.config.rope and self.config.sliding_window):
             raise ValueError(f"sequence of length {T} is longer than block_size {self.config.block_size}")
 
-        pos = kv_cache.positions(T) if kv_cache is not None else torch.arange(T, device=idx.device)
-        x, rotary = self.embed(idx, pos)
+        x, rotary = self.embed(idx, kv_cache.positions(T) if kv_cache is not None else torch.arange(T, device=idx.device))
         x = self.transformer.drop(x)
         maps = []
         for layer, block in enumerate(self.transformer.h):
@@ -545,12 +516,13 @@ class GPT(nn.Module):
 
             def step(token):  # the newest tokens (B, 1) attend to the cache
                 return self(token, kv_cache=cache, return_attention=return_attention)
-        # a rope model's rolling cache never slides; learned positions stop at block_size.
-        # A prompt longer than the window keeps its last block_size tokens (StreamingLLM: S + W)
-        rolling = self.config.rope and cache is not None and cache.window is not None
-        start, fresh = max(0, idx.size(1) - (cache.span if rolling else self.config.block_size)), True
+        # a prompt longer than the window keeps its last block_size tokens (StreamingLLM: S + W;
+        # a windowed rope model all), and a rolling cache never slides
+        rolls = cache is not None and cache.rolls
+        keep = (cache.block_size if cache.rotary else idx.size(1)) if rolls else self.config.block_size
+        start, fresh = max(0, idx.size(1) - keep), True
         for _ in range(max_new_tokens):
-            new_start = start if rolling else self.context_start(idx.size(1), start)
+            new_start = start if rolls else self.context_start(idx.size(1), start)
             if cache is None or fresh or new_start != start:
                 # the whole window in one forward: the prompt, after a slide, or without a cache
                 start, fresh = new_start, False

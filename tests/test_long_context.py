@@ -179,8 +179,9 @@ def test_streaming_cache_rotates_keys_at_their_place_in_the_cache():
 
 @pytest.mark.parametrize("kw,match", [(dict(sliding_window=0), "sliding window"),
                                       (dict(sliding_window=-3), "sliding window"),
-                                      (dict(sliding_window=4, sink_tokens=-1), "sink tokens"),
-                                      (dict(sink_tokens=4), "need a sliding window")])
+                                      (dict(sliding_window=4, sink_tokens=-1), "sinks >= 0"),
+                                      (dict(sink_tokens=4), "need a sliding window"),
+                                      (dict(sliding_window=2.5), "sliding window")])
 def test_bad_window_settings_fail_in_one_line(kw, match):
     with pytest.raises(ValueError, match=match):
         GPTConfig(**kw)
