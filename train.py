@@ -60,6 +60,7 @@ DEFAULTS = dict(
     # model; n_kv_head None: as many as n_head
     n_layer=12, n_head=12, n_embd=768, dropout=0.0, bias=True,
     n_kv_head=None, rope=False, qk_norm=False, activation="gelu",
+    sliding_window=None, sink_tokens=0,  # each query sees its last W positions and the first S (model.py)
     # optimizer: 'adamw', or 'muon' (Muon for the hidden matrices, AdamW for the rest)
     optimizer="adamw", learning_rate=6e-4, max_iters=600000, weight_decay=1e-1,
     beta1=0.9, beta2=0.95, grad_clip=1.0,  # grad_clip 0: no clipping
@@ -75,7 +76,7 @@ DEFAULTS = dict(
 )
 
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "dropout",
-              "n_kv_head", "rope", "qk_norm", "activation")
+              "n_kv_head", "rope", "qk_norm", "activation", "sliding_window", "sink_tokens")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SMALL_DATASET = 100_000_000  # tokens; a smaller split lives on the device as int64
 USER_ERRORS = (ConfigError, DataError, CheckpointError, TokenizerError, ValueError)

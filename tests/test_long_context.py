@@ -2,6 +2,8 @@
 independent oracles: masks written out by hand, the explicit attention path,
 token-by-token locality, and whole-sequence re-scoring of what the cache generated."""
 
+import os
+
 import pytest
 import torch
 
@@ -197,3 +199,80 @@ def test_bad_cache_window_fails_in_one_line():
         tiny().make_kv_cache(1, window=0)
     with pytest.raises(ValueError, match="window"):
         tiny(sliding_window=4).generate(torch.zeros(1, 1, dtype=torch.long), 2, compile=True)
+
+
+# ---------------------------------------------------------------------------
+# sample.py and train.py
+
+
+def save_tiny_checkpoint(folder, **kw):
+    import dataclasses
+
+    from checkpoint import checkpoint_path, save_checkpoint
+    from tokenizer import build_tokenizer
+    tok = build_tokenizer("char", "abcdefghijklmnopqrstuvwxyz ,.\n")
+    model = tiny(vocab_size=tok.vocab_size, **kw)
+    save_checkpoint({"model": model.state_dict(), "model_args": dataclasses.asdict(model.config),
+                     "iter_num": 0, "best_val_loss": 0.0, "config": {}, "tokenizer": tok.describe(),
+                     "dataset": "tiny"}, checkpoint_path(str(folder)))
+    return model, tok
+
+
+def one_line(code, err):
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code != 0 and "Traceback" not in err and len(lines) == 1, err
+    return lines[0]
+
+
+def test_sample_streams_past_block_size_with_window_and_sinks(tmp_path, capsys):
+    import sample
+    model, tok = save_tiny_checkpoint(tmp_path / "full")
+    argv = [f"--out_dir={tmp_path / 'full'}", "--prompt=abc", "--max_new_tokens=50", "--num_samples=1",
+            "--temperature=0", "--attn_dir=", "--window=6", "--sinks=2"]
+    assert sample.run(argv) == 0
+    out = capsys.readouterr().out
+    assert "rolling kv cache of 2 sinks + 6 tokens" in out
+    expected = model.generate(torch.tensor([tok.encode("abc")]), 50, temperature=0, window=6, sinks=2)
+    assert tok.decode(expected[0].tolist()) in out
+    # a model trained with a window reads it from its checkpoint, and maps come from one forward
+    save_tiny_checkpoint(tmp_path / "windowed", sliding_window=5, sink_tokens=1)
+    assert sample.run([f"--out_dir={tmp_path / 'windowed'}", "--prompt=abc", "--max_new_tokens=40",
+                       "--num_samples=1", f"--attn_dir={tmp_path / 'maps'}"]) == 0
+    assert "rolling kv cache of 1 sinks + 5 tokens" in capsys.readouterr().out
+    assert (tmp_path / "maps" / "index.html").exists()
+
+
+@pytest.mark.parametrize("extra,expected", [(["--window=0"], "sliding window"),
+                                            (["--sinks=4"], "need a sliding window"),
+                                            (["--window=4", "--sinks=-1"], "sinks >= 0"),
+                                            (["--window=4", "--compile"], "drop --compile"),
+                                            (["--window=4", "--learned"], "rope")])
+def test_sample_bad_window_options_fail_in_one_line(tmp_path, capsys, extra, expected):
+    import sample
+    learned = "--learned" in extra
+    save_tiny_checkpoint(tmp_path, rope=not learned)
+    argv = [f"--out_dir={tmp_path}", "--prompt=abc", "--max_new_tokens=5", "--attn_dir="]
+    code = sample.run(argv + [a for a in extra if a != "--learned"])
+    assert expected in one_line(code, capsys.readouterr().err)
+
+
+def test_train_flags_reach_the_checkpoint(tmp_path, data_root):
+    import train
+    from checkpoint import load_checkpoint
+    out = tmp_path / "out"
+    train.main(["--dataset=shakespeare_char", f"--data_root={data_root}", f"--out_dir={out}", "--max_iters=2",
+                "--eval_interval=2", "--eval_iters=1", "--batch_size=2", "--block_size=64", "--n_layer=1",
+                "--n_embd=32", "--n_head=2", "--rope=True", "--sliding_window=8", "--sink_tokens=2",
+                "--compile=False", "--device=cpu", "--dtype=float32", "--gradient_accumulation_steps=1",
+                "--log_interval=1", "--warmup_iters=1"])
+    args = load_checkpoint(str(out))["model_args"]
+    assert args["sliding_window"] == 8 and args["sink_tokens"] == 2
+
+
+def test_train_bad_window_is_one_line(tmp_path, data_root, capsys):
+    import train
+    with pytest.raises(SystemExit):
+        train.main(["--dataset=shakespeare_char", f"--data_root={data_root}", f"--out_dir={tmp_path}",
+                    "--sink_tokens=4", "--device=cpu", "--compile=False"])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "need a sliding window" in err
