@@ -18,7 +18,7 @@ imports its file reader (checkpoint.py, safetensors) inside from_pretrained.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -48,20 +48,14 @@ def causal_mask(t_q, t_k, window=None, sinks=0, device=None):
     """Bool (t_q, t_k): True where query i may attend to key j. The queries are
     the last t_q of the t_k positions: causal_mask(T, T) is the lower triangle,
     causal_mask(1, T) lets the newest token (the KV-cache case) see all keys.
-    A window W also needs i - W < j: exactly W keys counting itself (FlashAttention's
+    A window W keeps i - W < j: exactly W keys counting itself (FlashAttention's
     window_size=(W, 0) sees W + 1); the first `sinks` positions stay visible to all."""
-    return visible(torch.arange(t_k - t_q, t_k, device=device)[:, None], torch.arange(t_k, device=device), window, sinks)
+    i = torch.arange(t_k - t_q, t_k, device=device)[:, None]  # the queries' positions
+    return visible(i, torch.arange(t_k, device=device), window, sinks)
 
 
-def visible(i, j, window=None, sinks=0):  # the same for query positions i, key positions j
+def visible(i, j, window=None, sinks=0):  # the same, for positions i of queries and j of keys
     return (j <= i) if window is None else (j <= i) & ((j > i - window) | (j < sinks))
-
-
-def check_window(window, sinks):  # a bad sliding window or sink count, in one line
-    if (window is not None and (type(window) is not int or window < 1)) or type(sinks) is not int or sinks < 0:
-        raise ValueError(f"sliding window must be an integer >= 1 and sinks >= 0, got {window!r} and {sinks!r}")
-    if sinks and window is None:
-        raise ValueError("sink tokens need a sliding window")
 
 
 # 3. One attention head ----------
@@ -85,20 +79,17 @@ class Head(nn.Module):
 class KVCache:
     """Keys and values of every layer for the positions seen so far.
 
-    Allocated once at full length, (B, n_kv_head, block_size, hs) per layer, and
-    written in place: decoding never grows a tensor with torch.cat. `pos` counts
-    the filled positions; `at` is the same count on the device, for the
-    fixed-shape decode step (GPT.decode_step), which attends to the whole buffer
-    with the unwritten part masked. That step needs zeroed buffers (zero=True):
-    a masked value is still multiplied by its weight 0, and 0 * NaN is NaN.
+    Allocated once at full length, (B, n_kv_head, block_size, hs) per layer, written
+    in place: decoding never grows a tensor with torch.cat. `pos` counts the filled
+    positions, `at` the same on the device for the fixed-shape decode step
+    (GPT.decode_step), which reads the whole buffer with the unwritten part masked:
+    it needs zeroed buffers (zero=True), a masked value meets its weight 0, 0 * NaN is NaN.
 
-    A window W with S sinks makes it a rolling buffer (Mistral) of S + W slots:
-    position p at slot p if p < S, else S + (p - S) mod W. With `rotary` tables
-    (StreamingLLM) keys are cached unrotated and rotated when read at their place
-    in the cache: positions a model trained without a window has seen."""
+    A window W, S sinks: a rolling buffer (Mistral) of S + W slots, position p at slot p if
+    p < S, else S + (p - S) mod W. stream (StreamingLLM): keys kept unrotated, rotated when read."""
 
     def __init__(self, n_layer, batch_size, n_kv_head, block_size, head_size, device=None, dtype=None,
-                 zero=False, window=None, sinks=0, rotary=None, rolls=False):
+                 zero=False, window=None, sinks=0, stream=False):
         block_size = block_size if window is None else sinks + window
         shape = (batch_size, n_kv_head, block_size, head_size)
         # empty by default: positions past pos are never read. One tensor per layer:
@@ -110,14 +101,13 @@ class KVCache:
         self.pos = 0
         # advanced in place: a fresh tensor per token would be a host-to-device copy
         self.at = torch.zeros(1, dtype=torch.long, device=device)
-        self.window, self.sinks, self.rotary, self.rolls = window, sinks, rotary, rolls
+        self.window, self.sinks, self.stream, self.lag = window, sinks, stream, 0
         self.slot_pos = torch.full((block_size,), -1, device=device)  # rolling: each slot's position
 
     def update(self, layer, k, v, at=None):
-        """Write k, v (B, n_kv_head, T, hs) of one layer at the next positions and
-        return its keys and values so far (B, n_kv_head, pos + T, hs) with the mask
-        of those the T queries see (None: causal, T == pos + T); with `at`
-        (1-element tensor, T = 1) write there and return the whole buffers."""
+        """Write k, v (B, n_kv_head, T, hs) of one layer at the next positions; return its keys
+        and values so far (B, n_kv_head, pos + T, hs) and which the T queries see (None: causal,
+        T == pos + T). With `at` (1-element tensor, T = 1) write there, return the whole buffers."""
         if self.window is not None:
             return self.roll(layer, k, v)
         if at is not None:
@@ -127,13 +117,14 @@ class KVCache:
         T, end = k.size(2), self.pos + k.size(2)
         self.k[layer][:, :, self.pos:end] = k
         self.v[layer][:, :, self.pos:end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end], causal_mask(T, end, device=k.device) if 1 < T < end else None
+        mask = causal_mask(T, end, device=k.device) if 1 < T < end else None
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end], mask
 
     def roll(self, layer, k, v):  # read, then write: a chunk longer than W overwrites its first keys
         S, W, T = self.sinks, self.window, k.size(2)
         new = torch.arange(self.pos, self.pos + T, device=k.device)
-        keys, values, kpos, mask = k, v, new, None  # the slots' keys, then the new ones
-        if self.pos:
+        keys, values, kpos, mask = k, v, new, None
+        if self.pos:  # the slots' keys, then the new ones
             keys, values = torch.cat([self.k[layer], k], 2), torch.cat([self.v[layer], v], 2)
             kpos = torch.cat([self.slot_pos, new])
             mask = visible(new[:, None], kpos, W, S) & (kpos >= 0)
@@ -142,17 +133,13 @@ class KVCache:
         self.k[layer][:, :, slot], self.v[layer][:, :, slot] = k[:, :, keep], v[:, :, keep]
         if layer == len(self.k) - 1:
             self.slot_pos[slot] = new[keep]
-        if self.rotary is not None:  # at their place in the cache (out of the window: masked)
-            at = torch.where(kpos < S, kpos, kpos - self.shift(T)).clamp(0, len(self.rotary[0]) - 1)
-            keys = apply_rotary(keys, self.rotary[0][at], self.rotary[1][at])
+        if self.stream:  # at their place in the cache (out of the window: masked)
+            keys = apply_rotary(keys, *rotary_tables(k.size(-1), torch.where(kpos < S, kpos, kpos - self.lag)))
         return keys, values, mask
 
-    def shift(self, T):  # StreamingLLM: how far the positions in the cache lag the true ones
-        return max(0, self.pos + T - self.block_size) if self.rotary is not None else 0
-
-    def positions(self, T):  # of the T new tokens (StreamingLLM: in the cache)
-        assert T == 1 or not self.shift(T), "a full StreamingLLM cache takes one token at a time"
-        return torch.arange(self.pos, self.pos + T, device=self.at.device) - self.shift(T)
+    def positions(self, T):  # of T new tokens; StreamingLLM: in the cache (one at a time once full)
+        self.lag = max(0, self.pos + T - self.block_size) if self.stream else 0
+        return torch.arange(self.pos - self.lag, self.pos + T - self.lag, device=self.at.device)
 
     def advance(self, n):
         self.pos += n
@@ -174,10 +161,9 @@ class KVCache:
 # Rotary position embeddings, an option (GPTConfig.rope) ----------
 # Each pair of channels of q and k is rotated by an angle proportional to the
 # position, so q . k depends on the positions only through their difference.
-def rotary_tables(head_size, length, base=10000.0):  # length: or a tensor of positions
-    pos = torch.arange(length) if isinstance(length, int) else length
+def rotary_tables(head_size, pos, base=10000.0):  # computed at any positions pos (T,)
     inv_freq = 1.0 / base ** (torch.arange(0, head_size, 2, device=pos.device).float() / head_size)
-    angles = torch.outer(pos.float(), inv_freq)  # (length, hs/2)
+    angles = torch.outer(pos.float(), inv_freq)  # (T, hs/2)
     return angles.cos(), angles.sin()
 
 
@@ -189,9 +175,8 @@ def apply_rotary(x, cos, sin):
 
 
 def windowed_attention(q, k, v, window, sinks=0, dropout_p=0.0, block=128):
-    """causal_mask(T, T, window, sinks) attention in time linear in T: queries in
-    blocks of c, each through the fused kernel to its block, the n blocks before it
-    that the window reaches and the sinks, with a (c, S + (n + 1) c) mask."""
+    """causal_mask(T, T, window, sinks) attention, linear in T: query blocks of c see the sinks,
+    their block and the n before it through the fused kernel, with a (c, S + (n + 1) c) mask."""
     B, nh, T, hs = q.shape
     k, v = (x.repeat_interleave(nh // x.size(1), dim=1) for x in (k, v))  # grouped-query heads
     c = min(window, block, T)
@@ -200,12 +185,12 @@ def windowed_attention(q, k, v, window, sinks=0, dropout_p=0.0, block=128):
     kb, vb = (F.pad(x, (0, 0, n * c, nb * c - T)).unfold(2, (n + 1) * c, c).transpose(-1, -2)
               for x in (k, v))  # (B, nh, nb, (n + 1) c, hs), overlapping views
     i = torch.arange(nb * c, device=q.device).view(nb, c, 1)  # query positions
-    j = ((torch.arange(nb, device=q.device)[:, None] - n) * c + torch.arange((n + 1) * c, device=q.device))[:, None]
+    j = i[:, :1] - n * c + torch.arange((n + 1) * c, device=q.device)  # key positions (nb, 1, (n + 1) c)
     mask = visible(i, j, window) & (j >= 0)  # (nb, c, (n + 1) c)
-    if sinks:  # a sink once, where the window does not cover it
-        s = min(sinks, T)
-        kb, vb = (torch.cat([x[:, :, None, :s].expand(B, nh, nb, s, hs), xb], 3) for x, xb in ((k, kb), (v, vb)))
-        mask = torch.cat([torch.arange(s, device=q.device) <= i - window, mask], -1)
+    if sinks:  # each sink once, where the window does not cover it
+        kb, vb = (torch.cat([x[:, :, None, :sinks].expand(B, nh, nb, -1, hs), xb], 3)
+                  for x, xb in ((k, kb), (v, vb)))
+        mask = torch.cat([torch.arange(min(sinks, T), device=q.device) <= i - window, mask], -1)
     y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, dropout_p=dropout_p)
     return y.view(B, nh, nb * c, hs)[:, :, :T]
 
@@ -243,11 +228,8 @@ class MultiHeadAttention(nn.Module):
             # training recipes use large learning rates without blow-ups
             q, k = F.rms_norm(q, (hs,)), F.rms_norm(k, (hs,))
         if rotary is not None:  # a StreamingLLM cache rotates its keys itself
-            q = apply_rotary(q, *rotary)
-            k = k if getattr(kv_cache, "rotary", None) is not None else apply_rotary(k, *rotary)
-        mask = None  # the plain causal (or windowed) pattern of a fresh sequence, T == Tk
-        if kv_cache is not None:
-            k, v, mask = kv_cache.update(layer, k, v, at)  # (B, nkv, Tk, hs), Tk = cached + T
+            q, k = apply_rotary(q, *rotary), k if getattr(kv_cache, "stream", 0) else apply_rotary(k, *rotary)
+        k, v, mask = kv_cache.update(layer, k, v, at) if kv_cache is not None else (k, v, None)
         Tk = k.size(2)
 
         if return_attention or at is not None:
@@ -258,8 +240,8 @@ class MultiHeadAttention(nn.Module):
                 v = v.repeat_interleave(nh // nkv, dim=1)
             mask = causal_mask(T, Tk, self.window, self.sinks, x.device) if mask is None else mask
             y, weights = attention(q, k, v, mask)
-        elif mask is None and self.window is not None:
-            y, weights = windowed_attention(q, k, v, self.window, self.sinks, self.dropout if self.training else 0.0), None
+        elif mask is None and self.window is not None:  # no (T, T) mask: time linear in T
+            y, weights = windowed_attention(q, k, v, self.window, self.sinks, self.dropout * self.training), None
         else:
             # the fused kernel: same result, never materialising the (T, Tk) weights.
             # Its is_causal aligns queries to the first keys, not the last, so a
@@ -342,7 +324,9 @@ class GPTConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if self.activation not in ("gelu", "relu2"):
             raise ValueError(f"activation must be 'gelu' or 'relu2', got {self.activation!r}")
-        check_window(self.sliding_window, self.sink_tokens)
+        w, s = self.sliding_window, self.sink_tokens
+        if (w is not None and (type(w) is not int or w < 1)) or type(s) is not int or s < 0 or (s and w is None):
+            raise ValueError(f"need sliding_window None or >= 1, sink_tokens >= 0 and a window for sinks: {w} {s}")
 
 
 # Dense bf16 peaks in FLOP/s (vendors' data sheets) for estimate_mfu, matched in order
@@ -350,18 +334,6 @@ class GPTConfig:
 PEAK_FLOPS = {"H200 NVL": 835e12, "H200": 989e12, "GH200": 989e12, "H100 NVL": 835e12,
               "H100 PCIe": 756e12, "H100": 989e12, "H800": 989e12, "A100": 312e12, "A800": 312e12,
               "L40S": 362e12, "L4": 121e12, "A10": 125e12}
-
-
-def cache_options(model, window, sinks):
-    """KVCache's window: the model's own, or a StreamingLLM one for a rope model
-    (rolls: never slides; learned positions stop at block_size and slide)."""
-    c = model.config
-    check_window(window, sinks)
-    if window is not None and (not c.rope or sinks + window > c.block_size):
-        raise ValueError(f"a cache window needs a rope model and window + sinks <= block_size {c.block_size}")
-    stream = None if window is None or c.sliding_window else (model.rotary_cos, model.rotary_sin)
-    return dict(window=window or c.sliding_window, sinks=sinks if window else c.sink_tokens, rotary=stream,
-                rolls=c.rope and (window or c.sliding_window) is not None)
 
 
 # Sampling the next token, for generation (section 8) ----------
@@ -392,12 +364,8 @@ class GPT(nn.Module):
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
             ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
-        if not config.rope:
+        if not config.rope:  # rope computes its angles at the positions, for any length
             self.transformer["wpe"] = nn.Embedding(config.block_size, config.n_embd)  # positions
-        else:
-            cos, sin = rotary_tables(config.n_embd // config.n_head, config.block_size)
-            self.register_buffer("rotary_cos", cos, persistent=False)
-            self.register_buffer("rotary_sin", sin, persistent=False)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # weight tying: reading a token in and writing it out share one matrix
         self.lm_head.weight = self.transformer.wte.weight
@@ -424,25 +392,29 @@ class GPT(nn.Module):
         return n
 
     def make_kv_cache(self, batch_size, dtype=None, zero=False, window=None, sinks=0):
+        """With the model's own window, or StreamingLLM's for a rope model trained without."""
         c, p = self.config, self.transformer.wte.weight
-        return KVCache(c.n_layer, batch_size, c.n_kv_head, c.block_size, c.n_embd // c.n_head, device=p.device,
-                       dtype=dtype or p.dtype, zero=zero, **cache_options(self, window, sinks))
+        if window is not None or sinks:
+            c = replace(c, sliding_window=window, sink_tokens=sinks)  # checks them
+            if not c.rope or sinks + window > c.block_size:
+                raise ValueError(f"a cache window needs rope, and window + sinks <= block_size ({c.block_size})")
+        stream = window is not None and self.config.sliding_window is None
+        return KVCache(c.n_layer, batch_size, c.n_kv_head, c.block_size, c.n_embd // c.n_head, p.device,
+                       dtype or p.dtype, zero, c.sliding_window, c.sink_tokens, stream)
 
     def embed(self, idx, pos):
         """Token embeddings (B, T, C) of idx at positions pos (T,): plus the learned
         position embeddings, or with rope, returned with the rotary tables at pos."""
         x = self.transformer.wte(idx)
-        if self.config.rope:  # (T, hs/2) each; a windowed model's past block_size, on the fly
-            return x, rotary_tables(len(self.rotary_cos[0]) * 2, pos) if self.config.sliding_window else (self.rotary_cos[pos], self.rotary_sin[pos])
+        if self.config.rope:
+            return x, rotary_tables(self.config.n_embd // self.config.n_head, pos)  # (T, hs/2) each
         return x + self.transformer.wpe(pos), None  # (T, C) broadcast over B
 
     def forward(self, idx, targets=None, kv_cache=None, return_attention=False, last_only=False):
-        """idx (B, T) token ids -> (logits (B, T, vocab), loss or None).
-
-        kv_cache: attend over the cached positions plus idx, append idx's keys and
-        values, advance the cache. return_attention adds a third item, one
-        (B, n_head, T, Tk) weight tensor per layer. last_only: the last position's
-        logits alone (what generation needs)."""
+        """idx (B, T) token ids -> (logits (B, T, vocab), loss or None). kv_cache: attend
+        over the cached positions plus idx, append idx's keys and values, advance the
+        cache. return_attention adds a third item, one (B, n_head, T, Tk) weight tensor
+        per layer. last_only: the last position's logits alone (what generation needs)."""
         B, T = idx.size()
         start = kv_cache.pos if kv_cache is not None else 0
         if kv_cache is not None and kv_cache.window is None and start + T > kv_cache.block_size:
@@ -451,7 +423,7 @@ class GPT(nn.Module):
         if T > self.config.block_size and not (self.config.rope and self.config.sliding_window):
             raise ValueError(f"sequence of length {T} is longer than block_size {self.config.block_size}")
 
-        x, rotary = self.embed(idx, kv_cache.positions(T) if kv_cache is not None else torch.arange(T, device=idx.device))
+        x, rotary = self.embed(idx, kv_cache.positions(T) if kv_cache else torch.arange(T, device=idx.device))
         x = self.transformer.drop(x)
         maps = []
         for layer, block in enumerate(self.transformer.h):
@@ -469,12 +441,10 @@ class GPT(nn.Module):
         return (logits, loss, maps) if return_attention else (logits, loss)
 
     def decode_step(self, idx, at, kv_cache):
-        """Logits (B, vocab) of one new token per sequence, idx (B, 1), at position
-        `at` (a 1-element long tensor), through a zeroed cache. forward with a
-        cache does the same, but its shapes grow with the cache; here the whole
-        cache is attended to, with the positions past `at` masked, so the shapes
-        never change: torch.compile builds the step once, and on CUDA it can be
-        replayed as a CUDA graph. Inference only; the caller advances the cache."""
+        """Logits (B, vocab) of one new token per sequence, idx (B, 1), at position `at`
+        (a 1-element long tensor), through a zeroed cache. Unlike forward's, its shapes
+        never change: the whole cache is read, the positions past `at` masked, so
+        torch.compile builds it once (a CUDA graph on CUDA). The caller advances the cache."""
         x, rotary = self.embed(idx, at)
         for layer, block in enumerate(self.transformer.h):
             x, _ = block(x, kv_cache, layer, rotary, at=at)
@@ -482,10 +452,9 @@ class GPT(nn.Module):
 
     # 8. Generation ----------
     def context_start(self, length, start):
-        """Where the window of a `length`-token sequence begins for the next token,
-        given that it began at `start`. Positions stop at block_size, so a full
-        window slides: the oldest quarter is dropped and the cache rebuilt from
-        the rest in one forward, once every block_size / 4 tokens, not every token."""
+        """Where the window of a `length`-token sequence begins for the next token, given
+        that it began at `start`. Positions stop at block_size, so a full window slides: the
+        oldest quarter is dropped, the cache rebuilt from the rest once every block_size / 4."""
         bs = self.config.block_size
         if length - start <= bs:
             return start
@@ -493,16 +462,17 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-                        use_cache=True, generator=None, return_attention=False, compile=False, window=None, sinks=0):
+                        use_cache=True, generator=None, return_attention=False, compile=False,
+                        window=None, sinks=0):
         """Yield (next_token (B, 1), attention, window_start) for each new token.
 
-        The window (the prompt, or what is left after a slide) goes through the
-        model in one forward that fills the cache; then only the newest token
-        does. use_cache=False runs the whole window every time; compile=True
-        runs the newest token through the compiled step (compiled_decoder).
-        attention (with return_attention): the per-layer weights of the forward
-        that gave this token, over idx[:, window_start:]: (B, nh, T, T) maps,
-        then one (B, nh, 1, Tk) row per step."""
+        The window (the prompt, or what is left after a slide) goes through the model
+        in one forward that fills the cache; then only the newest token does.
+        use_cache=False runs the whole window every time; compile=True runs the newest
+        token through the compiled step (compiled_decoder); window, sinks: StreamingLLM's
+        cache (make_kv_cache). attention (with return_attention): the per-layer weights
+        of the forward that gave this token, over idx[:, window_start:]: (B, nh, T, T)
+        maps, then one (B, nh, 1, Tk) row per step (a rolling cache's: by slot)."""
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if idx.size(1) < 1:
@@ -516,10 +486,9 @@ class GPT(nn.Module):
 
             def step(token):  # the newest tokens (B, 1) attend to the cache
                 return self(token, kv_cache=cache, return_attention=return_attention)
-        # a prompt longer than the window keeps its last block_size tokens (StreamingLLM: S + W;
-        # a windowed rope model all), and a rolling cache never slides
-        rolls = cache is not None and cache.rolls
-        keep = (cache.block_size if cache.rotary else idx.size(1)) if rolls else self.config.block_size
+        # a prompt keeps its last block_size tokens (StreamingLLM: S + W; a rolling rope cache: all)
+        rolls = self.config.rope and cache is not None and cache.window is not None
+        keep = (cache.block_size if cache.stream else idx.size(1)) if rolls else self.config.block_size
         start, fresh = max(0, idx.size(1) - keep), True
         for _ in range(max_new_tokens):
             new_start = start if rolls else self.context_start(idx.size(1), start)
@@ -546,14 +515,11 @@ class GPT(nn.Module):
         return torch.cat([idx] + [token for token, _, _ in steps], dim=1)
 
     def compiled_decoder(self, batch_size, cuda_graphs=None):
-        """(step, cache): decode_step compiled, with its zeroed KVCache, built once
-        per batch size and kept; step(token (B, 1)) returns what forward would and
-        advances the cache. cuda_graphs (default: on CUDA):
-        mode "reduce-overhead" records the step as a CUDA graph, writing the
-        static cache tensors in place. Otherwise max-autotune with frozen weights
-        lets inductor write its own matrix-vector kernels (docs/benchmarks.md);
-        frozen weights are constants of the compiled code, so changing a
-        parameter rebuilds it."""
+        """(step, cache): decode_step compiled, with its zeroed KVCache, built once per batch
+        size and kept; step(token (B, 1)) returns what forward would and advances the cache.
+        cuda_graphs (default: on CUDA) records it as a CUDA graph writing the static cache in
+        place; else max-autotune with frozen weights (constants: changing one rebuilds the
+        step) writes its own matrix-vector kernels (docs/benchmarks.md)."""
         p = self.transformer.wte.weight
         if p.device.type not in ("cpu", "cuda"):
             raise ValueError(f"compile=True is built for CPU and CUDA, not {p.device.type}")
