@@ -22,6 +22,7 @@ Three sections, each printed as a markdown table and written to --out as JSON:
                 fwd + bwd, T = 1024 .. 16384; then the rolling KV cache: its bytes, its
                 tokens/s early and late in a 20 x block_size generation, and against a
                 dense model that slides and recomputes past block_size
+                (--long_context_part=attention or =cache: that half alone)
 
 Timings alternate between the contenders in the same process (rotating which goes
 first) and report medians, so a busy machine slows all of them alike.
@@ -52,6 +53,7 @@ DEFAULTS = dict(
     out="bench.json",  # where every figure goes
     recipes=False,  # instead: train the CPU recipe against nanoGPT's CPU settings, on this CPU and capped at AVX2
     long_context=False,  # instead: sliding-window attention and the rolling KV cache against dense
+    long_context_part="all",  # with --long_context: all, attention or cache
 )
 
 # name, model shape, batch on CPU, batch on GPU
@@ -765,6 +767,8 @@ def long_context_tables(attn, roll):
         lines.append([str(r["T"]), f"{r['attention_dense']:.1f}", f"{r['attention_window']:.1f}",
                       f"{r['attention_speedup']:.1f}x", f"{r['layer_dense']:.1f}", f"{r['layer_window']:.1f}",
                       f"{r['layer_speedup']:.1f}x"])
+    if roll is None:
+        return markdown(lines), None
     tenths = " / ".join(f"{x:.0f}" for x in roll["tokens_per_s_by_tenth"])
     cache = (f"- rolling KV cache: {roll['cache_bytes_window']:,} bytes against {roll['cache_bytes_dense']:,} dense "
              f"({roll['cache_fraction']:.4f}; (S + W) / block_size = {roll['expected_fraction']:.4f})\n"
@@ -788,6 +792,8 @@ def long_context_targets(attn, roll, quick):
         x = by_t[16384]["layer_window"] / by_t[8192]["layer_window"]
         found.append(dict(target=f"windowed layer, T = 16384 / T = 8192: <= {TARGET_WINDOW_LINEAR}x", measured=x,
                           met=x <= TARGET_WINDOW_LINEAR))
+    if roll is None:
+        return found
     x = roll["cache_fraction"]
     found.append(dict(target="rolling cache bytes = (S + W) / block_size of dense", measured=x,
                       met=abs(x - roll["expected_fraction"]) < 1e-9))
@@ -908,18 +914,23 @@ def run(args, log=print):
                               + recipes_table(result["recipes"]) + "\n\n" + targets_list(result["targets"]))
         return result
     if args["long_context"]:
+        part = args["long_context_part"]
+        if part not in ("all", "attention", "cache"):
+            raise BenchError(f"--long_context_part is all, attention or cache, not {part!r}")
         if gpu:
             raise BenchError("--long_context measures the CPU path; drop --device=cuda")
-        result["long_context"] = bench_window_attention(args, log)
-        result["rolling_cache"] = bench_rolling_cache(args, log)
-        result["targets"] = long_context_targets(result["long_context"], result["rolling_cache"], args["quick"])
+        attn = bench_window_attention(args, log) if part in ("all", "attention") else []
+        roll = bench_rolling_cache(args, log) if part in ("all", "cache") else None
+        result["long_context"], result["rolling_cache"] = attn, roll
+        result["targets"] = long_context_targets(attn, roll, args["quick"])
         result["seconds"], result["load_average_after"] = time.perf_counter() - t0, load_average()
-        table, cache = long_context_tables(result["long_context"], result["rolling_cache"])
-        result["markdown"] = (header_lines(result, device) + f"\n\n## Sliding window W = {LONG_W} against dense "
-                              f"causal, fwd + bwd, float32 ({LONG_HEADS} heads of {LONG_HS}; layer: n_embd "
-                              f"{LONG_HEADS * LONG_HS} with its projections)\n\n" + table
-                              + "\n\n## Rolling KV cache (6 layers, 384 wide, block 1024, W = 128, S = 4, eager)\n\n"
-                              + cache + "\n\n" + targets_list(result["targets"]))
+        table, cache = long_context_tables(attn, roll)
+        result["markdown"] = "\n\n".join(
+            [header_lines(result, device)]
+            + ([f"## Sliding window W = {LONG_W} against dense causal, fwd + bwd, float32 ({LONG_HEADS} heads of "
+                f"{LONG_HS}; layer: n_embd {LONG_HEADS * LONG_HS} with its projections)\n\n" + table] if attn else [])
+            + (["## Rolling KV cache (6 layers, 384 wide, block 1024, W = 128, S = 4, eager)\n\n" + cache]
+               if roll else []) + [targets_list(result["targets"])])
         return result
     result["train"] = bench_train(args, log)
     result["generate"] = bench_generate(args, log)

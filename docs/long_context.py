@@ -15,7 +15,7 @@ generation would see it, through:
   (c) sinks       the same cache size, the first S tokens kept as sinks
   (d) trained     the model trained with sliding_window and sink_tokens, rolling cache
 (b) and (c) are repeated with the heads that put most weight on the first token
-(heads.py's "first" class) ablated. Prints markdown, writes docs/long_context.png
+(heads.py's "first" class, the attention sinks if the model has any) ablated. Prints markdown, writes docs/long_context.png
 and docs/long_context.json.
 """
 
@@ -40,7 +40,7 @@ DEFAULTS = dict(
     windowed="out-shakespeare-char-cpu-window",  # the same recipe with --sliding_window --sink_tokens
     blocks=40,  # tokens scored: this many times block_size
     sinks=4,  # StreamingLLM's sinks for (c); (b) has the same cache size with none
-    first_share=0.3,  # heads with at least this share of their attention on the first token are ablated
+    ablate=3,  # how many heads to ablate: those with the largest share of attention on the first token
     out=os.path.join(ROOT, "docs", "long_context"),  # .png and .json
 )
 
@@ -69,13 +69,14 @@ def score(model, tokens, window=None, sinks=0, slide=False):
     return torch.tensor(nll), (len(tokens) - 1) / (time.perf_counter() - t0), cache.nbytes
 
 
-def sink_heads(model, tok, data, share):
-    """(layer, head) of the heads whose attention goes mostly to the first token,
-    and every head's share, over the val windows heads.py reads."""
+def sink_heads(model, tok, data, k):
+    """(layer, head) of the k heads with the largest share of their attention on the
+    first token, and every head's share, over the val windows heads.py reads."""
     spans = windows(len(data), model.config.block_size, max_windows=200)
     pats = patterns(model, tok, data, spans, batch_size=32)
     shares = [[p["scores"]["first"] for p in layer] for layer in pats]
-    return [(i, h) for i, row in enumerate(shares) for h, s in enumerate(row) if s >= share], shares
+    ranked = sorted(((s, i, h) for i, row in enumerate(shares) for h, s in enumerate(row)), reverse=True)
+    return [(i, h) for _, i, h in ranked[:k]], shares
 
 
 def ppl(nll):
@@ -106,8 +107,8 @@ def main(argv):
         nll, rate, nbytes = fn()
         results[name] = dict(nll=nll, tokens_per_s=rate, cache_bytes=nbytes)
 
-    heads, shares = sink_heads(dense, tok, data, cfg["first_share"])
-    print(f"heads with >= {cfg['first_share']} of their attention on the first token: {heads}", file=sys.stderr)
+    heads, shares = sink_heads(dense, tok, data, cfg["ablate"])
+    print(f"the {cfg['ablate']} heads most on the first token: {heads}", file=sys.stderr)
     ablations = {}
     if heads:
         with ablated(dense, heads):
@@ -124,10 +125,12 @@ def main(argv):
         nll = r["nll"]
         lines.append(f"| {name} | {ppl(nll):.3f} | {ppl(nll[:block]):.3f} | {ppl(nll[-block:]):.3f} | "
                      f"{r['tokens_per_s']:.0f} | {r['cache_bytes']:,} |")
-    lines += ["", "Share of each head's attention on the first token (heads.py, val windows), layer by layer:", ""]
+    lines += ["", "Share of each head's attention on the first token (heads.py, val windows; even "
+              "attention over a window gives it about 1 / position), layer by layer:", ""]
     lines += [f"- layer {i}: " + ", ".join(f"{s:.2f}" for s in row) for i, row in enumerate(shares)]
     if heads:
-        lines += ["", f"Ablating the heads {heads} (first-token share >= {cfg['first_share']}):", "",
+        lines += ["", f"Ablating the {len(heads)} heads with the largest first-token share, (layer, head) "
+                  f"{heads}:", "",
                   "| run | perplexity intact | ablated |", "|---|---|---|"]
         for name, nll in ablations.items():
             lines.append(f"| {name} | {ppl(results[name]['nll']):.3f} | {ppl(nll):.3f} |")
