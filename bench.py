@@ -670,6 +670,7 @@ TARGET_WINDOW_LINEAR = 2.3  # windowed layer: ms at T = 16384 / ms at T = 8192, 
 TARGET_ROLLING_STEADY = 0.85  # tokens/s over the last 10% of a 20 x block_size generation / first 10%
 TARGET_ROLLING_VS_SLIDE = 1.3  # past block_size: windowed tokens/s / dense (slide and recompute) tokens/s
 LONG_W, LONG_HEADS, LONG_HS = 256, 4, 64
+LONG_LENGTHS, LONG_QUICK = [1024, 2048, 4096, 8192, 16384], [1024, 2048, 4096]
 DECODE_SHAPE = dict(n_layer=6, n_head=6, n_embd=384, block_size=1024, vocab_size=65, rope=True)
 DECODE_W, DECODE_S = 128, 4
 
@@ -687,7 +688,7 @@ def bench_window_attention(args, log):
     projections), fwd + bwd, float32: windowed (model.windowed_attention, the training
     path) against dense causal SDPA, alternating in one process."""
     quick = args["quick"]
-    lengths = [1024, 2048, 4096] if quick else [1024, 2048, 4096, 8192, 16384]
+    lengths = LONG_QUICK if quick else LONG_LENGTHS
     rows = []
     for T in lengths:
         log(f"long context: T={T} ...")
