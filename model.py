@@ -120,19 +120,24 @@ class KVCache:
         mask = causal_mask(T, end, device=k.device) if 1 < T < end else None
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end], mask
 
-    def roll(self, layer, k, v):  # read, then write: a chunk longer than W overwrites its first keys
-        S, W, T = self.sinks, self.window, k.size(2)
-        new = torch.arange(self.pos, self.pos + T, device=k.device)
-        keys, values, kpos, mask = k, v, new, None
-        if self.pos:  # the slots' keys, then the new ones
-            keys, values = torch.cat([self.k[layer], k], 2), torch.cat([self.v[layer], v], 2)
-            kpos = torch.cat([self.slot_pos, new])
-            mask = visible(new[:, None], kpos, W, S) & (kpos >= 0)
-        keep = (new < S) | (new > new[-1] - W)  # what stays of the chunk
-        slot = torch.where(new < S, new, S + (new - S) % W)[keep]
-        self.k[layer][:, :, slot], self.v[layer][:, :, slot] = k[:, :, keep], v[:, :, keep]
-        if layer == len(self.k) - 1:
-            self.slot_pos[slot] = new[keep]
+    def roll(self, layer, k, v):
+        S, W, T, p = self.sinks, self.window, k.size(2), self.pos
+        if T == 1:  # p replaces p - W, just out of its window: write, then read in place
+            s = p if p < S else S + (p - S) % W
+            self.k[layer][:, :, s], self.v[layer][:, :, s], self.slot_pos[s] = k[:, :, 0], v[:, :, 0], p
+            keys, values, kpos, mask = self.k[layer], self.v[layer], self.slot_pos, self.written(self.at)
+        else:  # a chunk is read before it is written: if longer than W, it overwrites its first keys
+            new = torch.arange(p, p + T, device=k.device)
+            keys, values, kpos, mask = k, v, new, None
+            if p:  # the slots' keys, then the new ones
+                keys, values = torch.cat([self.k[layer], k], 2), torch.cat([self.v[layer], v], 2)
+                kpos = torch.cat([self.slot_pos, new])
+                mask = visible(new[:, None], kpos, W, S) & (kpos >= 0)
+            keep = (new < S) | (new > new[-1] - W)  # what stays of the chunk
+            slot = torch.where(new < S, new, S + (new - S) % W)[keep]
+            self.k[layer][:, :, slot], self.v[layer][:, :, slot] = k[:, :, keep], v[:, :, keep]
+            if layer == len(self.k) - 1:
+                self.slot_pos[slot] = new[keep]
         if self.stream:  # at their place in the cache (out of the window: masked)
             keys = apply_rotary(keys, *rotary_tables(k.size(-1), torch.where(kpos < S, kpos, kpos - self.lag)))
         return keys, values, mask
@@ -175,8 +180,7 @@ def apply_rotary(x, cos, sin):
 
 
 def windowed_attention(q, k, v, window, sinks=0, dropout_p=0.0, block=128):
-    """causal_mask(T, T, window, sinks) attention, linear in T: query blocks of c see the sinks,
-    their block and the n before it through the fused kernel, with a (c, S + (n + 1) c) mask."""
+    """causal_mask(T, T, window, sinks) in time linear in T: blocks of c queries, a (c, S + (n + 1) c) mask."""
     B, nh, T, hs = q.shape
     k, v = (x.repeat_interleave(nh // x.size(1), dim=1) for x in (k, v))  # grouped-query heads
     c = min(window, block, T)
@@ -392,7 +396,6 @@ class GPT(nn.Module):
         return n
 
     def make_kv_cache(self, batch_size, dtype=None, zero=False, window=None, sinks=0):
-        """With the model's own window, or StreamingLLM's for a rope model trained without."""
         c, p = self.config, self.transformer.wte.weight
         if window is not None or sinks:
             c = replace(c, sliding_window=window, sink_tokens=sinks)  # checks them
@@ -441,10 +444,9 @@ class GPT(nn.Module):
         return (logits, loss, maps) if return_attention else (logits, loss)
 
     def decode_step(self, idx, at, kv_cache):
-        """Logits (B, vocab) of one new token per sequence, idx (B, 1), at position `at`
-        (a 1-element long tensor), through a zeroed cache. Unlike forward's, its shapes
-        never change: the whole cache is read, the positions past `at` masked, so
-        torch.compile builds it once (a CUDA graph on CUDA). The caller advances the cache."""
+        """Logits (B, vocab) of one new token per sequence, idx (B, 1), at position `at` (a
+        1-element long tensor), through a zeroed cache, read whole with the positions past `at`
+        masked: fixed shapes, compiled once (a CUDA graph on CUDA). The caller advances the cache."""
         x, rotary = self.embed(idx, at)
         for layer, block in enumerate(self.transformer.h):
             x, _ = block(x, kv_cache, layer, rotary, at=at)
@@ -507,22 +509,20 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
                  use_cache=True, generator=None, compile=False, window=None, sinks=0):
-        """idx (B, T) with max_new_tokens sampled tokens appended; temperature=0 is
-        greedy. use_cache=False (the whole window every step, same sliding rule)
-        gives the same greedy tokens, and so does compile=True in float32."""
+        """idx (B, T) with max_new_tokens sampled tokens appended; temperature=0 is greedy. use_cache=False
+        (the whole window every step, same slide) and compile=True (float32) give the same greedy tokens."""
         steps = self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p,
                                      use_cache, generator, compile=compile, window=window, sinks=sinks)
         return torch.cat([idx] + [token for token, _, _ in steps], dim=1)
 
     def compiled_decoder(self, batch_size, cuda_graphs=None):
-        """(step, cache): decode_step compiled, with its zeroed KVCache, built once per batch
-        size and kept; step(token (B, 1)) returns what forward would and advances the cache.
-        cuda_graphs (default: on CUDA) records it as a CUDA graph writing the static cache in
-        place; else max-autotune with frozen weights (constants: changing one rebuilds the
-        step) writes its own matrix-vector kernels (docs/benchmarks.md)."""
+        """(step, cache): decode_step compiled, with its zeroed KVCache, built once per batch size
+        and kept; step(token (B, 1)) returns what forward would and advances the cache. cuda_graphs
+        (default: on CUDA) records it as a CUDA graph writing the static cache in place; else max-autotune
+        with frozen weights (changing one rebuilds the step) writes its own matrix-vector kernels."""
         p = self.transformer.wte.weight
-        if p.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"compile=True is built for CPU and CUDA, not {p.device.type}")
+        if p.device.type not in ("cpu", "cuda") or self.config.sliding_window:  # a window decodes eagerly
+            raise ValueError(f"compile=True is built for CPU and CUDA and full attention, not {p.device.type}")
         cuda_graphs = p.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         key = (batch_size, p.device, p.dtype, cuda_graphs)
         version = None if cuda_graphs else tuple(q._version for q in self.parameters())

@@ -198,6 +198,8 @@ def test_bad_cache_window_fails_in_one_line():
         tiny().make_kv_cache(1, sinks=2)
     with pytest.raises(ValueError, match="window"):
         tiny(sliding_window=4).generate(torch.zeros(1, 1, dtype=torch.long), 2, compile=True)
+    with pytest.raises(ValueError, match="full attention"):
+        tiny(sliding_window=4).compiled_decoder(1)
 
 
 # ---------------------------------------------------------------------------
