@@ -5,7 +5,7 @@ Sample text from a trained model, and save what its attention heads looked at.
     python sample.py --out_dir=out-mine --num_samples=5 --temperature=0.9 --top_k=50
     python sample.py --prompt FILE:prompt.txt --stream --seed=7
     python sample.py --init_from=path/to/gpt2 --prompt "Hello, I'm a language model,"
-    python sample.py --out_dir=out-shakespeare-cpu --window=256 --sinks=4 --max_new_tokens=5000
+    python sample.py --out_dir=out-shakespeare-char-cpu --window=32 --sinks=4 --max_new_tokens=5000
 
 Options are --key=value or --key value; `python sample.py --help` lists them.
 The attention maps of the first sample go to <out_dir>/attention/ (open its
