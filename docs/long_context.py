@@ -38,7 +38,7 @@ from sample import load_model  # noqa: E402
 DEFAULTS = dict(
     dense="out-shakespeare-char-cpu",  # the CPU recipe's checkpoint folder
     windowed="out-shakespeare-char-cpu-window",  # the same recipe with --sliding_window --sink_tokens
-    blocks=40,  # tokens scored: this many times block_size
+    blocks=80,  # tokens scored: this many times block_size
     sinks=4,  # StreamingLLM's sinks for (c); (b) has the same cache size with none
     ablate=3,  # how many heads to ablate: those with the largest share of attention on the first token
     out=os.path.join(ROOT, "docs", "long_context"),  # .png and .json
