@@ -686,7 +686,7 @@ def fwd_bwd(fn, *inputs):
 def bench_window_attention(args, log):
     """The attention alone and a whole attention layer (n_embd 256, 4 heads, with its
     projections), fwd + bwd, float32: windowed (model.windowed_attention, the training
-    path) against dense causal SDPA, alternating in one process."""
+    path) against dense causal SDPA, alternating in one process (medians of 5 repeats, 3 with --quick)."""
     quick = args["quick"]
     lengths = LONG_QUICK if quick else LONG_LENGTHS
     rows = []
@@ -713,7 +713,7 @@ def bench_window_attention(args, log):
                "layer_window": fwd_bwd(lambda x: window_layer(x)[0], x)}
         for fn in fns.values():  # warm-up
             fn()
-        times = alternate(fns, 3, 1, "cpu")
+        times = alternate(fns, 3 if quick else 5, 1, "cpu")
         row = dict(T=T, window=LONG_W, max_abs_error=err, **{key: median(ts) * 1e3 for key, ts in times.items()})
         row["attention_speedup"] = row["attention_dense"] / row["attention_window"]
         row["layer_speedup"] = row["layer_dense"] / row["layer_window"]
