@@ -2,8 +2,6 @@
 independent oracles: masks written out by hand, the explicit attention path,
 token-by-token locality, and whole-sequence re-scoring of what the cache generated."""
 
-import os
-
 import pytest
 import torch
 
