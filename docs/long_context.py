@@ -25,11 +25,15 @@ import os
 import sys
 import time
 
-import torch
-import torch.nn.functional as F
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+import hardware  # noqa: E402
+
+hardware.check_bf16()  # before torch loads: whether bfloat16 runs here, and its fix (hardware.py)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 from configurator import describe, parse_args  # noqa: E402
 from heads import ablated, patterns, val_tokens, windows  # noqa: E402
