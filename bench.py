@@ -17,6 +17,12 @@ Three sections, each printed as a markdown table and written to --out as JSON:
                 settings (config/shakespeare_cpu_classic.py), each trained to the end
                 by train.py, on this CPU as it is and capped at AVX2 (no AVX-512, no
                 native bfloat16, like most laptops): whole-val loss and wall time
+  --long_context  instead of those: sliding-window attention (W = 256, float32) against
+                dense causal attention, the attention alone and a whole attention layer,
+                fwd + bwd, T = 1024 .. 16384; then the rolling KV cache: its bytes, its
+                tokens/s early and late in a 20 x block_size generation, and against a
+                dense model that slides and recomputes past block_size
+                (--long_context_part=attention or =cache: that half alone)
 
 Timings alternate between the contenders in the same process (rotating which goes
 first) and report medians, so a busy machine slows all of them alike.
@@ -41,7 +47,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from configurator import ConfigError, describe, parse_args  # noqa: E402
-from model import GPT, GPTConfig, attention, causal_mask  # noqa: E402
+from model import (GPT, GPTConfig, MultiHeadAttention, attention, causal_mask,  # noqa: E402
+                   windowed_attention)
 
 DEFAULTS = dict(
     device="cpu",  # cpu or cuda
@@ -51,6 +58,8 @@ DEFAULTS = dict(
     out="bench.json",  # where every figure goes
     recipes=False,  # instead: train the CPU recipe against nanoGPT's CPU settings, on this CPU and capped at AVX2
     nanogpt="",  # with --recipes: a nanoGPT checkout (its data prepared) whose own train.py runs beside ours
+    long_context=False,  # instead: sliding-window attention and the rolling KV cache against dense
+    long_context_part="all",  # with --long_context: all, attention or cache
 )
 
 # name, model shape, batch on CPU, batch on GPU
@@ -649,7 +658,7 @@ def bench_attention(args, log):
         log(f"attention: T={T} ...")
         torch.manual_seed(0)
         q, k, v = (torch.randn(B, nh, T, hs, device=device, dtype=dtype) for _ in range(3))
-        mask = causal_mask(T, T, device)
+        mask = causal_mask(T, T, device=device)
 
         def explicit():
             return attention(q, k, v, mask)[0]
@@ -714,6 +723,156 @@ def attention_table(rows, gpu):
                      f"{r['sdpa']['peak_extra_gpu_bytes'] / 2**20:.1f}"]
         lines.append(line)
     return markdown(lines)
+
+
+# -----------------------------------------------------------------------------
+# Long context: sliding-window attention and the rolling KV cache
+
+# Targets (issue: long context); the window and shapes they were set for
+TARGET_WINDOW_ATTENTION = 4.0  # attention alone, fwd + bwd, T = 8192: dense ms / windowed ms
+TARGET_WINDOW_LAYER = 5.0  # one attention layer, fwd + bwd, T = 16384: dense / windowed
+TARGET_WINDOW_LINEAR = 2.3  # windowed layer: ms at T = 16384 / ms at T = 8192, at most
+TARGET_ROLLING_STEADY = 0.85  # tokens/s over the last 10% of a 20 x block_size generation / first 10%
+TARGET_ROLLING_VS_SLIDE = 1.3  # past block_size: windowed tokens/s / dense (slide and recompute) tokens/s
+LONG_W, LONG_HEADS, LONG_HS = 256, 4, 64
+LONG_LENGTHS, LONG_QUICK = [1024, 2048, 4096, 8192, 16384], [1024, 2048, 4096]
+DECODE_SHAPE = dict(n_layer=6, n_head=6, n_embd=384, block_size=1024, vocab_size=65, rope=True)
+DECODE_W, DECODE_S = 128, 4
+
+
+def fwd_bwd(fn, *inputs):
+    def step():
+        for x in inputs:
+            x.grad = None
+        fn(*inputs).sum().backward()
+    return step
+
+
+def bench_window_attention(args, log):
+    """The attention alone and a whole attention layer (n_embd 256, 4 heads, with its
+    projections), fwd + bwd, float32: windowed (model.windowed_attention, the training
+    path) against dense causal SDPA, alternating in one process (medians of 5 repeats, 3 with --quick)."""
+    quick = args["quick"]
+    lengths = LONG_QUICK if quick else LONG_LENGTHS
+    rows = []
+    for T in lengths:
+        log(f"long context: T={T} ...")
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(1, LONG_HEADS, T, LONG_HS, requires_grad=True) for _ in range(3))
+        with torch.no_grad():  # the windowed path against the explicit one, 64 rows
+            rows_ = torch.linspace(0, T - 1, 64).long()
+            ref = attention(q[:, :, rows_], k, v, causal_mask(T, T, LONG_W)[rows_])[0]
+            err = (windowed_attention(q, k, v, LONG_W)[:, :, rows_] - ref).abs().max().item()
+        if err > 1e-5:
+            raise BenchError(f"windowed attention at T={T} is {err:.2e} from the explicit path")
+        cfg = dict(n_embd=LONG_HEADS * LONG_HS, n_head=LONG_HEADS, block_size=T, n_layer=1, vocab_size=65, rope=True)
+        torch.manual_seed(0)
+        dense_layer = MultiHeadAttention(GPTConfig(**cfg))
+        window_layer = MultiHeadAttention(GPTConfig(**cfg, sliding_window=LONG_W))
+        window_layer.load_state_dict(dense_layer.state_dict())
+        x = torch.randn(1, T, LONG_HEADS * LONG_HS, requires_grad=True)
+        fns = {"attention_dense": fwd_bwd(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                                          q, k, v),
+               "attention_window": fwd_bwd(lambda q, k, v: windowed_attention(q, k, v, LONG_W), q, k, v),
+               "layer_dense": fwd_bwd(lambda x: dense_layer(x)[0], x),
+               "layer_window": fwd_bwd(lambda x: window_layer(x)[0], x)}
+        for fn in fns.values():  # warm-up
+            fn()
+        times = alternate(fns, 3 if quick else 5, 1, "cpu")
+        row = dict(T=T, window=LONG_W, max_abs_error=err, **{key: median(ts) * 1e3 for key, ts in times.items()})
+        row["attention_speedup"] = row["attention_dense"] / row["attention_window"]
+        row["layer_speedup"] = row["layer_dense"] / row["layer_window"]
+        rows.append(row)
+    return rows
+
+
+def rate(model, prompt, n, window=None, sinks=0):
+    """Greedy decoding of n tokens; tokens/s over each tenth of them."""
+    stamps = [time.perf_counter()]
+    for _ in model.generate_stream(prompt, n, temperature=0, window=window, sinks=sinks):
+        stamps.append(time.perf_counter())
+    tenth = n // 10
+    return [tenth / (stamps[(i + 1) * tenth] - stamps[i * tenth]) for i in range(10)]
+
+
+def bench_rolling_cache(args, log):
+    """The rolling KV cache of a windowed rope model (6 layers, 384 wide, block 1024,
+    W = 128, S = 4, eager, float32) against the same model dense, which slides."""
+    quick = args["quick"]
+    shape = dict(DECODE_SHAPE, block_size=256) if quick else DECODE_SHAPE
+    block = shape["block_size"]
+    torch.manual_seed(0)
+    dense = GPT(GPTConfig(**shape)).eval()
+    window = GPT(GPTConfig(**shape, sliding_window=DECODE_W, sink_tokens=DECODE_S)).eval()
+    window.load_state_dict(dense.state_dict())
+    prompt = torch.zeros(1, 1, dtype=torch.long)
+    n = 20 * block
+    log(f"long context: the rolling cache, {n} tokens ...")
+    rolling = rate(window, prompt, n)
+    # past block_size: the same number of tokens, block_size .. 2 block_size, both models
+    log("long context: past block_size, dense (slides) against windowed ...")
+    past = torch.zeros(1, block, dtype=torch.long)
+    past_rates = {}
+    for r in range(2):
+        for name, model in ((("dense", dense), ("window", window)) if r % 2 == 0 else
+                            (("window", window), ("dense", dense))):
+            past_rates.setdefault(name, []).append(sum(rate(model, past, block)) / 10)
+    dense_bytes, window_bytes = dense.make_kv_cache(1).nbytes, window.make_kv_cache(1).nbytes
+    return dict(shape=shape, window=DECODE_W, sinks=DECODE_S, tokens=n, tokens_per_s_by_tenth=rolling,
+                last_over_first=rolling[-1] / rolling[0], cache_bytes_window=window_bytes,
+                cache_bytes_dense=dense_bytes, cache_fraction=window_bytes / dense_bytes,
+                expected_fraction=(DECODE_W + DECODE_S) / block,
+                past_block_tokens_per_s=dict(dense=median(past_rates["dense"]), window=median(past_rates["window"])),
+                window_over_dense=median(past_rates["window"]) / median(past_rates["dense"]))
+
+
+def long_context_tables(attn, roll):
+    lines = [["T", "attention dense ms", "attention window ms", "speed-up", "layer dense ms",
+              "layer window ms", "speed-up"]]
+    for r in attn:
+        lines.append([str(r["T"]), f"{r['attention_dense']:.1f}", f"{r['attention_window']:.1f}",
+                      f"{r['attention_speedup']:.1f}x", f"{r['layer_dense']:.1f}", f"{r['layer_window']:.1f}",
+                      f"{r['layer_speedup']:.1f}x"])
+    if roll is None:
+        return markdown(lines), None
+    tenths = " / ".join(f"{x:.0f}" for x in roll["tokens_per_s_by_tenth"])
+    cache = (f"- rolling KV cache: {roll['cache_bytes_window']:,} bytes against {roll['cache_bytes_dense']:,} dense "
+             f"({roll['cache_fraction']:.4f}; (S + W) / block_size = {roll['expected_fraction']:.4f})\n"
+             f"- tokens/s by tenth of a {roll['tokens']}-token greedy generation: {tenths}\n"
+             f"- past block_size: windowed {roll['past_block_tokens_per_s']['window']:.0f} tokens/s, dense (slides "
+             f"and recomputes) {roll['past_block_tokens_per_s']['dense']:.0f} tokens/s")
+    return markdown(lines), cache
+
+
+def long_context_targets(attn, roll, quick):
+    by_t = {r["T"]: r for r in attn}
+    found = []
+    if 8192 in by_t:
+        x = by_t[8192]["attention_speedup"]
+        found.append(dict(target=f"attention alone, T = 8192, W = {LONG_W}: >= {TARGET_WINDOW_ATTENTION}x dense",
+                          measured=x, met=x >= TARGET_WINDOW_ATTENTION))
+    if 16384 in by_t:
+        x = by_t[16384]["layer_speedup"]
+        found.append(dict(target=f"attention layer, T = 16384: >= {TARGET_WINDOW_LAYER}x dense", measured=x,
+                          met=x >= TARGET_WINDOW_LAYER))
+        x = by_t[16384]["layer_window"] / by_t[8192]["layer_window"]
+        found.append(dict(target=f"windowed layer, T = 16384 / T = 8192: <= {TARGET_WINDOW_LINEAR}x", measured=x,
+                          met=x <= TARGET_WINDOW_LINEAR))
+    if roll is None:
+        return found
+    x = roll["cache_fraction"]
+    found.append(dict(target="rolling cache bytes = (S + W) / block_size of dense", measured=x,
+                      met=abs(x - roll["expected_fraction"]) < 1e-9))
+    x = roll["last_over_first"]
+    found.append(dict(target=f"rolling cache: last 10% tokens/s >= {TARGET_ROLLING_STEADY} of the first 10%",
+                      measured=x, met=x >= TARGET_ROLLING_STEADY))
+    x = roll["window_over_dense"]
+    found.append(dict(target=f"past block_size: windowed >= {TARGET_ROLLING_VS_SLIDE}x dense tokens/s",
+                      measured=x, met=x >= TARGET_ROLLING_VS_SLIDE))
+    if quick:
+        for t in found:
+            t["met"] = None
+    return found
 
 
 # -----------------------------------------------------------------------------
@@ -819,6 +978,25 @@ def run(args, log=print):
         result["seconds"], result["load_average_after"] = time.perf_counter() - t0, load_average()
         result["markdown"] = (header_lines(result, device) + "\n\n## Training to the target loss\n\n"
                               + recipes_table(result["recipes"]) + "\n\n" + targets_list(result["targets"]))
+        return result
+    if args["long_context"]:
+        part = args["long_context_part"]
+        if part not in ("all", "attention", "cache"):
+            raise BenchError(f"--long_context_part is all, attention or cache, not {part!r}")
+        if gpu:
+            raise BenchError("--long_context measures the CPU path; drop --device=cuda")
+        attn = bench_window_attention(args, log) if part in ("all", "attention") else []
+        roll = bench_rolling_cache(args, log) if part in ("all", "cache") else None
+        result["long_context"], result["rolling_cache"] = attn, roll
+        result["targets"] = long_context_targets(attn, roll, args["quick"])
+        result["seconds"], result["load_average_after"] = time.perf_counter() - t0, load_average()
+        table, cache = long_context_tables(attn, roll)
+        result["markdown"] = "\n\n".join(
+            [header_lines(result, device)]
+            + ([f"## Sliding window W = {LONG_W} against dense causal, fwd + bwd, float32 ({LONG_HEADS} heads of "
+                f"{LONG_HS}; layer: n_embd {LONG_HEADS * LONG_HS} with its projections)\n\n" + table] if attn else [])
+            + (["## Rolling KV cache (6 layers, 384 wide, block 1024, W = 128, S = 4, eager)\n\n" + cache]
+               if roll else []) + [targets_list(result["targets"])])
         return result
     result["train"] = bench_train(args, log)
     result["generate"] = bench_generate(args, log)

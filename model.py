@@ -18,7 +18,7 @@ imports its file reader (checkpoint.py, safetensors) inside from_pretrained.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -63,11 +63,18 @@ def linear_attention(q, k, v, state=None, return_attention=False, chunk=64):
 
 
 # 2. The causal mask ----------
-def causal_mask(t_q, t_k, device=None):
+def causal_mask(t_q, t_k, window=None, sinks=0, device=None):
     """Bool (t_q, t_k): True where query i may attend to key j. The queries are
     the last t_q of the t_k positions: causal_mask(T, T) is the lower triangle,
-    causal_mask(1, T) lets the newest token (the KV-cache case) see all keys."""
-    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=t_k - t_q)
+    causal_mask(1, T) lets the newest token (the KV-cache case) see all keys.
+    A window W keeps i - W < j: exactly W keys counting itself (FlashAttention's
+    window_size=(W, 0) sees W + 1); the first `sinks` positions stay visible to all."""
+    i = torch.arange(t_k - t_q, t_k, device=device)[:, None]  # the queries' positions
+    return visible(i, torch.arange(t_k, device=device), window, sinks)
+
+
+def visible(i, j, window=None, sinks=0):  # the same, for positions i of queries and j of keys
+    return (j <= i) if window is None else (j <= i) & ((j > i - window) | (j < sinks))
 
 
 # 3. One attention head ----------
@@ -83,7 +90,7 @@ class Head(nn.Module):
     def forward(self, x):
         T = x.size(1)
         q, k, v = self.query(x), self.key(x), self.value(x)  # (B, T, hs) each
-        out, weights = attention(q, k, v, causal_mask(T, T, x.device))
+        out, weights = attention(q, k, v, causal_mask(T, T, device=x.device))
         return out, weights  # (B, T, hs), (B, T, T)
 
 
@@ -91,39 +98,72 @@ class Head(nn.Module):
 class KVCache:
     """Keys and values of every layer for the positions seen so far.
 
-    Allocated once at full length, (B, n_kv_head, block_size, hs) per layer, and
-    written in place: decoding never grows a tensor with torch.cat. `pos` counts
-    the filled positions; `at` is the same count on the device, for the
-    fixed-shape decode step (GPT.decode_step), which attends to the whole buffer
-    with the unwritten part masked. That step needs zeroed buffers (zero=True):
-    a masked value is still multiplied by its weight 0, and 0 * NaN is NaN.
-    """
+    Allocated once at full length, (B, n_kv_head, block_size, hs) per layer, written
+    in place: decoding never grows a tensor with torch.cat. `pos` counts the filled
+    positions, `at` the same on the device for the fixed-shape decode step
+    (GPT.decode_step), which reads the whole buffer with the unwritten part masked:
+    it needs zeroed buffers (zero=True), a masked value meets its weight 0, 0 * NaN is NaN.
+
+    A window W, S sinks: a rolling buffer (Mistral) of S + W slots, position p at slot p if
+    p < S, else S + (p - S) mod W. stream (StreamingLLM): keys kept unrotated, rotated when read."""
 
     def __init__(self, n_layer, batch_size, n_kv_head, block_size, head_size, device=None, dtype=None,
-                 zero=False):
+                 zero=False, window=None, sinks=0, stream=False):
+        block_size = block_size if window is None else sinks + window
         shape = (batch_size, n_kv_head, block_size, head_size)
         # empty by default: positions past pos are never read. One tensor per layer:
         # a compiled step writing into a slice of a shared one copies all of it
-        alloc = torch.zeros if zero else torch.empty
+        alloc = torch.zeros if zero or window else torch.empty
         self.k = [alloc(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.v = [alloc(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.block_size = block_size
         self.pos = 0
         # advanced in place: a fresh tensor per token would be a host-to-device copy
         self.at = torch.zeros(1, dtype=torch.long, device=device)
+        self.window, self.sinks, self.stream, self.lag = window, sinks, stream, 0
+        self.slot_pos = torch.full((block_size,), -1, device=device)  # rolling: each slot's position
 
     def update(self, layer, k, v, at=None):
-        """Write k, v (B, n_kv_head, T, hs) of one layer at the next positions and
-        return its keys and values so far (B, n_kv_head, pos + T, hs); with `at`
-        (1-element tensor, T = 1) write there and return the whole buffers."""
+        """Write k, v (B, n_kv_head, T, hs) of one layer at the next positions; return its keys
+        and values so far (B, n_kv_head, pos + T, hs) and which the T queries see (None: causal,
+        T == pos + T). With `at` (1-element tensor, T = 1) write there, return the whole buffers."""
+        if self.window is not None:
+            return self.roll(layer, k, v)
         if at is not None:
             self.k[layer][:, :, at] = k
             self.v[layer][:, :, at] = v
-            return self.k[layer], self.v[layer]  # (B, n_kv_head, block_size, hs)
-        end = self.pos + k.size(2)
+            return self.k[layer], self.v[layer], self.written(at)  # (B, n_kv_head, block_size, hs)
+        T, end = k.size(2), self.pos + k.size(2)
         self.k[layer][:, :, self.pos:end] = k
         self.v[layer][:, :, self.pos:end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+        mask = causal_mask(T, end, device=k.device) if 1 < T < end else None
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end], mask
+
+    def roll(self, layer, k, v):
+        S, W, T, p = self.sinks, self.window, k.size(2), self.pos
+        if T == 1:  # p replaces p - W, just out of its window: write, then read in place
+            s = p if p < S else S + (p - S) % W
+            self.k[layer][:, :, s], self.v[layer][:, :, s], self.slot_pos[s] = k[:, :, 0], v[:, :, 0], p
+            keys, values, kpos, mask = self.k[layer], self.v[layer], self.slot_pos, self.written(self.at)
+        else:  # a chunk is read before it is written: if longer than W, it overwrites its first keys
+            new = torch.arange(p, p + T, device=k.device)
+            keys, values, kpos, mask = k, v, new, None
+            if p:  # the slots' keys, then the new ones
+                keys, values = torch.cat([self.k[layer], k], 2), torch.cat([self.v[layer], v], 2)
+                kpos = torch.cat([self.slot_pos, new])
+                mask = visible(new[:, None], kpos, W, S) & (kpos >= 0)
+            keep = (new < S) | (new > new[-1] - W)  # what stays of the chunk
+            slot = torch.where(new < S, new, S + (new - S) % W)[keep]
+            self.k[layer][:, :, slot], self.v[layer][:, :, slot] = k[:, :, keep], v[:, :, keep]
+            if layer == len(self.k) - 1:
+                self.slot_pos[slot] = new[keep]
+        if self.stream:  # at their place in the cache (out of the window: masked)
+            keys = apply_rotary(keys, *rotary_tables(k.size(-1), torch.where(kpos < S, kpos, kpos - self.lag)))
+        return keys, values, mask
+
+    def positions(self, T):  # of T new tokens; StreamingLLM: in the cache (one at a time once full)
+        self.lag = max(0, self.pos + T - self.block_size) if self.stream else 0
+        return torch.arange(self.pos - self.lag, self.pos + T - self.lag, device=self.at.device)
 
     def advance(self, n):
         self.pos += n
@@ -132,6 +172,7 @@ class KVCache:
     def reset(self):  # stale entries past pos are never read: no clearing needed
         self.pos = 0
         self.at.zero_()
+        self.slot_pos.fill_(-1)
 
     def written(self, at):  # a row of the causal mask (1, block_size): True at 0 .. at
         return (torch.arange(self.block_size, device=at.device) <= at)[None]
@@ -148,6 +189,10 @@ class LinearState:
         S = torch.zeros(B, config.n_head, *[config.n_embd // config.n_head] * 2, device=device, dtype=dtype)
         self.state = [[S.clone(), S[..., 0].clone()] for _ in range(config.n_layer)]
         self.block_size, self.pos, self.nbytes = config.context, 0, sum(t.nbytes for s in self.state for t in s)
+        self.window, self.stream = None, False  # as a full KVCache's
+
+    def positions(self, T):
+        return torch.arange(self.pos, self.pos + T, device=self.state[0][0].device)
 
     def advance(self, n):
         self.pos += n
@@ -158,11 +203,10 @@ class LinearState:
 
 
 # Rotary position embeddings, an option (GPTConfig.rope) ----------
-# Each pair of channels of q and k is rotated by an angle proportional to the
-# position, so q . k depends on the positions only through their difference.
-def rotary_tables(head_size, length, base=10000.0):
-    inv_freq = 1.0 / base ** (torch.arange(0, head_size, 2).float() / head_size)
-    angles = torch.outer(torch.arange(length).float(), inv_freq)  # (length, hs/2)
+# Each pair of channels of q and k turns by an angle proportional to the position: q . k sees only their distance.
+def rotary_tables(head_size, pos, base=10000.0):  # computed at any positions pos (T,)
+    inv_freq = 1.0 / base ** (torch.arange(0, head_size, 2, device=pos.device).float() / head_size)
+    angles = torch.outer(pos.float(), inv_freq)  # (T, hs/2)
     return angles.cos(), angles.sin()
 
 
@@ -171,6 +215,26 @@ def apply_rotary(x, cos, sin):
     x1, x2 = x.chunk(2, dim=-1)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def windowed_attention(q, k, v, window, sinks=0, dropout_p=0.0, block=128):
+    """causal_mask(T, T, window, sinks) in time linear in T: blocks of c queries, a (c, S + (n + 1) c) mask."""
+    B, nh, T, hs = q.shape
+    k, v = (x.repeat_interleave(nh // x.size(1), dim=1) for x in (k, v))  # grouped-query heads
+    c = min(window, block, T)
+    n, nb = -(-(window - 1) // c), -(-T // c)  # blocks reached back, query blocks
+    qb = F.pad(q, (0, 0, 0, nb * c - T)).view(B, nh, nb, c, hs)
+    kb, vb = (F.pad(x, (0, 0, n * c, nb * c - T)).unfold(2, (n + 1) * c, c).transpose(-1, -2)
+              for x in (k, v))  # (B, nh, nb, (n + 1) c, hs), overlapping views
+    i = torch.arange(nb * c, device=q.device).view(nb, c, 1)  # query positions
+    j = i[:, :1] - n * c + torch.arange((n + 1) * c, device=q.device)  # key positions (nb, 1, (n + 1) c)
+    mask = visible(i, j, window) & (j >= 0)  # (nb, c, (n + 1) c)
+    if sinks:  # each sink once, where the window does not cover it
+        kb, vb = (torch.cat([x[:, :, None, :sinks].expand(B, nh, nb, -1, hs), xb], 3)
+                  for x, xb in ((k, kb), (v, vb)))
+        mask = torch.cat([torch.arange(min(sinks, T), device=q.device) <= i - window, mask], -1)
+    y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, dropout_p=dropout_p)
+    return y.view(B, nh, nb * c, hs)[:, :, :T]
 
 
 # 5. Multi-head attention ----------
@@ -182,14 +246,13 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.n_head = config.n_head
-        self.n_kv_head = config.n_kv_head
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
         self.head_size = config.n_embd // config.n_head
         kv_width = self.n_kv_head * self.head_size
         self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * kv_width, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # W_O
-        self.qk_norm = config.qk_norm
-        self.attention = config.attention
+        self.qk_norm, self.attention = config.qk_norm, config.attention
+        self.window, self.sinks = config.sliding_window, config.sink_tokens
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
         self.sdpa = F.scaled_dot_product_attention  # context_parallel.py swaps in ring attention
@@ -198,40 +261,31 @@ class MultiHeadAttention(nn.Module):
         B, T, C = x.size()
         hs, nh, nkv = self.head_size, self.n_head, self.n_kv_head
         q, k, v = self.c_attn(x).split([nh * hs, nkv * hs, nkv * hs], dim=2)
-        q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
-        v = v.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
-        if self.qk_norm:
-            # normalising q and k bounds the attention logits, which lets fast
-            # training recipes use large learning rates without blow-ups
+        q, k, v = (t.view(B, T, -1, hs).transpose(1, 2) for t in (q, k, v))  # (B, nh or nkv, T, hs)
+        if self.qk_norm:  # bounded attention logits let fast recipes use large learning rates
             q, k = F.rms_norm(q, (hs,)), F.rms_norm(k, (hs,))
-        if rotary is not None:
-            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        if rotary is not None:  # a StreamingLLM cache rotates its keys itself
+            q, k = apply_rotary(q, *rotary), k if getattr(kv_cache, "stream", 0) else apply_rotary(k, *rotary)
         if self.attention == "linear":  # a running state in place of the keys (LinearState)
             k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)
             y, weights = linear_attention(q, k, v, kv_cache.state[layer] if kv_cache else None, return_attention)
             return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, C))), weights
-        if kv_cache is not None:
-            k, v = kv_cache.update(layer, k, v, at)  # (B, nkv, Tk, hs), Tk = cached + T
+        k, v, mask = kv_cache.update(layer, k, v, at) if kv_cache is not None else (k, v, None)
         Tk = k.size(2)
 
         if return_attention or at is not None:
             # the explicit path returns the weights; in the decode step one query's
             # row is small, and compiled it beats the fused kernel with a mask
-            if nkv != nh:
-                k = k.repeat_interleave(nh // nkv, dim=1)  # (B, nh, Tk, hs)
-                v = v.repeat_interleave(nh // nkv, dim=1)
-            mask = kv_cache.written(at) if at is not None else causal_mask(T, Tk, x.device)
+            k, v = (t.repeat_interleave(nh // nkv, dim=1) for t in (k, v))  # (B, nh, Tk, hs)
+            mask = causal_mask(T, Tk, self.window, self.sinks, x.device) if mask is None else mask
             y, weights = attention(q, k, v, mask)
+        elif mask is None and self.window is not None:  # no (T, T) mask: time linear in T
+            y, weights = windowed_attention(q, k, v, self.window, self.sinks, self.dropout * self.training), None
         else:
-            # the fused kernel: same result, never materialising the (T, Tk) weights.
-            # Its is_causal aligns queries to the first keys, not the last, so a
-            # chunk appended to a cache needs the mask; one new token sees all keys
-            mask = causal_mask(T, Tk, x.device) if 1 < T < Tk else None
-            y = self.sdpa(
-                q, k, v, attn_mask=mask, is_causal=T == Tk,
-                dropout_p=self.dropout if self.training else 0.0, enable_gqa=nkv != nh)
-            weights = None
+            # the fused kernel: same result, never materialising the (T, Tk) weights. Its is_causal
+            # aligns queries to the first keys, so a chunk appended to a cache needs the mask
+            y, weights = self.sdpa(q, k, v, attn_mask=mask, is_causal=mask is None and T == Tk,
+                                   dropout_p=self.dropout if self.training else 0.0, enable_gqa=nkv != nh), None
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
         return self.resid_dropout(self.c_proj(y)), weights
 
@@ -288,6 +342,8 @@ class GPTConfig:
     qk_norm: bool = False  # RMS-normalise queries and keys per head
     activation: str = "gelu"  # "gelu" (tanh approximation) or "relu2"
     attention: str = "softmax"  # or "linear": linear_attention, O(T) and a fixed-size state
+    sliding_window: int | None = None  # each query sees its last W positions (itself included)
+    sink_tokens: int = 0  # and the first S positions, whatever the window (needs sliding_window)
 
     def __post_init__(self):
         self.n_kv_head = self.n_head if self.n_kv_head is None else self.n_kv_head
@@ -306,7 +362,11 @@ class GPTConfig:
         for name, kinds in (("activation", ("gelu", "relu2")), ("attention", ("softmax", "linear"))):
             if getattr(self, name) not in kinds:
                 raise ValueError(f"{name} must be {' or '.join(map(repr, kinds))}, got {getattr(self, name)!r}")
-        self.context = math.inf if self.attention == "linear" and self.rope else self.block_size  # max positions
+        w, s = self.sliding_window, self.sink_tokens
+        if (w is not None and (type(w) is not int or w < 1)) or type(s) is not int or s < 0 or (s and w is None):
+            raise ValueError(f"need sliding_window None or >= 1, sink_tokens >= 0 and a window for sinks: {w} {s}")
+        # the longest sequence: rope with a window or linear attention has no end
+        self.context = math.inf if self.rope and (self.attention == "linear" or w) else self.block_size
 
 
 # Dense bf16 peaks in FLOP/s (vendors' data sheets) for estimate_mfu, matched in order
@@ -344,12 +404,8 @@ class GPT(nn.Module):
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
             ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
-        if not config.rope:
+        if not config.rope:  # rope computes its angles at the positions, for any length
             self.transformer["wpe"] = nn.Embedding(config.block_size, config.n_embd)  # positions
-        else:
-            cos, sin = rotary_tables(config.n_embd // config.n_head, config.block_size)
-            self.register_buffer("rotary_cos", cos, persistent=False)
-            self.register_buffer("rotary_sin", sin, persistent=False)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # weight tying: reading a token in and writing it out share one matrix
         self.lm_head.weight = self.transformer.wte.weight
@@ -374,19 +430,24 @@ class GPT(nn.Module):
             n -= self.transformer.wpe.weight.numel()
         return n
 
-    def make_kv_cache(self, batch_size, dtype=None, zero=False):
+    def make_kv_cache(self, batch_size, dtype=None, zero=False, window=None, sinks=0):
         c, p = self.config, self.transformer.wte.weight
         if c.attention == "linear":
             return LinearState(c, batch_size, p.device, dtype or p.dtype)
-        return KVCache(c.n_layer, batch_size, c.n_kv_head, c.block_size, c.n_embd // c.n_head,
-                       device=p.device, dtype=dtype or p.dtype, zero=zero)
+        if window is not None or sinks:
+            c = replace(c, sliding_window=window, sink_tokens=sinks)  # checks them
+            if not c.rope or sinks + window > c.block_size:
+                raise ValueError(f"a cache window needs rope, and window + sinks <= block_size ({c.block_size})")
+        stream = window is not None and self.config.sliding_window is None
+        return KVCache(c.n_layer, batch_size, c.n_kv_head, c.block_size, c.n_embd // c.n_head, p.device,
+                       dtype or p.dtype, zero, c.sliding_window, c.sink_tokens, stream)
 
     def embed(self, idx, pos):
         """Token embeddings (B, T, C) of idx at positions pos (T,): plus the learned
         position embeddings, or with rope, returned with the rotary tables at pos."""
         x = self.transformer.wte(idx)
         if self.config.rope:
-            return x, (self.rotary_cos[pos], self.rotary_sin[pos])  # (T, hs/2) each
+            return x, rotary_tables(self.config.n_embd // self.config.n_head, pos)  # (T, hs/2) each
         return x + self.transformer.wpe(pos), None  # (T, C) broadcast over B
 
     def forward(self, idx, targets=None, kv_cache=None, return_attention=False, last_only=False):
@@ -396,16 +457,13 @@ class GPT(nn.Module):
         last_only: the last position's logits alone (what generation needs)."""
         B, T = idx.size()
         start = kv_cache.pos if kv_cache is not None else 0
-        if kv_cache is not None and start + T > kv_cache.block_size:
+        if kv_cache is not None and kv_cache.window is None and start + T > kv_cache.block_size:
             raise ValueError(f"KV cache overflow: {start} positions cached + {T} new > block_size "
                              f"{kv_cache.block_size}; reset the cache or slide the window")
         if T > self.config.context:
             raise ValueError(f"sequence of length {T} is longer than block_size {self.config.block_size}")
 
-        if self.config.rope and start + T > len(self.rotary_cos):  # linear with rope: past the table
-            tables = rotary_tables(2 * self.rotary_cos.size(1), 2 * (start + T))
-            self.rotary_cos, self.rotary_sin = (t.to(self.rotary_cos) for t in tables)  # same device, dtype
-        x, rotary = self.embed(idx, torch.arange(start, start + T, device=idx.device))
+        x, rotary = self.embed(idx, kv_cache.positions(T) if kv_cache else torch.arange(T, device=idx.device))
         x = self.transformer.drop(x)
         maps = []
         for layer, block in enumerate(self.transformer.h):
@@ -424,10 +482,8 @@ class GPT(nn.Module):
 
     def decode_step(self, idx, at, kv_cache):
         """Logits (B, vocab) of one new token per sequence, idx (B, 1), at position `at` (a
-        1-element long tensor), through a zeroed cache. forward with a cache does the same, but
-        its shapes grow with the cache; here the whole cache is attended to, with the positions
-        past `at` masked, so the shapes never change: torch.compile builds the step once, and on
-        CUDA it can be replayed as a CUDA graph. Inference only; the caller advances the cache."""
+        1-element long tensor), through a zeroed cache, read whole with the positions past `at`
+        masked: fixed shapes, compiled once (a CUDA graph on CUDA). The caller advances the cache."""
         x, rotary = self.embed(idx, at)
         for layer, block in enumerate(self.transformer.h):
             x, _ = block(x, kv_cache, layer, rotary, at=at)
@@ -436,9 +492,9 @@ class GPT(nn.Module):
     # 8. Generation ----------
     def context_start(self, length, start):
         """Where the window of a `length`-token sequence begins for the next token, given
-        that it began at `start`. Positions stop at block_size (a linear model with rope has no
-        end), so a full window slides: the oldest quarter is dropped and the cache rebuilt
-        from the rest in one forward, once every block_size / 4 tokens, not every token."""
+        that it began at `start`. Positions stop at block_size (rope with a window or linear
+        attention: no end), so a full window slides: the oldest quarter is dropped, the cache
+        rebuilt from the rest once every block_size / 4."""
         bs = self.config.context
         if length - start <= bs:
             return start
@@ -446,32 +502,38 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-                        use_cache=True, generator=None, return_attention=False, compile=False):
+                        use_cache=True, generator=None, return_attention=False, compile=False,
+                        window=None, sinks=0):
         """Yield (next_token (B, 1), attention, window_start) for each new token.
 
-        The window (the prompt, or what is left after a slide) goes through the model in
-        one forward that fills the cache; then only the newest token does. use_cache=False
-        runs the whole window every time; compile=True runs the newest token through the
-        compiled step (compiled_decoder). attention (with return_attention): the per-layer
-        weights of the forward that gave this token, over idx[:, window_start:]: (B, nh, T, T)
-        maps, then one (B, nh, 1, Tk) row per step."""
+        The window (the prompt, or what is left after a slide) goes through the model
+        in one forward that fills the cache; then only the newest token does.
+        use_cache=False runs the whole window every time; compile=True runs the newest
+        token through the compiled step (compiled_decoder); window, sinks: StreamingLLM's
+        cache (make_kv_cache). attention (with return_attention): the per-layer weights
+        of the forward that gave this token, over idx[:, window_start:]: (B, nh, T, T)
+        maps, then one (B, nh, 1, Tk) row per step (a rolling cache's: by slot)."""
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if idx.size(1) < 1:
             raise ValueError("generation needs at least one prompt token")
-        if compile and (return_attention or not use_cache or self.config.attention != "softmax"):
-            raise ValueError("compile=True decodes softmax attention through the KV cache, with no attention maps")
+        if compile and (return_attention or not use_cache or window or self.config.sliding_window
+                        or self.config.attention != "softmax"):
+            raise ValueError("compile=True decodes softmax attention through the full KV cache, "
+                             "without attention maps or a window")
         if compile:
             step, cache = self.compiled_decoder(idx.size(0))
         else:
-            cache = self.make_kv_cache(idx.size(0)) if use_cache else None
+            cache = self.make_kv_cache(idx.size(0), window=window, sinks=sinks) if use_cache else None
 
             def step(token):  # the newest tokens (B, 1) attend to the cache
                 return self(token, kv_cache=cache, return_attention=return_attention)
-        # a prompt longer than the window keeps its last block_size tokens
-        start, fresh = max(0, idx.size(1) - self.config.context), True
+        # a prompt keeps its last block_size tokens (StreamingLLM: S + W; a rolling rope cache: all)
+        rolls = self.config.rope and cache is not None and cache.window is not None
+        keep = (cache.block_size if cache.stream else idx.size(1)) if rolls else self.config.context
+        start, fresh = max(0, idx.size(1) - keep), True
         for _ in range(max_new_tokens):
-            new_start = self.context_start(idx.size(1), start)
+            new_start = start if rolls else self.context_start(idx.size(1), start)
             if cache is None or fresh or new_start != start:
                 # the whole window in one forward: the prompt, after a slide, or without a cache
                 start, fresh = new_start, False
@@ -486,23 +548,21 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-                 use_cache=True, generator=None, compile=False):
-        """idx (B, T) plus max_new_tokens sampled tokens; temperature=0 is greedy. use_cache=False (the
-        whole window every step, same sliding rule) and compile=True in float32 give the same greedy tokens."""
+                 use_cache=True, generator=None, compile=False, window=None, sinks=0):
+        """idx (B, T) with max_new_tokens sampled tokens appended; temperature=0 is greedy. use_cache=False
+        (the whole window every step, same slide) and compile=True (float32) give the same greedy tokens."""
         steps = self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p,
-                                     use_cache, generator, compile=compile)
+                                     use_cache, generator, compile=compile, window=window, sinks=sinks)
         return torch.cat([idx] + [token for token, _, _ in steps], dim=1)
 
     def compiled_decoder(self, batch_size, cuda_graphs=None):
-        """(step, cache): decode_step compiled, with its zeroed KVCache, built once per batch
-        size and kept; step(token (B, 1)) returns what forward would and advances the cache.
-        cuda_graphs (default: on CUDA): mode "reduce-overhead" records the step as a CUDA graph,
-        writing the static cache tensors in place. Otherwise max-autotune with frozen weights
-        lets inductor write its own matrix-vector kernels (docs/benchmarks.md); frozen weights
-        are constants of the compiled code, so changing a parameter rebuilds it."""
+        """(step, cache): decode_step compiled, with its zeroed KVCache, built once per batch size
+        and kept; step(token (B, 1)) returns what forward would and advances the cache. cuda_graphs
+        (default: on CUDA) records it as a CUDA graph writing the static cache in place; else max-autotune
+        with frozen weights (changing one rebuilds the step) writes its own matrix-vector kernels."""
         p = self.transformer.wte.weight
-        if p.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"compile=True is built for CPU and CUDA, not {p.device.type}")
+        if p.device.type not in ("cpu", "cuda") or self.config.sliding_window:  # a window decodes eagerly
+            raise ValueError(f"compile=True is built for CPU and CUDA and full attention, not {p.device.type}")
         cuda_graphs = p.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         key = (batch_size, p.device, p.dtype, cuda_graphs)
         version = None if cuda_graphs else tuple(q._version for q in self.parameters())

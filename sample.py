@@ -5,6 +5,7 @@ Sample text from a trained model, and save what its attention heads looked at.
     python sample.py --out_dir=out-mine --num_samples=5 --temperature=0.9 --top_k=50
     python sample.py --prompt FILE:prompt.txt --stream --seed=7
     python sample.py --init_from=path/to/gpt2 --prompt "Hello, I'm a language model,"
+    python sample.py --out_dir=out-shakespeare-char-cpu --window=32 --sinks=4 --max_new_tokens=5000
 
 Options are --key=value or --key value; `python sample.py --help` lists them.
 The attention maps of the first sample go to <out_dir>/attention/ (open its
@@ -46,6 +47,8 @@ DEFAULTS = dict(
     compile=False,  # decode with the compiled fixed-shape step (compiling takes 10-60 s; no attention maps)
     stream=False,  # print tokens as they are generated
     attn_dir=None,  # None = <out_dir>/attention; "" = do not save attention maps
+    window=None,  # StreamingLLM: keep the last W tokens in the cache (rope models), never slide
+    sinks=0,  # ... and the first S tokens, the attention sinks (with --window)
 )
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -78,6 +81,8 @@ def parse_options(argv):
         cfg["attn_dir"] = str(cfg["attn_dir"])
     if cfg["compile"] and cfg["no_cache"]:
         raise SampleError("--compile decodes through the KV cache; drop --no_cache or --compile")
+    if (cfg["window"] is not None or cfg["sinks"]) and (cfg["compile"] or cfg["no_cache"]):
+        raise SampleError("--window and --sinks shape the eager KV cache; drop --compile and --no_cache")
     return cfg
 
 
@@ -208,7 +213,7 @@ def generate_one(model, idx, cfg, generator, attention=False, on_token=None):
     stream = model.generate_stream(
         idx, n_new + int(attention), cfg["temperature"], cfg["top_k"], cfg["top_p"],
         use_cache=not (cfg["no_cache"] or linear), generator=generator, return_attention=attention,
-        compile=cfg["compile"])
+        compile=cfg["compile"], window=cfg["window"], sinks=cfg["sinks"])
     new, steps = [], []
     for i in range(n_new + int(attention)):
         if i == n_new:
@@ -271,6 +276,16 @@ def main(argv):
     text = read_prompt(cfg["prompt"])
     model, tok, folder = load_model(cfg)
     prompt_ids = encode_prompt(tok, text, model)
+    if cfg["window"] is not None or cfg["sinks"]:
+        try:  # a bad window, sinks without one, or learned positions: one line
+            model.make_kv_cache(1, window=cfg["window"], sinks=cfg["sinks"])
+        except ValueError as e:
+            raise SampleError(f"--window={cfg['window']} --sinks={cfg['sinks']}: {e}") from None
+    if cfg["compile"] and model.config.sliding_window:
+        raise SampleError("--compile decodes a full-attention cache; this model has a sliding window")
+    # a rolling cache holds its keys by slot, not position: the maps come from one
+    # forward over the last block_size tokens once a sample is done
+    rolling = cfg["window"] is not None or (model.config.sliding_window is not None and model.config.rope)
     model.to(device=device, dtype=dtype).eval()
 
     attn_dir = cfg["attn_dir"]
@@ -299,7 +314,7 @@ def main(argv):
         on_token, finish = make_printer(tok, prompt_ids) if cfg["stream"] else (None, None)
         sync(device)
         t0 = time.perf_counter()
-        new, steps = generate_one(model, idx, cfg, generator, want_attention, on_token)
+        new, steps = generate_one(model, idx, cfg, generator, want_attention and not rolling, on_token)
         sync(device)
         elapsed += time.perf_counter() - t0
         if cfg["stream"]:
@@ -308,15 +323,25 @@ def main(argv):
             print(tok.decode(prompt_ids + new))
         print("-" * 40)
         if want_attention:
-            attention = (steps, prompt_ids + new)
+            attention = (steps or final_window_maps(model, prompt_ids + new, device), prompt_ids + new)
     n_new = cfg["num_samples"] * cfg["max_new_tokens"]
     path = "no cache" if cfg["no_cache"] else "compiled, kv cache" if cfg["compile"] else "kv cache"
+    if rolling:
+        w, s = (cfg["window"], cfg["sinks"]) if cfg["window"] else (model.config.sliding_window, model.config.sink_tokens)
+        path = f"rolling kv cache of {s} sinks + {w} tokens"
     how = f"{path}, {device}, {str(dtype).removeprefix('torch.')}"
     print(f"prompt {len(prompt_ids)} tokens, {cfg['num_samples']} x {cfg['max_new_tokens']} new tokens, "
           f"{n_new / max(elapsed, 1e-9):.1f} tokens/s ({how})")
 
     if attention is not None:
         save_attention(attn_dir, tok, *attention)
+
+
+@torch.no_grad()
+def final_window_maps(model, ids, device):
+    start = max(0, len(ids) - model.config.block_size)
+    maps = model(torch.tensor([ids[start:]], device=device), return_attention=True)[2]
+    return [([m[0].float().cpu().numpy() for m in maps], start)]
 
 
 def save_attention(attn_dir, tok, steps, ids):

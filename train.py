@@ -70,6 +70,7 @@ DEFAULTS = dict(
     n_layer=12, n_head=12, n_embd=768, dropout=0.0, bias=True,
     n_kv_head=None, rope=False, qk_norm=False, activation="gelu",
     attention="softmax",  # or 'linear': phi(q).phi(k) attention, O(T), a fixed-size state when generating
+    sliding_window=None, sink_tokens=0,  # each query sees its last W positions and the first S (model.py)
     # optimizer: 'adamw', or 'muon' (Muon for the hidden matrices, AdamW for the rest)
     optimizer="adamw", learning_rate=6e-4, max_iters=600000, weight_decay=1e-1,
     beta1=0.9, beta2=0.95, grad_clip=1.0,  # grad_clip 0: no clipping
@@ -87,7 +88,7 @@ DEFAULTS = dict(
 )
 
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "dropout",
-              "n_kv_head", "rope", "qk_norm", "activation", "attention")
+              "n_kv_head", "rope", "qk_norm", "activation", "attention", "sliding_window", "sink_tokens")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 USER_ERRORS = (ConfigError, DataError, CheckpointError, TokenizerError, ValueError)
 

@@ -175,3 +175,30 @@ def test_recipe_race_on_both_cpu_classes(tmp_path, corpus_path, monkeypatch):
     targets = bench.recipe_targets(rows)
     assert len(targets) == 2 and all(t["met"] is False for t in targets)  # 3 iters reach no 1.88
     assert "| capped | `" in bench.recipes_table(rows)
+
+
+def test_long_context_rolling_cache_figures_small(monkeypatch):
+    """The rolling-cache half on a small model: its byte counts have exact answers,
+    and the windowed and dense models decode the same number of tokens."""
+    monkeypatch.setattr(bench, "DECODE_SHAPE", dict(n_layer=1, n_head=2, n_embd=32, block_size=32,
+                                                    vocab_size=65, rope=True))
+    monkeypatch.setattr(bench, "DECODE_W", 8)
+    roll = bench.bench_rolling_cache(dict(quick=False), lambda msg: None)
+    assert roll["tokens"] == 20 * 32 and len(roll["tokens_per_s_by_tenth"]) == 10
+    assert roll["cache_bytes_dense"] == 2 * 1 * 2 * 32 * 16 * 4  # k and v, 1 layer, 2 heads, 32 slots, hs 16
+    assert roll["cache_bytes_window"] * 32 == roll["cache_bytes_dense"] * (8 + bench.DECODE_S)
+    targets = bench.long_context_targets([], roll, quick=False)
+    assert [t["met"] for t in targets][0] is True  # the byte fraction is exact
+    table, cache = bench.long_context_tables([], roll)
+    assert "(S + W) / block_size = 0.3750" in cache
+
+
+def test_long_context_attention_rows_check_the_window(monkeypatch):
+    monkeypatch.setattr(bench, "LONG_QUICK", [100, 333])
+    monkeypatch.setattr(bench, "LONG_W", 16)
+    rows = bench.bench_window_attention(dict(quick=True), lambda msg: None)
+    assert [r["T"] for r in rows] == [100, 333]
+    assert all(r["max_abs_error"] < 1e-5 and r["attention_dense"] > 0 for r in rows)
+    monkeypatch.setattr(bench, "windowed_attention", lambda q, k, v, w: q)  # a wrong path is caught
+    with pytest.raises(bench.BenchError, match="explicit path"):
+        bench.bench_window_attention(dict(quick=True), lambda msg: None)

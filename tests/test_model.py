@@ -410,12 +410,15 @@ def test_from_pretrained_offline_name_fails_clearly(monkeypatch):
 
 
 def test_model_file_stays_a_lean_read(repo_root):
-    """model.py is the file people read and fork: at most 650 lines, torch and the
-    standard library alone at the top (a loader imports its library inside)."""
+    """model.py is the file people read and fork: at most 650 lines, the GPT class no
+    longer than its 255 lines before the long-context and linear-attention options,
+    torch and the standard library alone at the top (a loader imports its library inside)."""
     path = os.path.join(repo_root, "model.py")
     with open(path) as f:
         source = f.read()
     assert source.count("\n") <= 650
+    gpt = next(node for node in ast.parse(source).body if isinstance(node, ast.ClassDef) and node.name == "GPT")
+    assert gpt.end_lineno - gpt.lineno + 1 <= 255
     top = [node for node in ast.parse(source).body if isinstance(node, (ast.Import, ast.ImportFrom))]
     names = {alias.name.split(".")[0] for node in top if isinstance(node, ast.Import) for alias in node.names}
     names |= {node.module.split(".")[0] for node in top if isinstance(node, ast.ImportFrom)}

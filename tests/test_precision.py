@@ -335,7 +335,7 @@ def test_muon_orthogonalises_in_the_training_precision(dtype):
 
 
 ENTRY_POINTS = ["train.py", "sample.py", "heads.py", "bench.py", "smoke_gpu.py", "docs/induction_experiment.py",
-                "docs/linear_attention.py", "docs/ring_attention_measure.py"]
+                "docs/linear_attention.py", "docs/ring_attention_measure.py", "docs/long_context.py"]
 
 
 @pytest.mark.parametrize("path", ENTRY_POINTS + ["tests/conftest.py"])
