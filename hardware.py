@@ -45,9 +45,8 @@ AMX_FREE_ISA = "AVX512_CORE_BF16"  # oneDNN's highest level with bfloat16 but wi
 SIMULATE = "GPT_SIMULATE_SIGILL"
 # oneDNN's ISA levels (its "CPU dispatcher control" docs): those below AMX, and
 # those below its native bfloat16 kernels
-ISAS_WITHOUT_AMX = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
-                    "AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16"}
 ISAS_WITHOUT_BF16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}
+ISAS_WITHOUT_AMX = ISAS_WITHOUT_BF16 | {"AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16"}
 NATIVE_SLOWDOWN = 1.5  # a bfloat16 matmul taking more than this x float32's time is emulated
 
 _verdict = None  # this process's, set by check_bf16
@@ -290,15 +289,17 @@ def bf16_error(device_type):
 def faster_cpu_dtype(key, seconds_per_pass):
     """'bfloat16' or 'float32', whichever seconds_per_pass(dtype name) finds
     faster for this model here, with why; cached under key (the model's shapes)."""
-    cached = read_cache().get(machine_key(), {}).get("timed", {}).get(key)
+    machine = machine_key()
+    cached = read_cache().get(machine, {}).get("timed", {}).get(key)
     if cached is None:
         print("timing bfloat16 against float32 on this model (once per model shape and machine)", flush=True)
         cached = {dtype: seconds_per_pass(dtype) for dtype in ("bfloat16", "float32")}
-        timed = read_cache().get(machine_key(), {}).get("timed", {})
-        write_cache(machine_key(), "timed", dict(timed, **{key: cached}))
+        timed = read_cache().get(machine, {}).get("timed", {})  # read again: other processes may have added
+        write_cache(machine, "timed", dict(timed, **{key: cached}))
     bf, fp = cached["bfloat16"] * 1e3, cached["float32"] * 1e3
-    fix = "".join(f"; {name}={value} set: oneDNN's AMX kernels crash on this CPU ({check_bf16()['amx_crashed']})"
-                  for name, value in check_bf16()["env"].items())
+    verdict = check_bf16()
+    fix = "".join(f"; {name}={value} set: oneDNN's AMX kernels crash on this CPU ({verdict['amx_crashed']})"
+                  for name, value in verdict["env"].items())
     if bf < fp:
         return "bfloat16", f"faster than float32 here: {bf:.0f} vs {fp:.0f} ms per forward and backward{fix}"
     return "float32", f"faster than bf16 here: {fp:.0f} vs {bf:.0f} ms per forward and backward{fix}"

@@ -454,15 +454,16 @@ def setup(cfg):
     dataset_dir = ensure_dataset(cfg["dataset"], cfg["data_root"])
     meta = load_meta(dataset_dir)
     raw, ckpt = init_model(cfg, meta, device)
-    if cp is not None:
-        cp.attach(raw)
     splits = {split: load_split(dataset_dir, split, cfg["block_size"], meta["vocab_size"], device)
               for split in ("train", "val")}
     if cfg["dtype"] == "auto" and device.type == "cpu" and dtype == "bfloat16":
+        # timed on rank 0 alone, so before the ring is attached: it would wait for the others
         choice = [time_cpu_dtypes(cfg, raw, splits["val"]) if rank == 0 else None]
         if world > 1:
             dist.broadcast_object_list(choice)  # every process trains in the same precision
         dtype, why = choice[0]
+    if cp is not None:
+        cp.attach(raw)
     optimizers = make_optimizers(raw, cfg, device.type, dtype)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == "float16")
     data_gen = torch.Generator().manual_seed(cfg["seed"])  # the same on every process
