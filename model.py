@@ -132,7 +132,8 @@ class KVCache:
         if at is not None:
             self.k[layer][:, :, at] = k
             self.v[layer][:, :, at] = v
-            return self.k[layer], self.v[layer], self.written(at)  # (B, n_kv_head, block_size, hs)
+            written = (torch.arange(self.block_size, device=at.device) <= at)[None]  # True at 0 .. at
+            return self.k[layer], self.v[layer], written  # (B, n_kv_head, block_size, hs), (1, block_size)
         T, end = k.size(2), self.pos + k.size(2)
         self.k[layer][:, :, self.pos:end] = k
         self.v[layer][:, :, self.pos:end] = v
@@ -141,10 +142,10 @@ class KVCache:
 
     def roll(self, layer, k, v):
         S, W, T, p = self.sinks, self.window, k.size(2), self.pos
-        if T == 1:  # p replaces p - W, just out of its window: write, then read in place
-            s = p if p < S else S + (p - S) % W
+        if T == 1:  # p replaces p - W, just out of its window: write, then read in place, no mask:
+            s, n = (p if p < S else S + (p - S) % W), min(p + 1, S + W)  # the slots fill in order
             self.k[layer][:, :, s], self.v[layer][:, :, s], self.slot_pos[s] = k[:, :, 0], v[:, :, 0], p
-            keys, values, kpos, mask = self.k[layer], self.v[layer], self.slot_pos, self.written(self.at)
+            keys, values, kpos, mask = self.k[layer][:, :, :n], self.v[layer][:, :, :n], self.slot_pos[:n], None
         else:  # a chunk is read before it is written: if longer than W, it overwrites its first keys
             new = torch.arange(p, p + T, device=k.device)
             keys, values, kpos, mask = k, v, new, None
@@ -173,9 +174,6 @@ class KVCache:
         self.pos = 0
         self.at.zero_()
         self.slot_pos.fill_(-1)
-
-    def written(self, at):  # a row of the causal mask (1, block_size): True at 0 .. at
-        return (torch.arange(self.block_size, device=at.device) <= at)[None]
 
     @property
     def nbytes(self):
@@ -233,7 +231,9 @@ def windowed_attention(q, k, v, window, sinks=0, dropout_p=0.0, block=128):
         kb, vb = (torch.cat([x[:, :, None, :sinks].expand(B, nh, nb, -1, hs), xb], 3)
                   for x, xb in ((k, kb), (v, vb)))
         mask = torch.cat([torch.arange(min(sinks, T), device=q.device) <= i - window, mask], -1)
-    y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, dropout_p=dropout_p)
+    # the fused kernel takes 4-D inputs with unit-stride rows and a 4-D mask, else explicit math
+    qb, kb, vb = (x.reshape(B * nh, nb, -1, hs) for x in (qb, kb, vb))  # (B nh, nb, c or keys, hs)
+    y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask[None], dropout_p=dropout_p)
     return y.view(B, nh, nb * c, hs)[:, :, :T]
 
 
@@ -279,7 +279,7 @@ class MultiHeadAttention(nn.Module):
             k, v = (t.repeat_interleave(nh // nkv, dim=1) for t in (k, v))  # (B, nh, Tk, hs)
             mask = causal_mask(T, Tk, self.window, self.sinks, x.device) if mask is None else mask
             y, weights = attention(q, k, v, mask)
-        elif mask is None and self.window is not None:  # no (T, T) mask: time linear in T
+        elif mask is None and self.window is not None and T == Tk:  # no (T, T) mask: time linear in T
             y, weights = windowed_attention(q, k, v, self.window, self.sinks, self.dropout * self.training), None
         else:
             # the fused kernel: same result, never materialising the (T, Tk) weights. Its is_causal

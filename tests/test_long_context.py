@@ -81,6 +81,20 @@ def test_blocked_path_equals_explicit(W, S, T, n_kv):
         assert (a - b).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("S", [0, 3])
+def test_blocked_path_runs_in_the_fused_kernel(S):
+    # 5-D inputs, keys with strided rows or a 3-D mask send SDPA to its explicit math
+    # backend, about 2x slower at T = 8192 (docs/benchmarks.md): the fused one must take it
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 300, 16, requires_grad=True) for _ in range(3))
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # raises if the fused kernel cannot take the call
+        out = windowed_attention(q, k, v, 40, S, block=16)
+        out.sum().backward()
+    ref, _ = attention(q, k, v, causal_mask(300, 300, 40, S))
+    assert (out - ref).abs().max() < 1e-5
+
+
 def test_model_fused_path_equals_explicit_path():
     model = tiny(sliding_window=5, sink_tokens=2, block_size=64)
     idx = torch.randint(0, 37, (2, 63))
