@@ -189,6 +189,8 @@ def test_long_context_rolling_cache_figures_small(monkeypatch):
     assert roll["cache_bytes_window"] * 32 == roll["cache_bytes_dense"] * (8 + bench.DECODE_S)
     targets = bench.long_context_targets([], roll, quick=False)
     assert [t["met"] for t in targets][0] is True  # the byte fraction is exact
+    assert len(roll["tokens_per_s_by_tenth_median_step"]) == 10 and len(targets) == 4
+    assert set(roll["step_ms"]) == {"window", "dense, S + W cached", "dense, 3/4 block_size cached"}
     table, cache = bench.long_context_tables([], roll)
     assert "(S + W) / block_size = 0.3750" in cache
 
