@@ -61,7 +61,7 @@ def make_optimizers(model, cfg, device_type, dtype):
     hidden = [p for p in model.transformer.h.parameters() if p.dim() == 2]
     hidden_ids = {id(p) for p in hidden}
     rest = [p for p in model.parameters() if id(p) not in hidden_ids]
-    muon = Muon(hidden, lr=lr, weight_decay=wd, adjust_lr_fn="match_rms_adamw",
+    muon = Muon(hidden, lr=lr, weight_decay=wd, adjust_lr_fn="match_rms_adamw", ns_steps=cfg["muon_ns_steps"],
                 float32=dtype != "bfloat16")
     adamw = torch.optim.AdamW([{"params": [p for p in rest if p.dim() >= 2], "weight_decay": wd},
                                {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}],

@@ -58,6 +58,8 @@ DEFAULTS = dict(
     out_dir="out", eval_interval=2000, log_interval=1, eval_iters=200,
     eval_only=False,  # evaluate once and exit
     eval_full_val=False,  # the final evaluation also scores the whole val split (the val loss of record)
+    eval_at_start=True,  # False: a fresh run's first evaluation is at eval_interval, not before the first step
+    muon_ns_steps=5,  # Newton-Schulz iterations per Muon step (torch.optim.Muon's ns_steps)
     always_save_checkpoint=True,  # False: save only when val loss improves, and at the end
     init_from="scratch",  # 'scratch', 'resume' (from out_dir), a Hugging Face GPT-2 folder, or 'gpt2*'
     wandb_log=False, wandb_project="gpt", wandb_run_name=None,  # None: wandb picks a name
@@ -103,7 +105,7 @@ def check_config(cfg):
         if value is None and DEFAULTS[key] is not None:
             raise ValueError(f"{key} cannot be None; give it a value like {DEFAULTS[key]!r}")
     for key in ("batch_size", "block_size", "gradient_accumulation_steps", "eval_interval",
-                "eval_iters", "log_interval", "ddp_timeout", "context_parallel"):
+                "eval_iters", "log_interval", "ddp_timeout", "context_parallel", "muon_ns_steps"):
         if cfg[key] < 1:
             raise ValueError(f"{key} must be a positive integer, got {cfg[key]}")
     for key in ("max_iters", "warmup_iters", "lr_decay_iters", "learning_rate", "min_lr",
@@ -495,7 +497,8 @@ def setup(cfg):
         ddp_model=ddp_model, optimizers=optimizers, scaler=scaler, data_gen=data_gen, splits=splits,
         meta=meta, tokens_per_iter=tokens_per_iter, resumed=ckpt is not None, wandb=wandb,
         # a checkpoint saved by a stop signal has not been evaluated at its iter (older ones always were)
-        start_evaluated=ckpt is not None and ckpt.get("evaluated", True),
+        # (eval_at_start=False: a fresh run counts as evaluated, its loss being about ln(vocab_size))
+        start_evaluated=ckpt.get("evaluated", True) if ckpt is not None else not cfg["eval_at_start"],
         start_iter=ckpt["iter_num"] if ckpt else 0, best_val_loss=ckpt["best_val_loss"] if ckpt else float("inf"))
 
 

@@ -409,6 +409,7 @@ def test_gradient_accumulation_must_divide_among_processes(data_root, tmp_path, 
     (["--block_size=200000"], ["block_size"]),
     (["--dtype=float8"], ["unknown dtype", "float8"]),
     (["--optimizer=sgd"], ["unknown optimizer"]),
+    (["--muon_ns_steps=0"], ["muon_ns_steps", "positive integer"]),
     (["--init_from=nowhere"], ["init_from", "nowhere"]),
     (["--init_from=resume"], ["no checkpoint"]),
 ])
@@ -473,6 +474,19 @@ def test_run_estimate_counts_every_step_and_evaluation():
         assert seconds == pytest.approx(expected) and f"{evals} evaluations" in how
     capped, _ = train.run_seconds(dict(cfg, max_time=60.0), 0, False, 2.0, 0.5, val_tokens)
     assert capped == pytest.approx(60.0 + (11 * 400 + 7) * 0.5)
+
+
+def test_no_evaluation_at_start_and_muon_ns_steps(data_root, tmp_path):
+    out = tmp_path / "out"
+    run_in_process(args(data_root, out, "--max_iters=4", "--eval_interval=2", "--eval_at_start=False",
+                        "--optimizer=muon", "--muon_ns_steps=3"))
+    assert [rec["iter"] for rec in read_log(out)] == [2, 4]  # no record before the first step
+    ckpt = load_checkpoint(os.path.join(out, "ckpt.pt"))
+    assert ckpt["optimizer"][0]["param_groups"][0]["ns_steps"] == 3  # Muon's, saved with its state
+    cfg = dict(train.DEFAULTS, max_iters=4, eval_interval=2, eval_iters=1)
+    with_start, _ = train.run_seconds(cfg, 0, False, 1.0, 1.0, 100)
+    without, how = train.run_seconds(cfg, 0, True, 1.0, 1.0, 100)  # what eval_at_start=False passes
+    assert with_start - without == 2 and "2 evaluations" in how  # one evaluation of 2 batches fewer
 
 
 def test_timing_a_step_leaves_the_run_untouched(data_root, tmp_path):
