@@ -506,9 +506,9 @@ def train_run(config, env, out_dir, data_root=None, args=()):
     start-up (to the line naming the device), training (train.py's own clock),
     evaluations and saving (the rest until its last line), exit (after it)."""
     import subprocess
+    import tempfile
     extra = [f"--data_root={data_root}"] if data_root else []
     extra += list(args)
-    import tempfile
     stamps, stdout = {}, []
     with tempfile.TemporaryFile("w+") as err:  # the progress bar's stderr: a pipe left unread would fill
         t0 = time.perf_counter()

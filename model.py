@@ -562,7 +562,8 @@ class GPT(nn.Module):
         with frozen weights (changing one rebuilds the step) writes its own matrix-vector kernels."""
         p = self.transformer.wte.weight
         if p.device.type not in ("cpu", "cuda") or self.config.sliding_window:  # a window decodes eagerly
-            raise ValueError(f"compile=True is built for CPU and CUDA and full attention, not {p.device.type}")
+            what = "a sliding window" if self.config.sliding_window else p.device.type
+            raise ValueError(f"compile=True decodes full attention on CPU or CUDA, not {what}")
         cuda_graphs = p.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         key = (batch_size, p.device, p.dtype, cuda_graphs)
         version = None if cuda_graphs else tuple(q._version for q in self.parameters())

@@ -112,8 +112,8 @@ def pick_dtype(name, device):
         return torch.bfloat16 if device.startswith("cuda") and native_bf16("cuda")[0] else torch.float32
     if name not in DTYPES:
         raise SampleError(f"unknown --dtype {name!r}; use auto, float32, bfloat16 or float16")
-    if DTYPES[name] == torch.bfloat16 and bf16_error(device.split(":")[0]):
-        raise SampleError(bf16_error(device.split(":")[0]))  # where bfloat16 would die with SIGILL
+    if DTYPES[name] == torch.bfloat16 and (error := bf16_error(device.split(":")[0])):
+        raise SampleError(error)  # where bfloat16 would die with SIGILL
     return DTYPES[name]
 
 

@@ -169,8 +169,8 @@ def pick_device(cfg, local_rank, ddp):
         dtype, why = auto_dtype(device.type)
     if dtype == "float16" and device.type != "cuda":
         raise ValueError("float16 training needs CUDA; use --dtype=bfloat16 or --dtype=float32")
-    if dtype == "bfloat16" and bf16_error(device.type):
-        raise ValueError(bf16_error(device.type))  # where bfloat16 would die with SIGILL
+    if dtype == "bfloat16" and (error := bf16_error(device.type)):
+        raise ValueError(error)  # where bfloat16 would die with SIGILL
     return device, dtype, why
 
 
