@@ -394,7 +394,12 @@ def start_wandb(cfg):
         import wandb  # here only: a slow import that most runs do not need
     except ImportError:
         raise ValueError("wandb_log=True needs wandb: pip install wandb") from None
-    wandb.init(project=cfg["wandb_project"], name=cfg["wandb_run_name"], config=cfg)
+    try:
+        wandb.init(project=cfg["wandb_project"], name=cfg["wandb_run_name"], config=cfg)
+    except wandb.errors.UsageError as e:
+        # no API key, and no terminal to ask for one: say so before any work starts
+        raise ValueError(f"wandb_log=True, but wandb cannot start ({first_line(e)}): run `wandb login` "
+                         "once, or set WANDB_MODE=offline to log locally and `wandb sync` later") from None
     return wandb
 
 
@@ -441,6 +446,8 @@ def setup(cfg):
     device, dtype, why = pick_device(cfg, local_rank, world > 1)
     if rank == 0:
         explain_device(cfg, device, dtype)
+    # first: a logger that cannot start should stop the run before any data or model work
+    wandb = start_wandb(cfg) if cfg["wandb_log"] and rank == 0 else None
     if world > 1:
         join_processes(device, datetime.timedelta(seconds=cfg["ddp_timeout"]))
     cp = ContextParallel(cfg["context_parallel"], cfg["context_parallel_layout"] == "zigzag") \
@@ -475,7 +482,6 @@ def setup(cfg):
     use_compile = device.type == "cuda" and cp is None if cfg["compile"] is None else cfg["compile"]
     model, ddp_model = wrap_model(raw, device, world, use_compile)
     ctx = functools.partial(precision_context, device.type, dtype, cfg["block_size"])
-    wandb = start_wandb(cfg) if cfg["wandb_log"] and rank == 0 else None
     tokens_per_iter = cfg["gradient_accumulation_steps"] * cfg["batch_size"] * cfg["block_size"]
     if rank == 0:
         try:

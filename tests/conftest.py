@@ -60,6 +60,21 @@ def data_root(tmp_path_factory, corpus_path):
     return root
 
 
+@pytest.fixture
+def float32_cuda_matmuls():
+    """CUDA matmuls in full float32, as on the CPU, for the length of one test.
+
+    torch.backends.cuda.matmul computes allow_tf32 in its __getattr__ rather than
+    storing it, so monkeypatch.setattr cannot put it back (pytest 9 deletes what it
+    thinks was never there). The switch is read, set and restored here instead."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
     """The test models are tiny: a second thread only waits on the first, and on a

@@ -95,11 +95,10 @@ def join_alone(tmp_path, device):
     "cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
                                                                             reason="needs CUDA")])])
 @pytest.mark.parametrize("zigzag", [False, True])
-def test_attached_model_of_one_rank_is_the_model(tmp_path, monkeypatch, device, zigzag):
+def test_attached_model_of_one_rank_is_the_model(tmp_path, float32_cuda_matmuls, device, zigzag):
     """A ring of one: the hooks (positions, ring attention) change neither the
     loss nor the gradients; no attention maps nor KV cache from a split model."""
     device = torch.device(device)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # float32 as on the CPU
     join_alone(tmp_path, device)
     try:
         torch.manual_seed(0)

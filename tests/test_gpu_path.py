@@ -454,7 +454,7 @@ def test_compiled_decoder_records_a_cuda_graph():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_a_training_step_on_cuda_matches_the_cpu(optimizer, monkeypatch):
+def test_a_training_step_on_cuda_matches_the_cpu(optimizer, float32_cuda_matmuls):
     def run(device):
         cfg = dict(train.DEFAULTS, n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4,
                    gradient_accumulation_steps=2, dropout=0.0, optimizer=optimizer)
@@ -470,7 +470,6 @@ def test_a_training_step_on_cuda_matches_the_cpu(optimizer, monkeypatch):
         losses = [train.train_step(r, 1e-3).item() for _ in range(3)]
         return losses, [p.detach().cpu() for p in raw.parameters()]
 
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # float32 as on the CPU
     (cuda_losses, cuda_weights), (cpu_losses, cpu_weights) = run(torch.device("cuda")), run(torch.device("cpu"))
     # the two devices add in different orders (Muon orthogonalises in float32 on both)
     assert cuda_losses == pytest.approx(cpu_losses, abs=1e-3)

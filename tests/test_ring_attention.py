@@ -162,8 +162,7 @@ def test_uneven_inputs_are_refused():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_blockwise_attention_on_cuda(monkeypatch):
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # float32 as on the CPU
+def test_blockwise_attention_on_cuda(float32_cuda_matmuls):
     q, k, v, w = (t.cuda() for t in inputs(2, 4, 2, 300, 16))
     ours, reference = grads(lambda *a: blockwise_attention(*a, block=64), q, k, v, w), grads(explicit, q, k, v, w)
     torch.testing.assert_close(ours[0], reference[0], rtol=0, atol=1e-5)

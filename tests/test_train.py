@@ -428,6 +428,23 @@ def test_cuda_without_gpu_is_a_one_line_error(data_root, tmp_path):
     assert_one_line_error(result.stderr, "CUDA is not available", "--device=cpu")
 
 
+def test_wandb_without_an_api_key_stops_in_one_line_before_any_work(data_root, tmp_path):
+    """A machine where wandb was never logged in, with no terminal to ask on: one line that names
+    both ways out, before the data or the model is touched. No network is needed to find this out."""
+    env = child_env(HOME=str(tmp_path), WANDB_DIR=str(tmp_path), WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"))
+    for key in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_SILENT", "NETRC"):
+        env.pop(key, None)
+    out_dir = tmp_path / "out"
+    result = subprocess.run([sys.executable, "train.py", *args(data_root, out_dir, "--max_iters=2", "--wandb_log=True")],
+                            cwd=REPO, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr
+    assert "wandb login" in errors[0] and "WANDB_MODE=offline" in errors[0]
+    assert not out_dir.exists() or not any(out_dir.iterdir())  # no checkpoint, no log
+
+
 def test_help_lists_the_keys():
     result = run_cli(["--help"])
     assert result.returncode == 0
