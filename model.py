@@ -50,16 +50,26 @@ def linear_attention(q, k, v, state=None, return_attention=False, chunk=64):
     Causal, for q, k (B, nh, T, hs), v (B, nh, T, hv) after the positions in state [S, z] (updated
     in place). Chunked: the masked quadratic form within a chunk, the state between, so O(T)."""
     q, k = F.elu(q) + 1, F.elu(k) + 1
-    S, z = state or (q.new_zeros(*q.shape[:-2], q.size(-1), v.size(-1)), q.new_zeros(q[..., 0, :].shape))
-    ys, chunk = [], q.size(2) if return_attention else chunk  # the weights: of one chunk, at short T
+    S, z = state or (
+        q.new_zeros(*q.shape[:-2], q.size(-1), v.size(-1)),
+        q.new_zeros(q[..., 0, :].shape),
+    )
+    ys, chunk = (
+        [],
+        q.size(2) if return_attention else chunk,
+    )  # the weights: of one chunk, at short T
     for qc, kc, vc in zip(q.split(chunk, 2), k.split(chunk, 2), v.split(chunk, 2)):
-        w = (qc @ kc.transpose(-2, -1)).tril()  # (B, nh, c, c): phi(q_i) . phi(k_j) within the chunk, j <= i
+        w = (
+            qc @ kc.transpose(-2, -1)
+        ).tril()  # (B, nh, c, c): phi(q_i) . phi(k_j) within the chunk, j <= i
         den = qc @ z[..., None] + w.sum(-1, keepdim=True)  # (B, nh, c, 1)
         ys.append((qc @ S + w @ vc) / den)
         S, z = S + kc.transpose(-2, -1) @ vc, z + kc.sum(2)  # the chunk joins the state
     if state:
         state[0].copy_(S), state[1].copy_(z)
-    return torch.cat(ys, dim=2), (w / den if return_attention else None)  # (B, nh, T, hv), (B, nh, T, T)
+    return torch.cat(ys, dim=2), (
+        w / den if return_attention else None
+    )  # (B, nh, T, hv), (B, nh, T, T)
 
 
 # 2. The causal mask ----------
@@ -107,8 +117,20 @@ class KVCache:
     A window W, S sinks: a rolling buffer (Mistral) of S + W slots, position p at slot p if
     p < S, else S + (p - S) mod W. stream (StreamingLLM): keys kept unrotated, rotated when read."""
 
-    def __init__(self, n_layer, batch_size, n_kv_head, block_size, head_size, device=None, dtype=None,
-                 zero=False, window=None, sinks=0, stream=False):
+    def __init__(
+        self,
+        n_layer,
+        batch_size,
+        n_kv_head,
+        block_size,
+        head_size,
+        device=None,
+        dtype=None,
+        zero=False,
+        window=None,
+        sinks=0,
+        stream=False,
+    ):
         block_size = block_size if window is None else sinks + window
         shape = (batch_size, n_kv_head, block_size, head_size)
         # empty by default: positions past pos are never read. One tensor per layer:
@@ -121,7 +143,9 @@ class KVCache:
         # advanced in place: a fresh tensor per token would be a host-to-device copy
         self.at = torch.zeros(1, dtype=torch.long, device=device)
         self.window, self.sinks, self.stream, self.lag = window, sinks, stream, 0
-        self.slot_pos = torch.full((block_size,), -1, device=device)  # rolling: each slot's position
+        self.slot_pos = torch.full(
+            (block_size,), -1, device=device
+        )  # rolling: each slot's position
 
     def update(self, layer, k, v, at=None):
         """Write k, v (B, n_kv_head, T, hs) of one layer at the next positions; return its keys
@@ -132,11 +156,17 @@ class KVCache:
         if at is not None:
             self.k[layer][:, :, at] = k
             self.v[layer][:, :, at] = v
-            written = (torch.arange(self.block_size, device=at.device) <= at)[None]  # True at 0 .. at
-            return self.k[layer], self.v[layer], written  # (B, n_kv_head, block_size, hs), (1, block_size)
+            written = (torch.arange(self.block_size, device=at.device) <= at)[
+                None
+            ]  # True at 0 .. at
+            return (
+                self.k[layer],
+                self.v[layer],
+                written,
+            )  # (B, n_kv_head, block_size, hs), (1, block_size)
         T, end = k.size(2), self.pos + k.size(2)
-        self.k[layer][:, :, self.pos:end] = k
-        self.v[layer][:, :, self.pos:end] = v
+        self.k[layer][:, :, self.pos : end] = k
+        self.v[layer][:, :, self.pos : end] = v
         mask = causal_mask(T, end, device=k.device) if 1 < T < end else None
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end], mask
 
@@ -144,8 +174,17 @@ class KVCache:
         S, W, T, p = self.sinks, self.window, k.size(2), self.pos
         if T == 1:  # p replaces p - W, just out of its window: write, then read in place, no mask:
             s, n = (p if p < S else S + (p - S) % W), min(p + 1, S + W)  # the slots fill in order
-            self.k[layer][:, :, s], self.v[layer][:, :, s], self.slot_pos[s] = k[:, :, 0], v[:, :, 0], p
-            keys, values, kpos, mask = self.k[layer][:, :, :n], self.v[layer][:, :, :n], self.slot_pos[:n], None
+            self.k[layer][:, :, s], self.v[layer][:, :, s], self.slot_pos[s] = (
+                k[:, :, 0],
+                v[:, :, 0],
+                p,
+            )
+            keys, values, kpos, mask = (
+                self.k[layer][:, :, :n],
+                self.v[layer][:, :, :n],
+                self.slot_pos[:n],
+                None,
+            )
         else:  # a chunk is read before it is written: if longer than W, it overwrites its first keys
             new = torch.arange(p, p + T, device=k.device)
             keys, values, kpos, mask = k, v, new, None
@@ -159,7 +198,9 @@ class KVCache:
             if layer == len(self.k) - 1:
                 self.slot_pos[slot] = new[keep]
         if self.stream:  # at their place in the cache (out of the window: masked)
-            keys = apply_rotary(keys, *rotary_tables(k.size(-1), torch.where(kpos < S, kpos, kpos - self.lag)))
+            keys = apply_rotary(
+                keys, *rotary_tables(k.size(-1), torch.where(kpos < S, kpos, kpos - self.lag))
+            )
         return keys, values, mask
 
     def positions(self, T):  # of T new tokens; StreamingLLM: in the cache (one at a time once full)
@@ -184,9 +225,15 @@ class LinearState:
     """A linear model's KVCache, with its interface: per layer [S (B, nh, hs, hs), z (B, nh, hs)]."""
 
     def __init__(self, config, B, device=None, dtype=None):
-        S = torch.zeros(B, config.n_head, *[config.n_embd // config.n_head] * 2, device=device, dtype=dtype)
+        S = torch.zeros(
+            B, config.n_head, *[config.n_embd // config.n_head] * 2, device=device, dtype=dtype
+        )
         self.state = [[S.clone(), S[..., 0].clone()] for _ in range(config.n_layer)]
-        self.block_size, self.pos, self.nbytes = config.context, 0, sum(t.nbytes for s in self.state for t in s)
+        self.block_size, self.pos, self.nbytes = (
+            config.context,
+            0,
+            sum(t.nbytes for s in self.state for t in s),
+        )
         self.window, self.stream = None, False  # as a full KVCache's
 
     def positions(self, T):
@@ -222,14 +269,20 @@ def windowed_attention(q, k, v, window, sinks=0, dropout_p=0.0, block=128):
     c = min(window, block, T)
     n, nb = -(-(window - 1) // c), -(-T // c)  # blocks reached back, query blocks
     qb = F.pad(q, (0, 0, 0, nb * c - T)).view(B, nh, nb, c, hs)
-    kb, vb = (F.pad(x, (0, 0, n * c, nb * c - T)).unfold(2, (n + 1) * c, c).transpose(-1, -2)
-              for x in (k, v))  # (B, nh, nb, (n + 1) c, hs), overlapping views
+    kb, vb = (
+        F.pad(x, (0, 0, n * c, nb * c - T)).unfold(2, (n + 1) * c, c).transpose(-1, -2)
+        for x in (k, v)
+    )  # (B, nh, nb, (n + 1) c, hs), overlapping views
     i = torch.arange(nb * c, device=q.device).view(nb, c, 1)  # query positions
-    j = i[:, :1] - n * c + torch.arange((n + 1) * c, device=q.device)  # key positions (nb, 1, (n + 1) c)
+    j = (
+        i[:, :1] - n * c + torch.arange((n + 1) * c, device=q.device)
+    )  # key positions (nb, 1, (n + 1) c)
     mask = visible(i, j, window) & (j >= 0)  # (nb, c, (n + 1) c)
     if sinks:  # each sink once, where the window does not cover it
-        kb, vb = (torch.cat([x[:, :, None, :sinks].expand(B, nh, nb, -1, hs), xb], 3)
-                  for x, xb in ((k, kb), (v, vb)))
+        kb, vb = (
+            torch.cat([x[:, :, None, :sinks].expand(B, nh, nb, -1, hs), xb], 3)
+            for x, xb in ((k, kb), (v, vb))
+        )
         mask = torch.cat([torch.arange(min(sinks, T), device=q.device) <= i - window, mask], -1)
     # the fused kernel takes 4-D inputs with unit-stride rows and a 4-D mask, else explicit math
     qb, kb, vb = (x.reshape(B * nh, nb, -1, hs) for x in (qb, kb, vb))  # (B nh, nb, c or keys, hs)
@@ -265,10 +318,15 @@ class MultiHeadAttention(nn.Module):
         if self.qk_norm:  # bounded attention logits let fast recipes use large learning rates
             q, k = F.rms_norm(q, (hs,)), F.rms_norm(k, (hs,))
         if rotary is not None:  # a StreamingLLM cache rotates its keys itself
-            q, k = apply_rotary(q, *rotary), k if getattr(kv_cache, "stream", 0) else apply_rotary(k, *rotary)
+            q, k = (
+                apply_rotary(q, *rotary),
+                k if getattr(kv_cache, "stream", 0) else apply_rotary(k, *rotary),
+            )
         if self.attention == "linear":  # a running state in place of the keys (LinearState)
             k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)
-            y, weights = linear_attention(q, k, v, kv_cache.state[layer] if kv_cache else None, return_attention)
+            y, weights = linear_attention(
+                q, k, v, kv_cache.state[layer] if kv_cache else None, return_attention
+            )
             return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, C))), weights
         k, v, mask = kv_cache.update(layer, k, v, at) if kv_cache is not None else (k, v, None)
         Tk = k.size(2)
@@ -279,13 +337,28 @@ class MultiHeadAttention(nn.Module):
             k, v = (t.repeat_interleave(nh // nkv, dim=1) for t in (k, v))  # (B, nh, Tk, hs)
             mask = causal_mask(T, Tk, self.window, self.sinks, x.device) if mask is None else mask
             y, weights = attention(q, k, v, mask)
-        elif mask is None and self.window is not None and T == Tk:  # no (T, T) mask: time linear in T
-            y, weights = windowed_attention(q, k, v, self.window, self.sinks, self.dropout * self.training), None
+        elif (
+            mask is None and self.window is not None and T == Tk
+        ):  # no (T, T) mask: time linear in T
+            y, weights = (
+                windowed_attention(q, k, v, self.window, self.sinks, self.dropout * self.training),
+                None,
+            )
         else:
             # the fused kernel: same result, never materialising the (T, Tk) weights. Its is_causal
             # aligns queries to the first keys, so a chunk appended to a cache needs the mask
-            y, weights = self.sdpa(q, k, v, attn_mask=mask, is_causal=mask is None and T == Tk,
-                                   dropout_p=self.dropout if self.training else 0.0, enable_gqa=nkv != nh), None
+            y, weights = (
+                self.sdpa(
+                    q,
+                    k,
+                    v,
+                    attn_mask=mask,
+                    is_causal=mask is None and T == Tk,
+                    dropout_p=self.dropout if self.training else 0.0,
+                    enable_gqa=nkv != nh,
+                ),
+                None,
+            )
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
         return self.resid_dropout(self.c_proj(y)), weights
 
@@ -354,26 +427,53 @@ class GPTConfig:
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if self.n_head % self.n_kv_head:
-            raise ValueError(f"n_head ({self.n_head}) must be divisible by n_kv_head ({self.n_kv_head})")
+            raise ValueError(
+                f"n_head ({self.n_head}) must be divisible by n_kv_head ({self.n_kv_head})"
+            )
         if self.rope and (self.n_embd // self.n_head) % 2:
             raise ValueError("rope needs an even head size (n_embd / n_head)")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        for name, kinds in (("activation", ("gelu", "relu2")), ("attention", ("softmax", "linear"))):
+        for name, kinds in (
+            ("activation", ("gelu", "relu2")),
+            ("attention", ("softmax", "linear")),
+        ):
             if getattr(self, name) not in kinds:
-                raise ValueError(f"{name} must be {' or '.join(map(repr, kinds))}, got {getattr(self, name)!r}")
+                raise ValueError(
+                    f"{name} must be {' or '.join(map(repr, kinds))}, got {getattr(self, name)!r}"
+                )
         w, s = self.sliding_window, self.sink_tokens
-        if (w is not None and (type(w) is not int or w < 1)) or type(s) is not int or s < 0 or (s and w is None):
-            raise ValueError(f"need sliding_window None or >= 1, sink_tokens >= 0 and a window for sinks: {w} {s}")
+        if (
+            (w is not None and (type(w) is not int or w < 1))
+            or type(s) is not int
+            or s < 0
+            or (s and w is None)
+        ):
+            raise ValueError(
+                f"need sliding_window None or >= 1, sink_tokens >= 0 and a window for sinks: {w} {s}"
+            )
         # the longest sequence: rope with a window or linear attention has no end
-        self.context = math.inf if self.rope and (self.attention == "linear" or w) else self.block_size
+        self.context = (
+            math.inf if self.rope and (self.attention == "linear" or w) else self.block_size
+        )
 
 
 # Dense bf16 peaks in FLOP/s (vendors' data sheets) for estimate_mfu, matched in order
 # against the device name: variants before the bare name (H100 SXM is "H100 80GB HBM3").
-PEAK_FLOPS = {"H200 NVL": 835e12, "H200": 989e12, "GH200": 989e12, "H100 NVL": 835e12,
-              "H100 PCIe": 756e12, "H100": 989e12, "H800": 989e12, "A100": 312e12, "A800": 312e12,
-              "L40S": 362e12, "L4": 121e12, "A10": 125e12}
+PEAK_FLOPS = {
+    "H200 NVL": 835e12,
+    "H200": 989e12,
+    "GH200": 989e12,
+    "H100 NVL": 835e12,
+    "H100 PCIe": 756e12,
+    "H100": 989e12,
+    "H800": 989e12,
+    "A100": 312e12,
+    "A800": 312e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "A10": 125e12,
+}
 
 
 # Sampling the next token, for generation (section 8) ----------
@@ -398,12 +498,14 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self._decoders = {}  # compiled decode steps, by batch size (compiled_decoder)
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),  # token embedding
-            drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
-        ))
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),  # token embedding
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            )
+        )
         if not config.rope:  # rope computes its angles at the positions, for any length
             self.transformer["wpe"] = nn.Embedding(config.block_size, config.n_embd)  # positions
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -437,10 +539,23 @@ class GPT(nn.Module):
         if window is not None or sinks:
             c = replace(c, sliding_window=window, sink_tokens=sinks)  # checks them
             if not c.rope or sinks + window > c.block_size:
-                raise ValueError(f"a cache window needs rope, and window + sinks <= block_size ({c.block_size})")
+                raise ValueError(
+                    f"a cache window needs rope, and window + sinks <= block_size ({c.block_size})"
+                )
         stream = window is not None and self.config.sliding_window is None
-        return KVCache(c.n_layer, batch_size, c.n_kv_head, c.block_size, c.n_embd // c.n_head, p.device,
-                       dtype or p.dtype, zero, c.sliding_window, c.sink_tokens, stream)
+        return KVCache(
+            c.n_layer,
+            batch_size,
+            c.n_kv_head,
+            c.block_size,
+            c.n_embd // c.n_head,
+            p.device,
+            dtype or p.dtype,
+            zero,
+            c.sliding_window,
+            c.sink_tokens,
+            stream,
+        )
 
     def embed(self, idx, pos):
         """Token embeddings (B, T, C) of idx at positions pos (T,): plus the learned
@@ -458,12 +573,18 @@ class GPT(nn.Module):
         B, T = idx.size()
         start = kv_cache.pos if kv_cache is not None else 0
         if kv_cache is not None and kv_cache.window is None and start + T > kv_cache.block_size:
-            raise ValueError(f"KV cache overflow: {start} positions cached + {T} new > block_size "
-                             f"{kv_cache.block_size}; reset the cache or slide the window")
+            raise ValueError(
+                f"KV cache overflow: {start} positions cached + {T} new > block_size "
+                f"{kv_cache.block_size}; reset the cache or slide the window"
+            )
         if T > self.config.context:
-            raise ValueError(f"sequence of length {T} is longer than block_size {self.config.block_size}")
+            raise ValueError(
+                f"sequence of length {T} is longer than block_size {self.config.block_size}"
+            )
 
-        x, rotary = self.embed(idx, kv_cache.positions(T) if kv_cache else torch.arange(T, device=idx.device))
+        x, rotary = self.embed(
+            idx, kv_cache.positions(T) if kv_cache else torch.arange(T, device=idx.device)
+        )
         x = self.transformer.drop(x)
         maps = []
         for layer, block in enumerate(self.transformer.h):
@@ -475,7 +596,9 @@ class GPT(nn.Module):
 
         if targets is not None:
             logits = self.lm_head(x)  # (B, T, vocab)
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
+            loss = F.cross_entropy(
+                logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1
+            )
         else:
             logits, loss = self.lm_head(x[:, -1:] if last_only else x), None
         return (logits, loss, maps) if return_attention else (logits, loss)
@@ -501,9 +624,20 @@ class GPT(nn.Module):
         return length - max(1, bs - bs // 4)
 
     @torch.no_grad()
-    def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-                        use_cache=True, generator=None, return_attention=False, compile=False,
-                        window=None, sinks=0):
+    def generate_stream(
+        self,
+        idx,
+        max_new_tokens,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        use_cache=True,
+        generator=None,
+        return_attention=False,
+        compile=False,
+        window=None,
+        sinks=0,
+    ):
         """Yield (next_token (B, 1), attention, window_start) for each new token.
 
         The window (the prompt, or what is left after a slide) goes through the model
@@ -517,17 +651,27 @@ class GPT(nn.Module):
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if idx.size(1) < 1:
             raise ValueError("generation needs at least one prompt token")
-        if compile and (return_attention or not use_cache or window or self.config.sliding_window
-                        or self.config.attention != "softmax"):
-            raise ValueError("compile=True decodes softmax attention through the full KV cache, "
-                             "without attention maps or a window")
+        if compile and (
+            return_attention
+            or not use_cache
+            or window
+            or self.config.sliding_window
+            or self.config.attention != "softmax"
+        ):
+            raise ValueError(
+                "compile=True decodes softmax attention through the full KV cache, "
+                "without attention maps or a window"
+            )
         if compile:
             step, cache = self.compiled_decoder(idx.size(0))
         else:
-            cache = self.make_kv_cache(idx.size(0), window=window, sinks=sinks) if use_cache else None
+            cache = (
+                self.make_kv_cache(idx.size(0), window=window, sinks=sinks) if use_cache else None
+            )
 
             def step(token):  # the newest tokens (B, 1) attend to the cache
                 return self(token, kv_cache=cache, return_attention=return_attention)
+
         # a prompt keeps its last block_size tokens (StreamingLLM: S + W; a rolling rope cache: all)
         rolls = self.config.rope and cache is not None and cache.window is not None
         keep = (cache.block_size if cache.stream else idx.size(1)) if rolls else self.config.context
@@ -539,7 +683,12 @@ class GPT(nn.Module):
                 start, fresh = new_start, False
                 if cache is not None:
                     cache.reset()
-                out = self(idx[:, start:], kv_cache=cache, return_attention=return_attention, last_only=True)
+                out = self(
+                    idx[:, start:],
+                    kv_cache=cache,
+                    return_attention=return_attention,
+                    last_only=True,
+                )
             else:
                 out = step(idx[:, -1:])
             idx_next = sample_next(out[0][:, -1, :], temperature, top_k, top_p, generator)
@@ -547,12 +696,33 @@ class GPT(nn.Module):
             yield idx_next, (out[2] if return_attention else None), start
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-                 use_cache=True, generator=None, compile=False, window=None, sinks=0):
+    def generate(
+        self,
+        idx,
+        max_new_tokens,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        use_cache=True,
+        generator=None,
+        compile=False,
+        window=None,
+        sinks=0,
+    ):
         """idx (B, T) with max_new_tokens sampled tokens appended; temperature=0 is greedy. use_cache=False
         (the whole window every step, same slide) and compile=True (float32) give the same greedy tokens."""
-        steps = self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p,
-                                     use_cache, generator, compile=compile, window=window, sinks=sinks)
+        steps = self.generate_stream(
+            idx,
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            use_cache,
+            generator,
+            compile=compile,
+            window=window,
+            sinks=sinks,
+        )
         return torch.cat([idx] + [token for token, _, _ in steps], dim=1)
 
     def compiled_decoder(self, batch_size, cuda_graphs=None):
@@ -561,7 +731,9 @@ class GPT(nn.Module):
         (default: on CUDA) records it as a CUDA graph writing the static cache in place; else max-autotune
         with frozen weights (changing one rebuilds the step) writes its own matrix-vector kernels."""
         p = self.transformer.wte.weight
-        if p.device.type not in ("cpu", "cuda") or self.config.sliding_window:  # a window decodes eagerly
+        if (
+            p.device.type not in ("cpu", "cuda") or self.config.sliding_window
+        ):  # a window decodes eagerly
             what = "a sliding window" if self.config.sliding_window else p.device.type
             raise ValueError(f"compile=True decodes full attention on CPU or CUDA, not {what}")
         cuda_graphs = p.device.type == "cuda" if cuda_graphs is None else cuda_graphs
@@ -575,9 +747,15 @@ class GPT(nn.Module):
                 torch._dynamo.mark_static_address(t)
             compiled = torch.compile(self.decode_step, mode="reduce-overhead", fullgraph=True)
         else:
-            compiled = torch.compile(self.decode_step, mode="max-autotune-no-cudagraphs", fullgraph=True)
+            compiled = torch.compile(
+                self.decode_step, mode="max-autotune-no-cudagraphs", fullgraph=True
+            )
             # read by inductor when it compiles, at the first call; quiet autotuning
-            frozen = dict(freezing=True, autotune_num_choices_displayed=0, max_autotune_report_choices_stats=False)
+            frozen = dict(
+                freezing=True,
+                autotune_num_choices_displayed=0,
+                max_autotune_report_choices_stats=False,
+            )
 
         def step(token):
             # a fresh (B, 1) tensor: a view into idx would change strides every step
@@ -599,9 +777,13 @@ class GPT(nn.Module):
         """AdamW, decaying matrices only (not biases, LayerNorm gains); the fused
         kernel updates every parameter in one pass (CUDA and CPU)."""
         params = [p for p in self.parameters() if p.requires_grad]
-        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type in ("cuda", "cpu"))
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        return torch.optim.AdamW(
+            groups, lr=learning_rate, betas=betas, fused=device_type in ("cuda", "cpu")
+        )
 
     def flops_per_token(self):
         """Training FLOPs per token: 6 per parameter plus the attention scores."""
@@ -623,16 +805,25 @@ class GPT(nn.Module):
         huggingface_hub. overrides: GPTConfig fields to change, e.g. dropout or a smaller
         block_size. A bad file, or attention='linear', is a one-line ValueError."""
         if overrides.get("attention", "softmax") != "softmax":
-            raise ValueError("GPT-2's weights need softmax attention; train a linear model from scratch")
-        from checkpoint import read_gpt2_files  # safetensors, or a weights_only torch.load
+            raise ValueError(
+                "GPT-2's weights need softmax attention; train a linear model from scratch"
+            )
+        from support.checkpoint import read_gpt2_files  # safetensors, or a weights_only torch.load
+
         hf, state = read_gpt2_files(path_or_name)
         if hf["activation_function"] not in ("gelu_new", "gelu_pytorch_tanh"):
-            raise ValueError(f"unsupported activation {hf['activation_function']!r} in {path_or_name}")
+            raise ValueError(
+                f"unsupported activation {hf['activation_function']!r} in {path_or_name}"
+            )
         block_size = overrides.pop("block_size", hf["n_positions"])
         if block_size > hf["n_positions"]:
-            raise ValueError(f"block_size {block_size} is larger than the pretrained model's {hf['n_positions']}")
+            raise ValueError(
+                f"block_size {block_size} is larger than the pretrained model's {hf['n_positions']}"
+            )
         sizes = {key: hf[key] for key in ("vocab_size", "n_layer", "n_head", "n_embd")}
-        model = cls(GPTConfig(**(sizes | overrides), block_size=block_size))  # GPTConfig's defaults are GPT-2's
+        model = cls(
+            GPTConfig(**(sizes | overrides), block_size=block_size)
+        )  # GPTConfig's defaults are GPT-2's
 
         sd = {}
         for key, tensor in state.items():
@@ -647,4 +838,3 @@ class GPT(nn.Module):
         sd["lm_head.weight"] = sd["transformer.wte.weight"]
         model.load_state_dict(sd, strict=True)
         return model
-

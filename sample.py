@@ -13,23 +13,21 @@ index.html in a browser); --attn_dir DIR writes them elsewhere and
 --attn_dir "" turns them off.
 """
 
+import support.before_torch  # bfloat16 tried in a child process, before torch loads
+
 import os
 import sys
 import time
 
-import hardware
+import torch
 
-hardware.check_bf16()  # before torch loads: whether bfloat16 runs here, and its fix (hardware.py)
-
-import torch  # noqa: E402
-
-import attention_maps  # noqa: E402
-from checkpoint import (CheckpointError, checkpoint_path, clean_state_dict, first_line,  # noqa: E402
-                        load_checkpoint)
-from configurator import ConfigError, describe, parse_args  # noqa: E402
-from hardware import bf16_error, native_bf16  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
-from tokenizer import TokenizerError, get_tokenizer  # noqa: E402
+from support import attention_maps
+from support.checkpoint import (
+    CheckpointError,
+)
+from support.configurator import ConfigError, describe, parse_args
+from support.loading import LoadError, load_model, pick_device, pick_dtype
+from support.tokenizer import TokenizerError
 
 DEFAULTS = dict(
     out_dir="out-shakespeare-char",  # the folder config/shakespeare.py trains into
@@ -50,9 +48,6 @@ DEFAULTS = dict(
     window=None,  # StreamingLLM: keep the last W tokens in the cache (rope models), never slide
     sinks=0,  # ... and the first S tokens, the attention sinks (with --window)
 )
-
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 
 class SampleError(Exception):
@@ -82,108 +77,54 @@ def parse_options(argv):
     if cfg["compile"] and cfg["no_cache"]:
         raise SampleError("--compile decodes through the KV cache; drop --no_cache or --compile")
     if (cfg["window"] is not None or cfg["sinks"]) and (cfg["compile"] or cfg["no_cache"]):
-        raise SampleError("--window and --sinks shape the eager KV cache; drop --compile and --no_cache")
+        raise SampleError(
+            "--window and --sinks shape the eager KV cache; drop --compile and --no_cache"
+        )
     return cfg
-
-
-def pick_device(name):
-    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise SampleError(f"unknown --device {name!r}; use auto, cpu, cuda, cuda:N or mps") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SampleError(f"--device={name} but no CUDA GPU is available; use --device=cpu (or auto)")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise SampleError(f"--device={name} but there are {torch.cuda.device_count()} GPUs; "
-                          "use cuda:0 .. cuda:N-1")
-    if device.type == "mps" and not mps:
-        raise SampleError(f"--device={name} but MPS is not available; use --device=cpu (or auto)")
-    if device.type not in ("cpu", "cuda", "mps"):
-        raise SampleError(f"unsupported --device {name!r}; use auto, cpu, cuda, cuda:N or mps")
-    return name
-
-
-def pick_dtype(name, device):
-    if name == "auto":
-        # native bf16 only: V100 and T4 have no bf16 tensor cores and would emulate it
-        return torch.bfloat16 if device.startswith("cuda") and native_bf16("cuda")[0] else torch.float32
-    if name not in DTYPES:
-        raise SampleError(f"unknown --dtype {name!r}; use auto, float32, bfloat16 or float16")
-    if DTYPES[name] == torch.bfloat16 and (error := bf16_error(device.split(":")[0])):
-        raise SampleError(error)  # where bfloat16 would die with SIGILL
-    return DTYPES[name]
 
 
 # -----------------------------------------------------------------------------
 # Model, tokenizer and prompt
 
 
-def load_model(cfg):
-    """Return (model, tokenizer, folder): folder is where the model came from,
-    the default home of its attention maps."""
-    source = cfg["init_from"] or cfg["out_dir"]
-    has_ckpt = os.path.exists(checkpoint_path(source))
-    is_hf = os.path.isfile(os.path.join(source, "config.json")) and not has_ckpt
-    if cfg["init_from"] and (is_hf or (cfg["init_from"].startswith("gpt2") and not os.path.exists(source))):
-        try:
-            model = GPT.from_pretrained(source)
-        except (ValueError, OSError, KeyError, TypeError, RuntimeError, IndexError, EOFError) as e:
-            raise SampleError(f"could not load GPT-2 weights from {source}: {first_line(e)}") from None
-        return model, get_tokenizer({"kind": "gpt2"}), cfg["out_dir"]
-    if cfg["init_from"] and not os.path.exists(source):
-        raise SampleError(f"--init_from={source}: no such file or folder; pass a checkpoint folder "
-                          "(with ckpt.pt) or a Hugging Face GPT-2 folder (with config.json)")
-
-    ckpt = load_checkpoint(source)
-    path = checkpoint_path(source) if os.path.isdir(source) else source
-    if "tokenizer" not in ckpt:
-        raise CheckpointError(f"{path} does not say which tokenizer it was trained with "
-                              "(no 'tokenizer' entry); train it again with this version of train.py")
-    try:
-        model = GPT(GPTConfig(**ckpt["model_args"]))
-        model.load_state_dict(clean_state_dict(ckpt["model"]))
-    except (TypeError, ValueError, RuntimeError, KeyError, AttributeError, IndexError) as e:
-        raise CheckpointError(f"{path} does not match this model.py ({first_line(e)}); "
-                              "train it again with this version") from None
-    try:
-        tok = get_tokenizer(ckpt["tokenizer"])
-    except TokenizerError as e:
-        raise CheckpointError(f"{path} has a damaged tokenizer description ({e})") from None
-    folder = source if os.path.isdir(source) else os.path.dirname(source)
-    return model, tok, folder
-
-
 def read_prompt(prompt):
     if prompt is None:
         prompt = ""
     if prompt.startswith("FILE:"):
-        path = prompt[len("FILE:"):]
+        path = prompt[len("FILE:") :]
         try:
             with open(path, encoding="utf-8") as f:
                 prompt = f.read()
         except FileNotFoundError:
-            raise SampleError(f"prompt file not found: {path}; check the path after FILE:") from None
+            raise SampleError(
+                f"prompt file not found: {path}; check the path after FILE:"
+            ) from None
         except (OSError, UnicodeDecodeError) as e:
-            raise SampleError(f"cannot read prompt file {path} ({type(e).__name__}); "
-                              "it must be a readable UTF-8 text file") from None
+            raise SampleError(
+                f"cannot read prompt file {path} ({type(e).__name__}); "
+                "it must be a readable UTF-8 text file"
+            ) from None
     if not prompt:
-        raise SampleError('the prompt is empty; pass some text, e.g. --prompt "ROMEO:" '
-                          "(or --prompt FILE:path)")
+        raise SampleError(
+            'the prompt is empty; pass some text, e.g. --prompt "ROMEO:" (or --prompt FILE:path)'
+        )
     return prompt
 
 
 def encode_prompt(tok, text, model):
     ids = tok.encode(text)
     if max(ids) >= model.config.vocab_size:
-        raise SampleError(f"the tokenizer gives token {max(ids)} but the model has only "
-                          f"{model.config.vocab_size}; the checkpoint's tokenizer does not match it")
+        raise SampleError(
+            f"the tokenizer gives token {max(ids)} but the model has only "
+            f"{model.config.vocab_size}; the checkpoint's tokenizer does not match it"
+        )
     block_size = model.config.block_size
     if len(ids) > model.config.context:  # a linear model with rope takes any length
-        print(f"note: the prompt has {len(ids)} tokens, more than the model's context of "
-              f"{block_size}; keeping the last {block_size}", file=sys.stderr)
+        print(
+            f"note: the prompt has {len(ids)} tokens, more than the model's context of "
+            f"{block_size}; keeping the last {block_size}",
+            file=sys.stderr,
+        )
         ids = ids[-block_size:]
     return ids
 
@@ -211,9 +152,18 @@ def generate_one(model, idx, cfg, generator, attention=False, on_token=None):
     # a linear-attention model's state keeps no keys to weigh: its maps come from whole forwards
     linear = attention and model.config.attention == "linear"
     stream = model.generate_stream(
-        idx, n_new + int(attention), cfg["temperature"], cfg["top_k"], cfg["top_p"],
-        use_cache=not (cfg["no_cache"] or linear), generator=generator, return_attention=attention,
-        compile=cfg["compile"], window=cfg["window"], sinks=cfg["sinks"])
+        idx,
+        n_new + int(attention),
+        cfg["temperature"],
+        cfg["top_k"],
+        cfg["top_p"],
+        use_cache=not (cfg["no_cache"] or linear),
+        generator=generator,
+        return_attention=attention,
+        compile=cfg["compile"],
+        window=cfg["window"],
+        sinks=cfg["sinks"],
+    )
     new, steps = [], []
     for i in range(n_new + int(attention)):
         if i == n_new:
@@ -282,18 +232,24 @@ def main(argv):
         except ValueError as e:
             raise SampleError(f"--window={cfg['window']} --sinks={cfg['sinks']}: {e}") from None
     if cfg["compile"] and model.config.sliding_window:
-        raise SampleError("--compile decodes a full-attention cache; this model has a sliding window")
+        raise SampleError(
+            "--compile decodes a full-attention cache; this model has a sliding window"
+        )
     # a rolling cache holds its keys by slot, not position: the maps come from one
     # forward over the last block_size tokens once a sample is done
-    rolling = cfg["window"] is not None or (model.config.sliding_window is not None and model.config.rope)
+    rolling = cfg["window"] is not None or (
+        model.config.sliding_window is not None and model.config.rope
+    )
     model.to(device=device, dtype=dtype).eval()
 
     attn_dir = cfg["attn_dir"]
     if attn_dir is None:
         attn_dir = os.path.join(folder, "attention")
     if cfg["compile"] and attn_dir:
-        print("(--compile: the compiled step returns no attention weights, so no maps are saved)",
-              file=sys.stderr)
+        print(
+            "(--compile: the compiled step returns no attention weights, so no maps are saved)",
+            file=sys.stderr,
+        )
         attn_dir = ""
     torch.manual_seed(cfg["seed"])
     generator = torch.Generator(device=device).manual_seed(cfg["seed"])
@@ -303,7 +259,9 @@ def main(argv):
         if not device.startswith(("cpu", "cuda")):
             raise SampleError(f"--compile runs on CPU and CUDA, not {device}; drop --compile")
         if model.config.attention != "softmax":
-            raise SampleError("--compile decodes softmax attention only; drop it for this linear-attention model")
+            raise SampleError(
+                "--compile decodes softmax attention only; drop it for this linear-attention model"
+            )
         t0 = time.perf_counter()
         model.generate(idx, 2, temperature=0.0, compile=True)  # the second token compiles the step
         sync(device)
@@ -314,7 +272,9 @@ def main(argv):
         on_token, finish = make_printer(tok, prompt_ids) if cfg["stream"] else (None, None)
         sync(device)
         t0 = time.perf_counter()
-        new, steps = generate_one(model, idx, cfg, generator, want_attention and not rolling, on_token)
+        new, steps = generate_one(
+            model, idx, cfg, generator, want_attention and not rolling, on_token
+        )
         sync(device)
         elapsed += time.perf_counter() - t0
         if cfg["stream"]:
@@ -323,15 +283,24 @@ def main(argv):
             print(tok.decode(prompt_ids + new))
         print("-" * 40)
         if want_attention:
-            attention = (steps or final_window_maps(model, prompt_ids + new, device), prompt_ids + new)
+            attention = (
+                steps or final_window_maps(model, prompt_ids + new, device),
+                prompt_ids + new,
+            )
     n_new = cfg["num_samples"] * cfg["max_new_tokens"]
     path = "no cache" if cfg["no_cache"] else "compiled, kv cache" if cfg["compile"] else "kv cache"
     if rolling:
-        w, s = (cfg["window"], cfg["sinks"]) if cfg["window"] else (model.config.sliding_window, model.config.sink_tokens)
+        w, s = (
+            (cfg["window"], cfg["sinks"])
+            if cfg["window"]
+            else (model.config.sliding_window, model.config.sink_tokens)
+        )
         path = f"rolling kv cache of {s} sinks + {w} tokens"
     how = f"{path}, {device}, {str(dtype).removeprefix('torch.')}"
-    print(f"prompt {len(prompt_ids)} tokens, {cfg['num_samples']} x {cfg['max_new_tokens']} new tokens, "
-          f"{n_new / max(elapsed, 1e-9):.1f} tokens/s ({how})")
+    print(
+        f"prompt {len(prompt_ids)} tokens, {cfg['num_samples']} x {cfg['max_new_tokens']} new tokens, "
+        f"{n_new / max(elapsed, 1e-9):.1f} tokens/s ({how})"
+    )
 
     if attention is not None:
         save_attention(attn_dir, tok, *attention)
@@ -350,11 +319,15 @@ def save_attention(attn_dir, tok, steps, ids):
     try:
         stats = attention_maps.write_all(attn_dir, layers, tok.token_strings(window), window, start)
     except OSError as e:
-        raise SampleError(f"cannot write attention maps to {attn_dir} ({e.strerror or e}); "
-                          'pass --attn_dir DIR, or --attn_dir "" to skip them') from None
+        raise SampleError(
+            f"cannot write attention maps to {attn_dir} ({e.strerror or e}); "
+            'pass --attn_dir DIR, or --attn_dir "" to skip them'
+        ) from None
     n_layer, n_head, T = len(layers), layers[0].shape[0], len(window)
-    print(f"attention of sample 1 ({T} tokens, {n_layer} layers x {n_head} heads): "
-          f"{os.path.join(attn_dir, 'index.html')}")
+    print(
+        f"attention of sample 1 ({T} tokens, {n_layer} layers x {n_head} heads): "
+        f"{os.path.join(attn_dir, 'index.html')}"
+    )
     print(attention_maps.format_table(stats))
 
 
@@ -363,11 +336,14 @@ def run(argv):
     try:
         main(argv)
         return 0
-    except (ConfigError, CheckpointError, TokenizerError, SampleError) as e:
+    except (ConfigError, CheckpointError, TokenizerError, SampleError, LoadError) as e:
         print(f"error: {e}", file=sys.stderr)
     except torch.OutOfMemoryError:
-        print("error: out of GPU memory; try --device=cpu, a smaller --max_new_tokens "
-              "or --num_samples", file=sys.stderr)
+        print(
+            "error: out of GPU memory; try --device=cpu, a smaller --max_new_tokens "
+            "or --num_samples",
+            file=sys.stderr,
+        )
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130

@@ -15,6 +15,8 @@ and writes the figures to out-smoke-gpu/smoke.json and every step's whole
 output to out-smoke-gpu/<step>.log. Without CUDA it says so and does nothing.
 """
 
+import support.before_torch  # bfloat16 tried in a child process, before torch loads
+
 import json
 import os
 import re
@@ -22,11 +24,7 @@ import subprocess
 import sys
 import time
 
-import hardware
-
-hardware.check_bf16()  # before torch loads: whether bfloat16 runs here, and its fix (hardware.py)
-
-import torch  # noqa: E402
+import torch
 
 OUT = "out-smoke-gpu"
 STEP_TIMEOUT = 900  # seconds; compiling is the slow part
@@ -52,12 +50,31 @@ def steps(out, gpus=None):
     gpus = torch.cuda.device_count() if gpus is None else gpus
     python, ckpt = sys.executable, os.path.join(out, "train")
     train = [python, "train.py", "config/shakespeare.py", f"--out_dir={ckpt}"]
-    sample = [python, "sample.py", f"--out_dir={ckpt}", "--prompt=ROMEO:", "--max_new_tokens=300", "--seed=1337"]
+    sample = [
+        python,
+        "sample.py",
+        f"--out_dir={ckpt}",
+        "--prompt=ROMEO:",
+        "--max_new_tokens=300",
+        "--seed=1337",
+    ]
     greedy = sample + ["--dtype=float32", "--temperature=0", "--num_samples=1", "--attn_dir="]
     # each sequence split over 2 GPUs, NCCL passing keys and values round the ring
-    split = [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
-             "config/shakespeare.py", f"--out_dir={os.path.join(out, 'context_parallel')}", "--max_iters=20",
-             "--context_parallel=2", "--dropout=0.0", "--compile=False", "--eval_iters=20"]
+    split = [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "train.py",
+        "config/shakespeare.py",
+        f"--out_dir={os.path.join(out, 'context_parallel')}",
+        "--max_iters=20",
+        "--context_parallel=2",
+        "--dropout=0.0",
+        "--compile=False",
+        "--eval_iters=20",
+    ]
     return [
         ("cuda tests", [python, "-m", "pytest", "-q", "-m", "cuda", "tests"]),
         ("train 20 iters", train + ["--max_iters=20"]),
@@ -67,7 +84,16 @@ def steps(out, gpus=None):
         ("sample --compile", sample + ["--num_samples=2", "--compile"]),
         ("float32 greedy", greedy),
         ("float32 greedy --compile", greedy + ["--compile"]),
-        ("bench --quick", [python, "bench.py", "--device=cuda", "--quick", f"--out={os.path.join(out, 'bench.json')}"]),
+        (
+            "bench --quick",
+            [
+                python,
+                "bench.py",
+                "--device=cuda",
+                "--quick",
+                f"--out={os.path.join(out, 'bench.json')}",
+            ],
+        ),
     ]
 
 
@@ -101,15 +127,25 @@ def run_step(name, command, out):
         proc = subprocess.run(command, capture_output=True, text=True, timeout=STEP_TIMEOUT)
         code, stdout, text = proc.returncode, proc.stdout, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as e:
-        stdout = e.stdout if isinstance(e.stdout, str) else (e.stdout or b"").decode(errors="replace")
+        stdout = (
+            e.stdout if isinstance(e.stdout, str) else (e.stdout or b"").decode(errors="replace")
+        )
         code, text = None, stdout + f"\ntimed out after {STEP_TIMEOUT} s"
     log = os.path.join(out, re.sub(r"[^\w.]+", "_", name).strip("_") + ".log")
     with open(log, "w") as f:
         f.write(" ".join(command) + "\n\n" + text)
     lines = [line.strip() for line in text.replace("\r", "\n").splitlines() if line.strip()]
-    return dict(name=name, command=command, returncode=code, seconds=round(time.perf_counter() - t0, 1),
-                ok=code == 0, figures=figures(text), log=log, stdout=stdout,
-                error=None if code == 0 else (lines[-1] if lines else f"exit code {code}"))
+    return dict(
+        name=name,
+        command=command,
+        returncode=code,
+        seconds=round(time.perf_counter() - t0, 1),
+        ok=code == 0,
+        figures=figures(text),
+        log=log,
+        stdout=stdout,
+        error=None if code == 0 else (lines[-1] if lines else f"exit code {code}"),
+    )
 
 
 def report(rec):
@@ -128,8 +164,16 @@ def compare(records):
     a, b = by.get("float32 greedy"), by.get("float32 greedy --compile")
     if a and b and a["ok"] and b["ok"]:
         at = first_difference("\n".join(samples(a["stdout"])), "\n".join(samples(b["stdout"])))
-        checks.append(dict(name="float32: --compile gives the same tokens", ok=at is None, seconds=0.0,
-                           figures={}, log=b["log"], error=f"the texts part at character {at}"))
+        checks.append(
+            dict(
+                name="float32: --compile gives the same tokens",
+                ok=at is None,
+                seconds=0.0,
+                figures={},
+                log=b["log"],
+                error=f"the texts part at character {at}",
+            )
+        )
     a, b = by.get("sample"), by.get("sample --compile")
     if a and b and a["ok"] and b["ok"]:
         parts = [first_difference(x, y) for x, y in zip(samples(a["stdout"]), samples(b["stdout"]))]
@@ -139,13 +183,18 @@ def compare(records):
 
 def main(out=OUT):
     if not torch.cuda.is_available():
-        print(f"smoke_gpu.py: no CUDA GPU here (torch {torch.__version__}); nothing to do, "
-              "run it on a machine with an NVIDIA GPU")
+        print(
+            f"smoke_gpu.py: no CUDA GPU here (torch {torch.__version__}); nothing to do, "
+            "run it on a machine with an NVIDIA GPU"
+        )
         return 0
     os.makedirs(out, exist_ok=True)
     name = torch.cuda.get_device_name()
-    print(f"{name}, compute capability {'.'.join(map(str, torch.cuda.get_device_capability()))}, "
-          f"torch {torch.__version__}, CUDA {torch.version.cuda}", flush=True)
+    print(
+        f"{name}, compute capability {'.'.join(map(str, torch.cuda.get_device_capability()))}, "
+        f"torch {torch.__version__}, CUDA {torch.version.cuda}",
+        flush=True,
+    )
     records = []
     for step, command in steps(out):
         records.append(run_step(step, command, out))
@@ -155,8 +204,16 @@ def main(out=OUT):
         print(report(check), flush=True)
     path = os.path.join(out, "smoke.json")
     with open(path, "w") as f:
-        json.dump(dict(device=name, torch=torch.__version__, cuda=torch.version.cuda,
-                       steps=[{k: v for k, v in r.items() if k != "stdout"} for r in records]), f, indent=1)
+        json.dump(
+            dict(
+                device=name,
+                torch=torch.__version__,
+                cuda=torch.version.cuda,
+                steps=[{k: v for k, v in r.items() if k != "stdout"} for r in records],
+            ),
+            f,
+            indent=1,
+        )
     failed = sum(not r["ok"] for r in records)
     print(f"{len(records) - failed} of {len(records)} ok; figures in {path}")
     return 1 if failed else 0

@@ -14,6 +14,8 @@ Settings: DEFAULTS below, then config files (Python), then --key=value; see
 out_dir/log.jsonl; out_dir/ckpt.pt holds what resuming or sampling needs.
 """
 
+import support.before_torch  # bfloat16 tried in a child process, before torch loads
+
 import contextlib
 import copy
 import dataclasses
@@ -28,56 +30,80 @@ import threading
 import time
 import types
 
-import hardware
+import torch
+import torch.distributed as dist
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
 
-hardware.check_bf16()  # before torch loads: whether bfloat16 runs here, and its fix (hardware.py)
-
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from batches import get_batch, load_split, step_batches  # noqa: E402
-from checkpoint import (CheckpointError, checkpoint_path, clean_state_dict, first_line,  # noqa: E402
-                        load_checkpoint, save_checkpoint)
-from configurator import ConfigError, describe, parse_args  # noqa: E402
-from context_parallel import ContextParallel  # noqa: E402
-from context_parallel import check as check_context_parallel  # noqa: E402
-from data.prepare import DataError, ensure_dataset, load_meta  # noqa: E402
-from hardware import auto_dtype, bf16_error, faster_cpu_dtype, native_bf16  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
-from optim import get_lr, make_optimizers  # noqa: E402
-from tokenizer import TokenizerError  # noqa: E402
+from data.prepare import DataError, ensure_dataset, load_meta
+from model import GPT, GPTConfig
+from support.batches import get_batch, load_split, step_batches
+from support.checkpoint import (
+    CheckpointError,
+    checkpoint_path,
+    clean_state_dict,
+    first_line,
+    load_checkpoint,
+    save_checkpoint,
+)
+from support.configurator import ConfigError, describe, parse_args
+from support.context_parallel import ContextParallel
+from support.context_parallel import check as check_context_parallel
+from support.hardware import auto_dtype, bf16_error, faster_cpu_dtype, native_bf16
+from support.optim import get_lr, make_optimizers
+from support.tokenizer import TokenizerError
 
 # -----------------------------------------------------------------------------
 # Configuration, with nanoGPT's key names. The defaults train GPT-2 124M.
 
 DEFAULTS = dict(
     # evaluation, logging, checkpoints
-    out_dir="out", eval_interval=2000, log_interval=1, eval_iters=200,
+    out_dir="out",
+    eval_interval=2000,
+    log_interval=1,
+    eval_iters=200,
     eval_only=False,  # evaluate once and exit
     eval_full_val=False,  # the final evaluation also scores the whole val split (the val loss of record)
     eval_at_start=True,  # False: a fresh run's first evaluation is at eval_interval, not before the first step
     muon_ns_steps=5,  # Newton-Schulz iterations per Muon step (torch.optim.Muon's ns_steps)
     always_save_checkpoint=True,  # False: save only when val loss improves, and at the end
     init_from="scratch",  # 'scratch', 'resume' (from out_dir), a Hugging Face GPT-2 folder, or 'gpt2*'
-    wandb_log=False, wandb_project="gpt", wandb_run_name=None,  # None: wandb picks a name
+    wandb_log=False,
+    wandb_project="gpt",
+    wandb_run_name=None,  # None: wandb picks a name
     # data
     dataset="shakespeare_char",
     data_root=None,  # the folder of dataset folders; None: data/ in this repo
     gradient_accumulation_steps=5 * 8,  # micro-steps per iter in all, shared by the DDP processes
-    batch_size=12, block_size=1024,
+    batch_size=12,
+    block_size=1024,
     # model; n_kv_head None: as many as n_head
-    n_layer=12, n_head=12, n_embd=768, dropout=0.0, bias=True,
-    n_kv_head=None, rope=False, qk_norm=False, activation="gelu",
+    n_layer=12,
+    n_head=12,
+    n_embd=768,
+    dropout=0.0,
+    bias=True,
+    n_kv_head=None,
+    rope=False,
+    qk_norm=False,
+    activation="gelu",
     attention="softmax",  # or 'linear': phi(q).phi(k) attention, O(T), a fixed-size state when generating
-    sliding_window=None, sink_tokens=0,  # each query sees its last W positions and the first S (model.py)
+    sliding_window=None,
+    sink_tokens=0,  # each query sees its last W positions and the first S (model.py)
     # optimizer: 'adamw', or 'muon' (Muon for the hidden matrices, AdamW for the rest)
-    optimizer="adamw", learning_rate=6e-4, max_iters=600000, weight_decay=1e-1,
-    beta1=0.9, beta2=0.95, grad_clip=1.0,  # grad_clip 0: no clipping
+    optimizer="adamw",
+    learning_rate=6e-4,
+    max_iters=600000,
+    weight_decay=1e-1,
+    beta1=0.9,
+    beta2=0.95,
+    grad_clip=1.0,  # grad_clip 0: no clipping
     # learning rate: linear warmup, then cosine decay to min_lr
-    decay_lr=True, warmup_iters=2000, lr_decay_iters=600000, min_lr=6e-5,
+    decay_lr=True,
+    warmup_iters=2000,
+    lr_decay_iters=600000,
+    min_lr=6e-5,
     max_time=0.0,  # seconds of training after which to evaluate, save and stop; 0: no limit
     # system
     device="auto",  # 'auto' (cuda, then mps, then cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
@@ -86,11 +112,25 @@ DEFAULTS = dict(
     seed=1337,
     ddp_timeout=600,  # seconds a process waits for the others before it fails
     # processes per sequence, each holding 1/context_parallel of it (context_parallel.py)
-    context_parallel=1, context_parallel_layout="zigzag",  # or 'contiguous'
+    context_parallel=1,
+    context_parallel_layout="zigzag",  # or 'contiguous'
 )
 
-MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "dropout",
-              "n_kv_head", "rope", "qk_norm", "activation", "attention", "sliding_window", "sink_tokens")
+MODEL_KEYS = (
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "block_size",
+    "bias",
+    "dropout",
+    "n_kv_head",
+    "rope",
+    "qk_norm",
+    "activation",
+    "attention",
+    "sliding_window",
+    "sink_tokens",
+)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 USER_ERRORS = (ConfigError, DataError, CheckpointError, TokenizerError, ValueError)
 
@@ -104,15 +144,32 @@ def check_config(cfg):
     for key, value in cfg.items():  # the parser lets None through for any key
         if value is None and DEFAULTS[key] is not None:
             raise ValueError(f"{key} cannot be None; give it a value like {DEFAULTS[key]!r}")
-    for key in ("batch_size", "block_size", "gradient_accumulation_steps", "eval_interval",
-                "eval_iters", "log_interval", "ddp_timeout", "context_parallel", "muon_ns_steps"):
+    for key in (
+        "batch_size",
+        "block_size",
+        "gradient_accumulation_steps",
+        "eval_interval",
+        "eval_iters",
+        "log_interval",
+        "ddp_timeout",
+        "context_parallel",
+        "muon_ns_steps",
+    ):
         if cfg[key] < 1:
             raise ValueError(f"{key} must be a positive integer, got {cfg[key]}")
-    for key in ("max_iters", "warmup_iters", "lr_decay_iters", "learning_rate", "min_lr",
-                "weight_decay", "grad_clip", "max_time"):
+    for key in (
+        "max_iters",
+        "warmup_iters",
+        "lr_decay_iters",
+        "learning_rate",
+        "min_lr",
+        "weight_decay",
+        "grad_clip",
+        "max_time",
+    ):
         if not 0 <= cfg[key] < math.inf:
             raise ValueError(f"{key} must be a finite number >= 0, got {cfg[key]}")
-    if not -2**63 <= cfg["seed"] < 2**63:
+    if not -(2**63) <= cfg["seed"] < 2**63:
         raise ValueError(f"seed must fit in a signed 64-bit integer, got {cfg['seed']}")
     if cfg["ddp_timeout"] > 10**9:
         raise ValueError(f"ddp_timeout must be at most 1e9 seconds, got {cfg['ddp_timeout']}")
@@ -124,15 +181,19 @@ def check_config(cfg):
     if cfg["optimizer"] not in ("adamw", "muon"):
         raise ValueError(f"unknown optimizer {cfg['optimizer']!r}; use 'adamw' or 'muon'")
     if cfg["optimizer"] == "muon" and not hasattr(torch.optim, "Muon"):
-        raise ValueError("optimizer='muon' needs torch.optim.Muon (torch >= 2.9); use --optimizer=adamw")
+        raise ValueError(
+            "optimizer='muon' needs torch.optim.Muon (torch >= 2.9); use --optimizer=adamw"
+        )
     if cfg["compile"] not in (None, True, False):
         raise ValueError(f"compile must be True, False or None (auto), got {cfg['compile']!r}")
     for key in ("data_root", "wandb_run_name"):
         if cfg[key] is not None and not isinstance(cfg[key], str):
             raise ValueError(f"{key} must be a string or None, got {cfg[key]!r}")
     if cfg["attention"] != "softmax" and cfg["init_from"] not in ("scratch", "resume"):
-        raise ValueError(f"init_from={cfg['init_from']!r} loads GPT-2's weights, which need softmax attention; "
-                         f"train --attention={cfg['attention']} from scratch")
+        raise ValueError(
+            f"init_from={cfg['init_from']!r} loads GPT-2's weights, which need softmax attention; "
+            f"train --attention={cfg['attention']} from scratch"
+        )
     if cfg["init_from"] == "scratch":
         GPTConfig(**model_args(cfg, vocab_size=1))  # raises on bad model sizes
 
@@ -145,8 +206,16 @@ def pick_device(cfg, local_rank, ddp):
     """(device, dtype name, why that dtype): CUDA, then MPS, then CPU; dtype 'auto'
     is bfloat16 autocast where the hardware has native bfloat16 (hardware.py).
     A CUDA device becomes the current one."""
-    available = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(), "cpu": True}
-    name = next(kind for kind, ok in available.items() if ok) if cfg["device"] == "auto" else cfg["device"]
+    available = {
+        "cuda": torch.cuda.is_available(),
+        "mps": torch.backends.mps.is_available(),
+        "cpu": True,
+    }
+    name = (
+        next(kind for kind, ok in available.items() if ok)
+        if cfg["device"] == "auto"
+        else cfg["device"]
+    )
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -159,8 +228,10 @@ def pick_device(cfg, local_rank, ddp):
         device = torch.device("cuda", local_rank)  # one GPU per process
     if device.type == "cuda":
         if device.index >= torch.cuda.device_count():
-            raise ValueError(f"there is no {device}: this machine has {torch.cuda.device_count()} GPU(s); "
-                             "use --device=cuda:N with N below that, or fewer processes")
+            raise ValueError(
+                f"there is no {device}: this machine has {torch.cuda.device_count()} GPU(s); "
+                "use --device=cuda:N with N below that, or fewer processes"
+            )
         # synchronize, pinned copies, the MFU's device name and the bf16 check
         # below all act on the current device, which is otherwise GPU 0
         torch.cuda.set_device(device)
@@ -183,7 +254,9 @@ def time_cpu_dtypes(cfg, model, data):
 
     def seconds(dtype):
         best = float("inf")
-        with torch.random.fork_rng(devices=[]):  # dropout draws here must not shift the run's random numbers
+        with torch.random.fork_rng(
+            devices=[]
+        ):  # dropout draws here must not shift the run's random numbers
             for _ in range(4):  # the first picks kernels and allocates
                 t0 = time.perf_counter()
                 with precision_context("cpu", dtype, cfg["block_size"]):
@@ -193,7 +266,10 @@ def time_cpu_dtypes(cfg, model, data):
         model.zero_grad(set_to_none=True)
         return best
 
-    key = ",".join(f"{k}={cfg[k]}" for k in MODEL_KEYS + ("batch_size",)) + f",threads={torch.get_num_threads()}"
+    key = (
+        ",".join(f"{k}={cfg[k]}" for k in MODEL_KEYS + ("batch_size",))
+        + f",threads={torch.get_num_threads()}"
+    )
     return faster_cpu_dtype(key, seconds)
 
 
@@ -208,8 +284,10 @@ def precision_context(device_type, dtype, block_size):
         yield
         return
     math_attention = device_type == "cpu" and block_size <= 128
-    with torch.autocast(device_type, getattr(torch, dtype)), \
-            (sdpa_kernel(SDPBackend.MATH) if math_attention else contextlib.nullcontext()):
+    with (
+        torch.autocast(device_type, getattr(torch, dtype)),
+        sdpa_kernel(SDPBackend.MATH) if math_attention else contextlib.nullcontext(),
+    ):
         yield
 
 
@@ -228,11 +306,13 @@ def mean_loss(r, model, data, batches, desc):
     """Mean loss per token over batches [(starts (N,), length)], shared by the
     processes, with a progress bar; a stop signal ends it (Stopped) within a batch."""
     total = torch.zeros(2, device=r.device)  # (loss summed over tokens, tokens)
-    mine = batches[r.dp_rank::r.dp_world]  # the ranks of one sequence share its batches
+    mine = batches[r.dp_rank :: r.dp_world]  # the ranks of one sequence share its batches
     rounds = -(-len(batches) // r.dp_world)  # every process checks for a stop in every round
     model.eval()
     try:
-        for i in tqdm(range(rounds), desc=desc, leave=False, disable=not r.master, dynamic_ncols=True):
+        for i in tqdm(
+            range(rounds), desc=desc, leave=False, disable=not r.master, dynamic_ncols=True
+        ):
             if stop_requested(r, agree=True):
                 raise Stopped()
             if i < len(mine):
@@ -252,8 +332,12 @@ def estimate_loss(r, seed):
     gen, B, T = torch.Generator().manual_seed(seed), r.cfg["batch_size"], r.cfg["block_size"]
     losses = {}
     for split, data in r.splits.items():
-        starts = torch.randint(len(data) - T, (r.cfg["eval_iters"], B), generator=gen)  # (eval_iters, B)
-        losses[split] = mean_loss(r, r.model, data, [(row, T) for row in starts], f"evaluating {split}")
+        starts = torch.randint(
+            len(data) - T, (r.cfg["eval_iters"], B), generator=gen
+        )  # (eval_iters, B)
+        losses[split] = mean_loss(
+            r, r.model, data, [(row, T) for row in starts], f"evaluating {split}"
+        )
     return losses
 
 
@@ -263,7 +347,7 @@ def full_val_loss(r):
     data, B, T = r.splits["val"], r.cfg["batch_size"], r.cfg["block_size"]
     n = len(data) - 1  # tokens with a next token to predict
     starts = torch.arange(0, n, T)
-    batches = [(batch, T) for batch in starts[:n // T].split(B)]
+    batches = [(batch, T) for batch in starts[: n // T].split(B)]
     tail = n % T // r.split_unit * r.split_unit  # context parallelism leaves out < 2P tokens
     if tail:
         batches.append((starts[-1:], tail))
@@ -275,8 +359,16 @@ def full_val_loss(r):
 
 
 # What resuming reads from a checkpoint, and the type each must have.
-RESUME_FIELDS = {"model": dict, "model_args": dict, "optimizer": (dict, list), "iter_num": int,
-                 "best_val_loss": (int, float), "config": dict, "rng": dict, "data": dict}
+RESUME_FIELDS = {
+    "model": dict,
+    "model_args": dict,
+    "optimizer": (dict, list),
+    "iter_num": int,
+    "best_val_loss": (int, float),
+    "config": dict,
+    "rng": dict,
+    "data": dict,
+}
 # What loading a damaged (but unpicklable) checkpoint or weights file raises.
 LOAD_ERRORS = (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError, EOFError)
 
@@ -289,18 +381,24 @@ def check_resumable(ckpt, path):
     missing = sorted(set(RESUME_FIELDS) - set(ckpt))
     if missing:
         raise CheckpointError(f"cannot resume from {path}: it lacks {', '.join(missing)}")
-    bad = [key for key, kind in RESUME_FIELDS.items()
-           if not isinstance(ckpt[key], kind) or isinstance(ckpt[key], bool)]
+    bad = [
+        key
+        for key, kind in RESUME_FIELDS.items()
+        if not isinstance(ckpt[key], kind) or isinstance(ckpt[key], bool)
+    ]
     if bad:
-        raise CheckpointError(f"cannot resume from {path}: its {', '.join(bad)} entry has the wrong type; "
-                              "the file is damaged, resume from another copy")
+        raise CheckpointError(
+            f"cannot resume from {path}: its {', '.join(bad)} entry has the wrong type; "
+            "the file is damaged, resume from another copy"
+        )
 
 
 def load_pretrained(init, cfg):
     """GPT-2 weights from a Hugging Face folder or by name; any failure is one line naming it."""
     try:
-        return GPT.from_pretrained(init, dropout=cfg["dropout"], block_size=cfg["block_size"],
-                                   attention=cfg["attention"])
+        return GPT.from_pretrained(
+            init, dropout=cfg["dropout"], block_size=cfg["block_size"], attention=cfg["attention"]
+        )
     except (OSError, *LOAD_ERRORS) as e:
         if out_of_memory(e):
             raise
@@ -316,27 +414,36 @@ def init_model(cfg, meta, device):
         ckpt, path = load_checkpoint(cfg["out_dir"]), checkpoint_path(cfg["out_dir"])
         check_resumable(ckpt, path)
         if ckpt.get("tokenizer") != meta["tokenizer"]:
-            raise ValueError(f"the checkpoint in {cfg['out_dir']} was trained on another tokenizer "
-                             f"(dataset {ckpt.get('dataset')!r}); pass --dataset={ckpt.get('dataset')}")
+            raise ValueError(
+                f"the checkpoint in {cfg['out_dir']} was trained on another tokenizer "
+                f"(dataset {ckpt.get('dataset')!r}); pass --dataset={ckpt.get('dataset')}"
+            )
         try:
             model = GPT(GPTConfig(**dict(ckpt["model_args"], dropout=cfg["dropout"])))
             model.load_state_dict(ckpt["model"])
         except LOAD_ERRORS as e:
             if out_of_memory(e):
                 raise
-            raise CheckpointError(f"{path} does not match this model.py ({first_line(e)}); "
-                                  "resume from another copy or train again") from None
+            raise CheckpointError(
+                f"{path} does not match this model.py ({first_line(e)}); "
+                "resume from another copy or train again"
+            ) from None
     elif os.path.isdir(init) or init.startswith("gpt2"):
         if meta["tokenizer"]["kind"] != "gpt2":
-            raise ValueError(f"init_from={init!r} needs a dataset tokenized with GPT-2 BPE, and "
-                             f"{cfg['dataset']!r} is not; try --dataset=shakespeare")
+            raise ValueError(
+                f"init_from={init!r} needs a dataset tokenized with GPT-2 BPE, and "
+                f"{cfg['dataset']!r} is not; try --dataset=shakespeare"
+            )
         model = load_pretrained(init, cfg)
     else:
-        raise ValueError(f"init_from must be 'scratch', 'resume', a GPT-2 folder or a 'gpt2*' name, "
-                         f"not {init!r}")
+        raise ValueError(
+            f"init_from must be 'scratch', 'resume', a GPT-2 folder or a 'gpt2*' name, not {init!r}"
+        )
     if model.config.vocab_size < meta["vocab_size"]:
-        raise ValueError(f"the model's vocabulary ({model.config.vocab_size}) is smaller than the "
-                         f"dataset's ({meta['vocab_size']})")
+        raise ValueError(
+            f"the model's vocabulary ({model.config.vocab_size}) is smaller than the "
+            f"dataset's ({meta['vocab_size']})"
+        )
     cfg.update({key: getattr(model.config, key) for key in MODEL_KEYS})
     return model.to(device), ckpt
 
@@ -357,12 +464,16 @@ def set_rng_state(rng, device):
 def restore(ckpt, cfg, optimizers, scaler, data_gen, device, rank):
     """Optimizer, RNG and data-sampling state as they were right before iter ckpt['iter_num']."""
     if ckpt["iter_num"] >= cfg["max_iters"] and not cfg["eval_only"]:
-        raise ValueError(f"the checkpoint is at iter {ckpt['iter_num']} and max_iters is {cfg['max_iters']}; "
-                         "raise --max_iters to train further")
+        raise ValueError(
+            f"the checkpoint is at iter {ckpt['iter_num']} and max_iters is {cfg['max_iters']}; "
+            "raise --max_iters to train further"
+        )
     states = ckpt["optimizer"] if isinstance(ckpt["optimizer"], list) else [ckpt["optimizer"]]
     if len(states) != len(optimizers):
-        raise ValueError(f"the checkpoint was trained with optimizer={ckpt['config'].get('optimizer')!r}; "
-                         "resume with the same one")
+        raise ValueError(
+            f"the checkpoint was trained with optimizer={ckpt['config'].get('optimizer')!r}; "
+            "resume with the same one"
+        )
     try:
         for opt, state in zip(optimizers, states):
             opt.load_state_dict(state)
@@ -374,19 +485,27 @@ def restore(ckpt, cfg, optimizers, scaler, data_gen, device, rank):
             return
         set_rng_state(ckpt["rng"], device)
     except LOAD_ERRORS as e:
-        raise CheckpointError(f"cannot resume from {checkpoint_path(cfg['out_dir'])}: its optimizer, RNG or "
-                              f"data-sampling state is damaged ({first_line(e)}); resume from another copy") from None
+        raise CheckpointError(
+            f"cannot resume from {checkpoint_path(cfg['out_dir'])}: its optimizer, RNG or "
+            f"data-sampling state is damaged ({first_line(e)}); resume from another copy"
+        ) from None
 
 
 def explain_device(cfg, device, dtype):
     """What a CPU run should know before it starts: no GPU was found (and what to
     run instead), or bfloat16 was asked for where this CPU only emulates it."""
     if cfg["device"] == "auto" and device.type == "cpu":
-        print("no GPU found: training on the CPU. For a model sized for a CPU, run "
-              "python train.py config/shakespeare_cpu.py", flush=True)
+        print(
+            "no GPU found: training on the CPU. For a model sized for a CPU, run "
+            "python train.py config/shakespeare_cpu.py",
+            flush=True,
+        )
     if device.type == "cpu" and dtype == "bfloat16" and not native_bf16("cpu")[0]:
-        print(f"warning: this CPU has {native_bf16('cpu')[1]}, so bfloat16 is emulated and matrix multiplies "
-              "run many times slower than in float32; --dtype=auto picks float32 here", file=sys.stderr)
+        print(
+            f"warning: this CPU has {native_bf16('cpu')[1]}, so bfloat16 is emulated and matrix multiplies "
+            "run many times slower than in float32; --dtype=auto picks float32 here",
+            file=sys.stderr,
+        )
 
 
 def start_wandb(cfg):
@@ -398,8 +517,10 @@ def start_wandb(cfg):
         wandb.init(project=cfg["wandb_project"], name=cfg["wandb_run_name"], config=cfg)
     except wandb.errors.UsageError as e:
         # no API key, and no terminal to ask for one: say so before any work starts
-        raise ValueError(f"wandb_log=True, but wandb cannot start ({first_line(e)}): run `wandb login` "
-                         "once, or set WANDB_MODE=offline to log locally and `wandb sync` later") from None
+        raise ValueError(
+            f"wandb_log=True, but wandb cannot start ({first_line(e)}): run `wandb login` "
+            "once, or set WANDB_MODE=offline to log locally and `wandb sync` later"
+        ) from None
     return wandb
 
 
@@ -436,13 +557,16 @@ def wrap_model(raw, device, world, use_compile):
 
 
 def setup(cfg):
-    rank, local_rank, world = (int(os.environ.get(k, d)) for k, d in
-                               (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1)))  # set by torchrun
+    rank, local_rank, world = (
+        int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1))
+    )  # set by torchrun
     check_context_parallel(cfg, world)
     dp_world = world // cfg["context_parallel"]  # the ranks of one sequence share its batches
     if cfg["gradient_accumulation_steps"] % dp_world:
-        raise ValueError(f"gradient_accumulation_steps ({cfg['gradient_accumulation_steps']}) must be "
-                         f"divisible by the number of data-parallel processes ({dp_world})")
+        raise ValueError(
+            f"gradient_accumulation_steps ({cfg['gradient_accumulation_steps']}) must be "
+            f"divisible by the number of data-parallel processes ({dp_world})"
+        )
     device, dtype, why = pick_device(cfg, local_rank, world > 1)
     if rank == 0:
         explain_device(cfg, device, dtype)
@@ -450,8 +574,11 @@ def setup(cfg):
     wandb = start_wandb(cfg) if cfg["wandb_log"] and rank == 0 else None
     if world > 1:
         join_processes(device, datetime.timedelta(seconds=cfg["ddp_timeout"]))
-    cp = ContextParallel(cfg["context_parallel"], cfg["context_parallel_layout"] == "zigzag") \
-        if cfg["context_parallel"] > 1 else None
+    cp = (
+        ContextParallel(cfg["context_parallel"], cfg["context_parallel_layout"] == "zigzag")
+        if cfg["context_parallel"] > 1
+        else None
+    )
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 matmuls
     torch.manual_seed(cfg["seed"] + rank)  # model init, then dropout
@@ -463,8 +590,10 @@ def setup(cfg):
     dataset_dir = ensure_dataset(cfg["dataset"], cfg["data_root"])
     meta = load_meta(dataset_dir)
     raw, ckpt = init_model(cfg, meta, device)
-    splits = {split: load_split(dataset_dir, split, cfg["block_size"], meta["vocab_size"], device)
-              for split in ("train", "val")}
+    splits = {
+        split: load_split(dataset_dir, split, cfg["block_size"], meta["vocab_size"], device)
+        for split in ("train", "val")
+    }
     if cfg["dtype"] == "auto" and device.type == "cpu" and dtype == "bfloat16":
         # timed on rank 0 alone, so before the ring is attached: it would wait for the others
         choice = [time_cpu_dtypes(cfg, raw, splits["val"]) if rank == 0 else None]
@@ -489,23 +618,47 @@ def setup(cfg):
             if ckpt is None:  # a new run starts a new log; a resumed run goes on with its own
                 open(os.path.join(cfg["out_dir"], "log.jsonl"), "w").close()
         except OSError as e:
-            raise ValueError(f"cannot write into out_dir {cfg['out_dir']!r} ({e.strerror or e}); "
-                             "pass an --out_dir that can be created and written") from None
+            raise ValueError(
+                f"cannot write into out_dir {cfg['out_dir']!r} ({e.strerror or e}); "
+                "pass an --out_dir that can be created and written"
+            ) from None
         split = f" ({dp_world} x {cfg['context_parallel']} per sequence)" if cp else ""
-        print(f"{raw.num_params() / 1e6:.2f}M parameters | {device}, {dtype} ({why}) | {world} process(es){split} | "
-              f"{tokens_per_iter:,} tokens per iter | {dataset_dir}")
+        print(
+            f"{raw.num_params() / 1e6:.2f}M parameters | {device}, {dtype} ({why}) | {world} process(es){split} | "
+            f"{tokens_per_iter:,} tokens per iter | {dataset_dir}"
+        )
     return types.SimpleNamespace(
-        cfg=cfg, rank=rank, world=world, master=rank == 0, device=device, dtype=dtype, ctx=ctx, raw=raw,
+        cfg=cfg,
+        rank=rank,
+        world=world,
+        master=rank == 0,
+        device=device,
+        dtype=dtype,
+        ctx=ctx,
+        raw=raw,
         model=model,
         # context parallelism: the data-parallel place, and this rank's part of a sequence
-        dp_rank=rank // cfg["context_parallel"], dp_world=dp_world, split=cp.split if cp else (lambda t: t),
+        dp_rank=rank // cfg["context_parallel"],
+        dp_world=dp_world,
+        split=cp.split if cp else (lambda t: t),
         split_unit=cp.unit if cp else 1,
-        ddp_model=ddp_model, optimizers=optimizers, scaler=scaler, data_gen=data_gen, splits=splits,
-        meta=meta, tokens_per_iter=tokens_per_iter, resumed=ckpt is not None, wandb=wandb,
+        ddp_model=ddp_model,
+        optimizers=optimizers,
+        scaler=scaler,
+        data_gen=data_gen,
+        splits=splits,
+        meta=meta,
+        tokens_per_iter=tokens_per_iter,
+        resumed=ckpt is not None,
+        wandb=wandb,
         # a checkpoint saved by a stop signal has not been evaluated at its iter (older ones always were)
         # (eval_at_start=False: a fresh run counts as evaluated, its loss being about ln(vocab_size))
-        start_evaluated=ckpt.get("evaluated", True) if ckpt is not None else not cfg["eval_at_start"],
-        start_iter=ckpt["iter_num"] if ckpt else 0, best_val_loss=ckpt["best_val_loss"] if ckpt else float("inf"))
+        start_evaluated=ckpt.get("evaluated", True)
+        if ckpt is not None
+        else not cfg["eval_at_start"],
+        start_iter=ckpt["iter_num"] if ckpt else 0,
+        best_val_loss=ckpt["best_val_loss"] if ckpt else float("inf"),
+    )
 
 
 # -----------------------------------------------------------------------------
@@ -519,7 +672,9 @@ def train_step(r, lr):
         for group in opt.param_groups:
             group["lr"] = lr
     before = rng_state(r.device), r.data_gen.get_state()  # to undo a step cut short
-    x, y = map(r.split, step_batches(r.splits["train"], r.data_gen, r.cfg, r.dp_rank, r.dp_world, r.device))
+    x, y = map(
+        r.split, step_batches(r.splits["train"], r.data_gen, r.cfg, r.dp_rank, r.dp_world, r.device)
+    )
     n = x.size(0)
     loss_sum = torch.zeros((), device=r.device)
     for micro in range(n):
@@ -557,38 +712,59 @@ def save(r, iter_num, best_val_loss, evaluated=True):
         return
     rng = rng_state(r.device)
     states = [opt.state_dict() for opt in r.optimizers]
-    ckpt = dict(model=clean_state_dict(r.raw.state_dict()), optimizer=states[0] if len(states) == 1 else states,
-                model_args=dataclasses.asdict(r.raw.config), iter_num=iter_num, best_val_loss=best_val_loss,
-                config=dict(r.cfg), tokenizer=r.meta["tokenizer"], dataset=r.cfg["dataset"], rng=rng, evaluated=evaluated,
-                data={"generator": r.data_gen.get_state()})
+    ckpt = dict(
+        model=clean_state_dict(r.raw.state_dict()),
+        optimizer=states[0] if len(states) == 1 else states,
+        model_args=dataclasses.asdict(r.raw.config),
+        iter_num=iter_num,
+        best_val_loss=best_val_loss,
+        config=dict(r.cfg),
+        tokenizer=r.meta["tokenizer"],
+        dataset=r.cfg["dataset"],
+        rng=rng,
+        evaluated=evaluated,
+        data={"generator": r.data_gen.get_state()},
+    )
     if r.scaler.is_enabled():
         ckpt["scaler"] = r.scaler.state_dict()
     save_checkpoint(ckpt, checkpoint_path(r.cfg["out_dir"]))
 
 
 def diverged(loss, iter_num):
-    return TrainingError(f"the loss is {loss} at iter {iter_num}: training diverged; "
-                         "try a lower --learning_rate (the last checkpoint is kept)")
+    return TrainingError(
+        f"the loss is {loss} at iter {iter_num}: training diverged; "
+        "try a lower --learning_rate (the last checkpoint is kept)"
+    )
 
 
 def evaluate(r, iter_num, elapsed, final):
     """Evaluate; print and log one line to out_dir/log.jsonl (and wandb)."""
     losses = estimate_loss(r, r.cfg["seed"] + iter_num)
-    rec = dict(iter=iter_num, train_loss=losses["train"], val_loss=losses["val"], lr=get_lr(iter_num, r.cfg),
-               elapsed_s=round(elapsed, 3), tokens=iter_num * r.tokens_per_iter)
+    rec = dict(
+        iter=iter_num,
+        train_loss=losses["train"],
+        val_loss=losses["val"],
+        lr=get_lr(iter_num, r.cfg),
+        elapsed_s=round(elapsed, 3),
+        tokens=iter_num * r.tokens_per_iter,
+    )
     if final and r.cfg["eval_full_val"]:
         rec["val_loss_full"] = full_val_loss(r)
     if not (math.isfinite(rec["train_loss"]) and math.isfinite(rec["val_loss"])):
         raise diverged(rec["val_loss"], iter_num)
     if r.master:
         full = f", whole val split {rec['val_loss_full']:.4f}" if "val_loss_full" in rec else ""
-        tqdm.write(f"iter {iter_num}: train loss {rec['train_loss']:.4f}, val loss {rec['val_loss']:.4f}{full}")
+        tqdm.write(
+            f"iter {iter_num}: train loss {rec['train_loss']:.4f}, val loss {rec['val_loss']:.4f}{full}"
+        )
         path = os.path.join(r.cfg["out_dir"], "log.jsonl")
         try:
             with open(path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
         except OSError as e:
-            raise TrainingError(f"cannot write {path} ({e.strerror or e}); the last checkpoint is kept") from None
+            raise TrainingError(
+                f"cannot write {path} ({e.strerror or e}); the last checkpoint is kept"
+            ) from None
         if r.wandb is not None:
             r.wandb.log(rec, step=iter_num)
     return rec
@@ -619,8 +795,12 @@ class StopSignals:
         signal.signal(signum, self.saved[signum] or signal.SIG_DFL)
 
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
-            self.saved = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        if (
+            threading.current_thread() is threading.main_thread()
+        ):  # signals reach the main thread only
+            self.saved = {
+                sig: signal.signal(sig, self.handle) for sig in (signal.SIGINT, signal.SIGTERM)
+            }
         return self
 
     def __exit__(self, *exc):
@@ -680,7 +860,9 @@ def run_seconds(cfg, start_iter, start_evaluated, step_s, eval_batch_s, val_toke
     eval_interval (but an evaluated start) and the final one, with the whole val
     split if eval_full_val."""
     iters, every = cfg["max_iters"] - start_iter, cfg["eval_interval"]
-    evals = -(-cfg["max_iters"] // every) - -(-start_iter // every) + 1  # multiples of every, then the final
+    evals = (
+        -(-cfg["max_iters"] // every) - -(-start_iter // every) + 1
+    )  # multiples of every, then the final
     evals -= int(start_evaluated and start_iter % every == 0)
     batches = evals * 2 * cfg["eval_iters"]
     if cfg["eval_full_val"]:
@@ -691,11 +873,15 @@ def run_seconds(cfg, start_iter, start_evaluated, step_s, eval_batch_s, val_toke
 
 
 def print_run_estimate(r):
-    seconds, how = run_seconds(r.cfg, r.start_iter, r.start_evaluated, *time_iter(r), len(r.splits["val"]))
+    seconds, how = run_seconds(
+        r.cfg, r.start_iter, r.start_evaluated, *time_iter(r), len(r.splits["val"])
+    )
     for unit, size in (("h", 3600), ("min", 60), ("s", 1)):
         if seconds >= size or unit == "s":
             break
-    tqdm.write(f"this run should take about {seconds / size:.1f} {unit} here ({how}; timed on this machine)")
+    tqdm.write(
+        f"this run should take about {seconds / size:.1f} {unit} here ({how}; timed on this machine)"
+    )
 
 
 def train(r):
@@ -716,9 +902,20 @@ def train(r):
             save(r, iter_num, best)
         clock["paused"] += time.perf_counter() - paused_at
 
-    last_log, stop, phase = (iter_num, 0.0), None, "training"  # (iter, elapsed) at the last log step
-    with StopSignals() as signals, tqdm(total=cfg["max_iters"], initial=iter_num, dynamic_ncols=True,
-                                        disable=not r.master or cfg["eval_only"]) as bar:
+    last_log, stop, phase = (
+        (iter_num, 0.0),
+        None,
+        "training",
+    )  # (iter, elapsed) at the last log step
+    with (
+        StopSignals() as signals,
+        tqdm(
+            total=cfg["max_iters"],
+            initial=iter_num,
+            dynamic_ncols=True,
+            disable=not r.master or cfg["eval_only"],
+        ) as bar,
+    ):
         r.signals = signals  # evaluations and steps look at it too (stop_requested)
         try:
             if cfg["eval_only"]:
@@ -731,7 +928,9 @@ def train(r):
                 clock["start"] = time.perf_counter()  # timing the estimate is not training
             while iter_num < cfg["max_iters"] and stop is None:
                 # a resumed run was usually evaluated just before its checkpoint was saved
-                if iter_num % cfg["eval_interval"] == 0 and not (r.start_evaluated and iter_num == r.start_iter):
+                if iter_num % cfg["eval_interval"] == 0 and not (
+                    r.start_evaluated and iter_num == r.start_iter
+                ):
                     evaluate_and_save(final=False)
                 loss_sum = train_step(r, get_lr(iter_num, cfg))
                 iter_num += 1
@@ -740,17 +939,28 @@ def train(r):
                 if iter_num % cfg["log_interval"] == 0 or iter_num == cfg["max_iters"]:
                     # the processes agree on the mean loss and on stopping (this waits for the device)
                     # (every micro-batch's loss is the mean of its context_parallel ranks' losses)
-                    t = torch.stack([loss_sum / (cfg["gradient_accumulation_steps"] * cfg["context_parallel"]),
-                                     torch.tensor(float(wants_stop), device=r.device)])
+                    t = torch.stack(
+                        [
+                            loss_sum
+                            / (cfg["gradient_accumulation_steps"] * cfg["context_parallel"]),
+                            torch.tensor(float(wants_stop), device=r.device),
+                        ]
+                    )
                     loss, wants_stop = all_sum(t, r.world).tolist()
                     if not math.isfinite(loss):
                         raise diverged(loss, iter_num - 1)
                     dt = (elapsed() - last_log[1]) / (iter_num - last_log[0])  # seconds per iter
                     last_log = (iter_num, elapsed())
                     # the MFU of a GPU's peak; a CPU run on a machine with a GPU has none
-                    mfu = r.raw.estimate_mfu(r.tokens_per_iter // r.world, dt) if r.device.type == "cuda" else None
-                    bar.set_postfix_str(f"loss {loss:.4f}, lr {get_lr(iter_num - 1, cfg):.2e}, "
-                                        f"{r.tokens_per_iter / dt:,.0f} tok/s" + (f", MFU {mfu:.1%}" if mfu else ""))
+                    mfu = (
+                        r.raw.estimate_mfu(r.tokens_per_iter // r.world, dt)
+                        if r.device.type == "cuda"
+                        else None
+                    )
+                    bar.set_postfix_str(
+                        f"loss {loss:.4f}, lr {get_lr(iter_num - 1, cfg):.2e}, "
+                        f"{r.tokens_per_iter / dt:,.0f} tok/s" + (f", MFU {mfu:.1%}" if mfu else "")
+                    )
                 elif r.world > 1:
                     wants_stop = False  # not before the processes agree, at the next log step
                 if wants_stop:
@@ -770,8 +980,10 @@ def train(r):
         stopped(r, stop, iter_num, best, during_final=phase == "final evaluation")
     elif r.master:
         per_iter = f" ({1000 * seconds / steps:.1f} ms/iter)" if steps else ""
-        print(f"done at iter {iter_num}{' (max_time reached)' if stop else ''}: best val loss {best:.4f}, "
-              f"{seconds:.1f}s of training{per_iter}; checkpoint {checkpoint_path(cfg['out_dir'])}")
+        print(
+            f"done at iter {iter_num}{' (max_time reached)' if stop else ''}: best val loss {best:.4f}, "
+            f"{seconds:.1f}s of training{per_iter}; checkpoint {checkpoint_path(cfg['out_dir'])}"
+        )
 
 
 def stopped(r, signal_name, iter_num, best, during_final):
@@ -787,9 +999,14 @@ def stopped(r, signal_name, iter_num, best, during_final):
     save(r, iter_num, best, evaluated=False)
     if r.master:
         path = checkpoint_path(r.cfg["out_dir"])
-        then = ("evaluate it with --init_from=resume --eval_only=True" if during_final
-                else "continue with --init_from=resume")
-        print(f"{where}{' during the final evaluation' if during_final else ''}; saved {path}; {then}")
+        then = (
+            "evaluate it with --init_from=resume --eval_only=True"
+            if during_final
+            else "continue with --init_from=resume"
+        )
+        print(
+            f"{where}{' during the final evaluation' if during_final else ''}; saved {path}; {then}"
+        )
 
 
 def lost_peer(e, world):
@@ -823,20 +1040,29 @@ def main(argv=None):
         except (RuntimeError, MemoryError) as e:
             if not out_of_memory(e):
                 raise
-            fail("out of memory building the model or loading the data; use a smaller model, "
-                 "--block_size or --batch_size", 2)
+            fail(
+                "out of memory building the model or loading the data; use a smaller model, "
+                "--block_size or --batch_size",
+                2,
+            )
         try:
             train(run)
         except (CheckpointError, TrainingError) as e:
             fail(e, 1)
         except (RuntimeError, MemoryError) as e:
             if out_of_memory(e):
-                fail("out of memory while training; lower --batch_size (raise --gradient_accumulation_steps "
-                     "to keep the batch) or --block_size; the last checkpoint is kept", 1)
+                fail(
+                    "out of memory while training; lower --batch_size (raise --gradient_accumulation_steps "
+                    "to keep the batch) or --block_size; the last checkpoint is kept",
+                    1,
+                )
             if not lost_peer(e, run.world):
                 raise
-            fail(f"process {run.rank} lost contact with the others ({first_line(e)}); another process "
-                 "failed or stopped responding (see its error above); the last checkpoint is kept", 1)
+            fail(
+                f"process {run.rank} lost contact with the others ({first_line(e)}); another process "
+                "failed or stopped responding (see its error above); the last checkpoint is kept",
+                1,
+            )
         finally:
             if run.wandb is not None:
                 run.wandb.finish()

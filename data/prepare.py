@@ -28,13 +28,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+import numpy as np
+from tqdm import tqdm
 
-from tokenizer import GPT2_VOCAB_SIZE, TokenizerError, build_tokenizer, get_tokenizer  # noqa: E402
+from support.tokenizer import GPT2_VOCAB_SIZE, TokenizerError, build_tokenizer, get_tokenizer
 
 DATA_ROOT = os.path.join(ROOT, "data")
-SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+SHAKESPEARE_URL = (
+    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+)
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 SHAKESPEARE_BYTES = 1_115_394
 SHAKESPEARE_ENV = "TINYSHAKESPEARE_PATH"
@@ -101,8 +103,13 @@ def _chunks(text, size):
 def _encode_to_file(tok, text, path, label):
     """Stream the token ids of ``text`` into ``path``; returns how many."""
     count = 0
-    bar = tqdm(total=len(text), unit="char", unit_scale=True, desc=f"encoding {label}",
-               disable=len(text) < PROGRESS_MIN_CHARS)
+    bar = tqdm(
+        total=len(text),
+        unit="char",
+        unit_scale=True,
+        desc=f"encoding {label}",
+        disable=len(text) < PROGRESS_MIN_CHARS,
+    )
     with bar, _atomic_open(path) as f:
         for piece in _chunks(text, CHUNK_CHARS):
             ids = np.array(tok.encode(piece), dtype=np.uint16)
@@ -124,7 +131,9 @@ def prepare_text(text, out_dir, tokenizer_kind, val_fraction=0.1, source=None):
     except TokenizerError as e:
         raise DataError(str(e)) from None
     if tok.vocab_size > 2**16:
-        raise DataError(f"the vocabulary has {tok.vocab_size} tokens; uint16 files hold at most 65536")
+        raise DataError(
+            f"the vocabulary has {tok.vocab_size} tokens; uint16 files hold at most 65536"
+        )
 
     os.makedirs(out_dir, exist_ok=True)
     meta_path = os.path.join(out_dir, "meta.json")
@@ -167,7 +176,9 @@ def _decode_utf8(data, path):
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise DataError(f"{path} is not UTF-8 text (bad byte at offset {e.start}); convert it to UTF-8 first") from None
+        raise DataError(
+            f"{path} is not UTF-8 text (bad byte at offset {e.start}); convert it to UTF-8 first"
+        ) from None
 
 
 def read_corpus(path):
@@ -198,15 +209,21 @@ def load_meta(dataset_dir):
     """The dataset's meta.json, checked for the fields training relies on."""
     path = os.path.join(dataset_dir, "meta.json")
     if not os.path.exists(path):
-        raise DataError(f"{path} is missing; prepare the dataset with: {_prepare_hint(dataset_dir)}")
+        raise DataError(
+            f"{path} is missing; prepare the dataset with: {_prepare_hint(dataset_dir)}"
+        )
     try:
         with open(path, "rb") as f:
             meta = json.loads(f.read().decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
-        raise DataError(f"{path} is not valid JSON; prepare the dataset again with: {_prepare_hint(dataset_dir)}") from None
+        raise DataError(
+            f"{path} is not valid JSON; prepare the dataset again with: {_prepare_hint(dataset_dir)}"
+        ) from None
     problem = _meta_problem(meta)
     if problem:
-        raise DataError(f"{path} is malformed ({problem}); prepare the dataset again with: {_prepare_hint(dataset_dir)}")
+        raise DataError(
+            f"{path} is malformed ({problem}); prepare the dataset again with: {_prepare_hint(dataset_dir)}"
+        )
     return meta
 
 
@@ -276,13 +293,18 @@ def load_tokens(dataset_dir, split):
 
 
 def _where_to_put(dataset_dir):
-    return (f"put tiny Shakespeare at {os.path.join(dataset_dir, 'input.txt')}, "
-            f"or pass --input PATH, or set {SHAKESPEARE_ENV}=PATH")
+    return (
+        f"put tiny Shakespeare at {os.path.join(dataset_dir, 'input.txt')}, "
+        f"or pass --input PATH, or set {SHAKESPEARE_ENV}=PATH"
+    )
 
 
 def _user_file(dataset_dir, input_path):
     """The local copy to use, in order: --input, the env var, the dataset folder."""
-    for given, origin in ((input_path, "--input"), (os.environ.get(SHAKESPEARE_ENV), SHAKESPEARE_ENV)):
+    for given, origin in (
+        (input_path, "--input"),
+        (os.environ.get(SHAKESPEARE_ENV), SHAKESPEARE_ENV),
+    ):
         if given:
             if not os.path.isfile(given):
                 raise DataError(f"{given} (from {origin}) does not exist")
@@ -298,11 +320,15 @@ def _download_shakespeare(dataset_dir):
             data = response.read()
     except (OSError, http.client.HTTPException, ValueError) as e:  # URLError is an OSError
         reason = getattr(e, "reason", None) or e
-        raise DataError(f"cannot download tiny Shakespeare ({reason}); {_where_to_put(dataset_dir)}") from None
+        raise DataError(
+            f"cannot download tiny Shakespeare ({reason}); {_where_to_put(dataset_dir)}"
+        ) from None
     digest = hashlib.sha256(data).hexdigest()
     if len(data) != SHAKESPEARE_BYTES or digest != SHAKESPEARE_SHA256:
-        raise DataError(f"the download from {SHAKESPEARE_URL} is corrupt ({len(data)} bytes, sha256 {digest[:12]}...); "
-                        f"try again, or {_where_to_put(dataset_dir)}")
+        raise DataError(
+            f"the download from {SHAKESPEARE_URL} is corrupt ({len(data)} bytes, sha256 {digest[:12]}...); "
+            f"try again, or {_where_to_put(dataset_dir)}"
+        )
     os.makedirs(dataset_dir, exist_ok=True)
     _write_atomic(os.path.join(dataset_dir, "input.txt"), data)
     return data
@@ -328,7 +354,10 @@ def shakespeare_text(dataset_dir, input_path=None):
         data = f.read()
     if hashlib.sha256(data).hexdigest() != SHAKESPEARE_SHA256:
         # The user may well have edited it on purpose, so carry on.
-        print(f"warning: {path} differs from the canonical tiny Shakespeare; using it anyway", file=sys.stderr)
+        print(
+            f"warning: {path} differs from the canonical tiny Shakespeare; using it anyway",
+            file=sys.stderr,
+        )
     return _decode_utf8(data, path)
 
 
@@ -353,9 +382,11 @@ def ensure_dataset(name, data_root=None, input_path=None):
     if all(os.path.exists(os.path.join(dataset_dir, f)) for f in FILES):
         return dataset_dir
     if name not in DATASETS:
-        raise DataError(f"unknown dataset {name!r} (no prepared files in {dataset_dir}); "
-                        f"known ones: {', '.join(DATASETS)}; prepare your own corpus with: "
-                        f"python data/prepare.py YOUR_CORPUS --name {name}")
+        raise DataError(
+            f"unknown dataset {name!r} (no prepared files in {dataset_dir}); "
+            f"known ones: {', '.join(DATASETS)}; prepare your own corpus with: "
+            f"python data/prepare.py YOUR_CORPUS --name {name}"
+        )
     print(f"preparing {name} in {dataset_dir} (first use)")
     prepare_shakespeare(DATASETS[name], data_root, input_path)
     return dataset_dir
@@ -365,8 +396,10 @@ def ensure_dataset(name, data_root=None, input_path=None):
 
 
 def summary(dataset_dir, meta):
-    return (f"{dataset_dir}: {meta['tokenizer']['kind']} tokenizer, vocab {meta['vocab_size']}, "
-            f"train {meta['train_tokens']:,} tokens, val {meta['val_tokens']:,} tokens")
+    return (
+        f"{dataset_dir}: {meta['tokenizer']['kind']} tokenizer, vocab {meta['vocab_size']}, "
+        f"train {meta['train_tokens']:,} tokens, val {meta['val_tokens']:,} tokens"
+    )
 
 
 def _run(action):
@@ -383,9 +416,14 @@ def _run(action):
 
 def shakespeare_main(kind, argv=None):
     """Command line of data/shakespeare_char/prepare.py and data/shakespeare/prepare.py."""
-    parser = argparse.ArgumentParser(description=f"Prepare tiny Shakespeare with the {kind} tokenizer.")
-    parser.add_argument("--input", metavar="PATH",
-                        help=f"a local copy of input.txt (default: ${SHAKESPEARE_ENV}, then download)")
+    parser = argparse.ArgumentParser(
+        description=f"Prepare tiny Shakespeare with the {kind} tokenizer."
+    )
+    parser.add_argument(
+        "--input",
+        metavar="PATH",
+        help=f"a local copy of input.txt (default: ${SHAKESPEARE_ENV}, then download)",
+    )
     args = parser.parse_args(argv)
     _run(lambda: summary(shakespeare_dir(kind), prepare_shakespeare(kind, input_path=args.input)))
 
@@ -401,18 +439,30 @@ def _prepare_corpus(args):
     name = _dataset_name(args.path, args.name)
     text = read_corpus(args.path)
     out_dir = os.path.join(args.data_root or DATA_ROOT, name)
-    meta = prepare_text(text, out_dir, args.tokenizer, args.val_fraction, source=os.path.abspath(args.path))
+    meta = prepare_text(
+        text, out_dir, args.tokenizer, args.val_fraction, source=os.path.abspath(args.path)
+    )
     return summary(out_dir, meta)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Tokenize a UTF-8 text corpus into data/NAME/{train,val}.bin.")
+    parser = argparse.ArgumentParser(
+        description="Tokenize a UTF-8 text corpus into data/NAME/{train,val}.bin."
+    )
     parser.add_argument("path", help="a UTF-8 text file, or a folder whose *.txt files are joined")
-    parser.add_argument("--tokenizer", choices=["char", "gpt2"], default="char",
-                        help="char: one token per character (small corpora); gpt2: GPT-2 BPE (default: char)")
+    parser.add_argument(
+        "--tokenizer",
+        choices=["char", "gpt2"],
+        default="char",
+        help="char: one token per character (small corpora); gpt2: GPT-2 BPE (default: char)",
+    )
     parser.add_argument("--name", help="dataset folder name (default: the file or folder name)")
-    parser.add_argument("--val_fraction", type=float, default=0.1, help="share of the text kept for validation")
-    parser.add_argument("--data_root", help="where dataset folders live (default: data/ in this repo)")
+    parser.add_argument(
+        "--val_fraction", type=float, default=0.1, help="share of the text kept for validation"
+    )
+    parser.add_argument(
+        "--data_root", help="where dataset folders live (default: data/ in this repo)"
+    )
     args = parser.parse_args(argv)
     _run(lambda: _prepare_corpus(args))
 

@@ -14,12 +14,12 @@ if ROOT not in sys.path:
 # is now; the train.py processes they start inherit the folder and the fix.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="gpt-tests-cache-")
 atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
-import hardware  # noqa: E402
+from support import hardware
 
 BF16 = hardware.check_bf16()
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 
 def pytest_collection_modifyitems(config, items):
@@ -29,6 +29,7 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "bf16" in item.keywords:
                 item.add_marker(skip)
+
 
 # The corpus is never committed. The tests find it where the prepare scripts
 # do (data/prepare.find_shakespeare), or in the folder beside the checkout.
@@ -43,18 +44,23 @@ def repo_root():
 @pytest.fixture(scope="session")
 def corpus_path():
     from data.prepare import SHAKESPEARE_ENV, DataError, find_shakespeare, shakespeare_dir
+
     folder = shakespeare_dir("char")
     try:
         return find_shakespeare(folder, also=[BESIDE])
     except DataError as e:
-        pytest.exit(f"the tests need tiny Shakespeare ({e.args[0].split(';')[0]}): put it at "
-                    f"{os.path.join(folder, 'input.txt')} or set {SHAKESPEARE_ENV}=PATH", returncode=2)
+        pytest.exit(
+            f"the tests need tiny Shakespeare ({e.args[0].split(';')[0]}): put it at "
+            f"{os.path.join(folder, 'input.txt')} or set {SHAKESPEARE_ENV}=PATH",
+            returncode=2,
+        )
 
 
 @pytest.fixture(scope="session")
 def data_root(tmp_path_factory, corpus_path):
     """A folder of prepared datasets, tiny Shakespeare in characters; tests may add others."""
     from data.prepare import ensure_dataset
+
     root = str(tmp_path_factory.mktemp("data"))
     ensure_dataset("shakespeare_char", root, input_path=corpus_path)
     return root

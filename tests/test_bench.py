@@ -18,8 +18,14 @@ def run_bench(repo_root, *args, timeout=240):
     # one thread: on a busy machine, OpenMP threads waiting on each other make the
     # run many times slower, and this test checks structure, not speed
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "bench.py", *args], cwd=repo_root, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "bench.py", *args],
+        cwd=repo_root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +66,9 @@ def test_train_section(quick):
             assert positive(fig["ms_per_step"]) and positive(fig["tokens_per_s"])
             assert len(fig["samples_ms"]) == r["repeats"]
             assert fig["ms_per_step"] == pytest.approx(statistics.median(fig["samples_ms"]))
-            assert fig["tokens_per_s"] == pytest.approx(r["tokens_per_step"] / fig["ms_per_step"] * 1e3)
+            assert fig["tokens_per_s"] == pytest.approx(
+                r["tokens_per_step"] / fig["ms_per_step"] * 1e3
+            )
         assert r["hf_over_ours"] == pytest.approx(r["hf"]["ms_per_step"] / r["ours"]["ms_per_step"])
     assert "## Training step" in stdout and "| nanoGPT CPU settings | 12 x 64 |" in stdout
 
@@ -73,7 +81,9 @@ def test_generate_section(quick):
         assert r["greedy_tokens_agree"] >= 1
         for key in ("ours_cache", "ours_nocache", "hf"):
             assert positive(r[key]["tokens_per_s"]) and positive(r[key]["s"])
-            assert r[key]["tokens_per_s"] == pytest.approx(r["batch"] * r["new_tokens"] / r[key]["s"])
+            assert r[key]["tokens_per_s"] == pytest.approx(
+                r["batch"] * r["new_tokens"] / r[key]["s"]
+            )
         # keys and values of 6 layers, batch x 6 heads x 256 positions x 64 floats, 4 bytes each
         assert r["kv_cache_bytes"] == 2 * 6 * r["batch"] * 6 * 256 * 64 * 4
         assert r["peak_rss_bytes"] > 10 * 2**20
@@ -98,38 +108,49 @@ def test_targets_listed(quick):
     names = [t["target"] for t in result["targets"]]
     assert len(names) == 5 and any("nanoGPT CPU settings" in n for n in names)
     for t in result["targets"]:
-        assert positive(t["measured"]) and t["met"] is None  # --quick stops short of the full context
+        assert (
+            positive(t["measured"]) and t["met"] is None
+        )  # --quick stops short of the full context
     assert "## Targets" in stdout
 
 
 def test_converted_weights_give_hugging_face_the_same_logits():
     from transformers import GPT2LMHeadModel
+
     torch.manual_seed(0)
-    ours = GPT(GPTConfig(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=0.0)).eval()
+    ours = GPT(
+        GPTConfig(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
+    ).eval()
     hf = bench.to_hf(ours).eval()
     assert isinstance(hf, GPT2LMHeadModel) and hf.config._attn_implementation == "sdpa"
     idx = torch.randint(0, 37, (2, 16))
     with torch.no_grad():
         assert torch.allclose(ours(idx)[0], hf(input_ids=idx).logits, atol=1e-5)
     # a converted copy, not shared storage: training one must not move the other
-    assert hf.transformer.h[0].attn.c_attn.weight.data_ptr() != ours.transformer.h[0].attn.c_attn.weight.data_ptr()
+    assert (
+        hf.transformer.h[0].attn.c_attn.weight.data_ptr()
+        != ours.transformer.h[0].attn.c_attn.weight.data_ptr()
+    )
 
 
 def test_alternate_rotates_the_order():
     calls = []
     fns = {name: (lambda name=name: calls.append(name)) for name in "abc"}
     times = bench.alternate(fns, repeats=3, calls=2, device="cpu")
-    assert calls == list("aabbcc" "bbccaa" "ccaabb")
+    assert calls == list("aabbccbbccaaccaabb")
     assert all(len(ts) == 3 and all(t >= 0 for t in ts) for ts in times.values())
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--device=tpu"], "--device must be cpu or cuda"),
-    (["--quik"], "did you mean 'quick'"),
-    (["extra.py"], "unexpected argument"),
-    (["--out=/nonexistent-folder/bench.json"], "pass --out="),
-    (["--threads=-1"], "--threads must be 0"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--device=tpu"], "--device must be cpu or cuda"),
+        (["--quik"], "did you mean 'quick'"),
+        (["extra.py"], "unexpected argument"),
+        (["--out=/nonexistent-folder/bench.json"], "pass --out="),
+        (["--threads=-1"], "--threads must be 0"),
+    ],
+)
 def test_bad_arguments_are_one_line_errors(repo_root, args, message):
     proc = run_bench(repo_root, *args, timeout=60)
     assert proc.returncode != 0
@@ -146,32 +167,52 @@ def test_cuda_without_a_gpu_says_what_to_do(repo_root):
 
 def test_help(repo_root):
     proc = run_bench(repo_root, "--help", timeout=60)
-    assert proc.returncode == 0 and "--quick=False" in proc.stdout and "--device='cpu'" in proc.stdout
+    assert (
+        proc.returncode == 0 and "--quick=False" in proc.stdout and "--device='cpu'" in proc.stdout
+    )
 
 
 def test_recipe_race_on_both_cpu_classes(tmp_path, corpus_path, monkeypatch):
     """--recipes with two tiny configs: each CPU class runs both, in order, through train.py."""
     from data.prepare import ensure_dataset
+
     ensure_dataset("shakespeare_char", str(tmp_path / "data"), input_path=corpus_path)
-    tiny = ("n_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 32\nbatch_size = 64\neval_iters = 2\n"
-            "device = 'cpu'\ncompile = False\ngradient_accumulation_steps = 1\n")
+    tiny = (
+        "n_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 32\nbatch_size = 64\neval_iters = 2\n"
+        "device = 'cpu'\ncompile = False\ngradient_accumulation_steps = 1\n"
+    )
     configs = []
     for name, iters in (("slow", 6), ("fast", 3)):
         path = tmp_path / f"{name}.py"
         path.write_text(tiny + f"max_iters = {iters}\neval_interval = {iters}\n")
         configs.append((name, str(path)))
-    monkeypatch.setattr(bench, "cpu_classes", lambda: [("as it is", {}, []), ("capped", bench.AVX2_CAP, [])])
+    monkeypatch.setattr(
+        bench, "cpu_classes", lambda: [("as it is", {}, []), ("capped", bench.AVX2_CAP, [])]
+    )
     rows = bench.bench_recipes(lambda msg: None, configs, str(tmp_path / "data"))
     assert [(r["cpu"], r["recipe"], r["iters"]) for r in rows] == [
-        ("as it is", "slow", 6), ("as it is", "fast", 3), ("capped", "slow", 6), ("capped", "fast", 3)]
-    assert rows[0]["wall_over_classic"] == 1.0 and rows[1]["wall_over_classic"] == rows[1]["wall_s"] / rows[0]["wall_s"]
-    assert rows[2]["device"].startswith("cpu, float32 (") and "ONEDNN_MAX_CPU_ISA=AVX2" in rows[2]["device"]
+        ("as it is", "slow", 6),
+        ("as it is", "fast", 3),
+        ("capped", "slow", 6),
+        ("capped", "fast", 3),
+    ]
+    assert (
+        rows[0]["wall_over_classic"] == 1.0
+        and rows[1]["wall_over_classic"] == rows[1]["wall_s"] / rows[0]["wall_s"]
+    )
+    assert (
+        rows[2]["device"].startswith("cpu, float32 (")
+        and "ONEDNN_MAX_CPU_ISA=AVX2" in rows[2]["device"]
+    )
     classes = bench.cpu_classes()  # the real ones: each named, the first as it is
     assert classes[0][1:] == ({}, []) and all(name for name, _, _ in classes)
     assert all(r["val_loss_full"] > 0 and r["training_s"] > 0 for r in rows)
     for r in rows:  # the phases add up to the wall time, each measured
         assert all(r[k] > 0 for k in ("startup_s", "evaluations_s", "exit_s"))
-        assert abs(r["startup_s"] + r["training_s"] + r["evaluations_s"] + r["exit_s"] - r["wall_s"]) < 1e-6
+        assert (
+            abs(r["startup_s"] + r["training_s"] + r["evaluations_s"] + r["exit_s"] - r["wall_s"])
+            < 1e-6
+        )
     targets = bench.recipe_targets(rows)
     assert len(targets) == 2 and all(t["met"] is False for t in targets)  # 3 iters reach no 1.88
     assert "| capped | `" in bench.recipes_table(rows)
@@ -180,12 +221,17 @@ def test_recipe_race_on_both_cpu_classes(tmp_path, corpus_path, monkeypatch):
 def test_long_context_rolling_cache_figures_small(monkeypatch):
     """The rolling-cache half on a small model: its byte counts have exact answers,
     and the windowed and dense models decode the same number of tokens."""
-    monkeypatch.setattr(bench, "DECODE_SHAPE", dict(n_layer=1, n_head=2, n_embd=32, block_size=32,
-                                                    vocab_size=65, rope=True))
+    monkeypatch.setattr(
+        bench,
+        "DECODE_SHAPE",
+        dict(n_layer=1, n_head=2, n_embd=32, block_size=32, vocab_size=65, rope=True),
+    )
     monkeypatch.setattr(bench, "DECODE_W", 8)
     roll = bench.bench_rolling_cache(dict(quick=False), lambda msg: None)
     assert roll["tokens"] == 20 * 32 and len(roll["tokens_per_s_by_tenth"]) == 10
-    assert roll["cache_bytes_dense"] == 2 * 1 * 2 * 32 * 16 * 4  # k and v, 1 layer, 2 heads, 32 slots, hs 16
+    assert (
+        roll["cache_bytes_dense"] == 2 * 1 * 2 * 32 * 16 * 4
+    )  # k and v, 1 layer, 2 heads, 32 slots, hs 16
     assert roll["cache_bytes_window"] * 32 == roll["cache_bytes_dense"] * (8 + bench.DECODE_S)
     targets = bench.long_context_targets([], roll, quick=False)
     assert [t["met"] for t in targets][0] is True  # the byte fraction is exact

@@ -4,19 +4,42 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from configurator import ConfigError, parse_args
+from support.configurator import ConfigError, parse_args
 
-DEFAULTS = dict(batch_size=12, learning_rate=1e-3, out_dir="out", compile=True, top_k=None,
-                betas=(0.9, 0.95), dataset="shakespeare_char")
+DEFAULTS = dict(
+    batch_size=12,
+    learning_rate=1e-3,
+    out_dir="out",
+    compile=True,
+    top_k=None,
+    betas=(0.9, 0.95),
+    dataset="shakespeare_char",
+)
 
 
 def test_overrides_in_both_forms_and_bare_flags():
-    c = parse_args(DEFAULTS, ["--batch_size=32", "--learning_rate", "3e-4", "--compile=False",
-                              "--out_dir", "runs/a", "--top_k=5"])
-    assert c == dict(DEFAULTS, batch_size=32, learning_rate=3e-4, compile=False, out_dir="runs/a", top_k=5)
+    c = parse_args(
+        DEFAULTS,
+        [
+            "--batch_size=32",
+            "--learning_rate",
+            "3e-4",
+            "--compile=False",
+            "--out_dir",
+            "runs/a",
+            "--top_k=5",
+        ],
+    )
+    assert c == dict(
+        DEFAULTS, batch_size=32, learning_rate=3e-4, compile=False, out_dir="runs/a", top_k=5
+    )
     assert parse_args(dict(DEFAULTS, compile=False), ["--compile"])["compile"] is True
-    assert parse_args(dict(DEFAULTS, compile=None), ["--compile", "--batch_size=3"])["compile"] is True
-    assert parse_args(DEFAULTS, ["--learning_rate=1"])["learning_rate"] == 1.0  # int widens to float
+    assert (
+        parse_args(dict(DEFAULTS, compile=None), ["--compile", "--batch_size=3"])["compile"] is True
+    )
+    assert (
+        parse_args(DEFAULTS, ["--learning_rate=1"])["learning_rate"] == 1.0
+    )  # int widens to float
     assert parse_args(DEFAULTS, ["--batch_size=5e3"])["batch_size"] == 5000
     assert DEFAULTS["batch_size"] == 12  # the defaults are never modified
     for text in ("1e3", "True", "None", "(1, 2)"):  # text options keep what was typed
@@ -31,14 +54,17 @@ def test_config_file_sets_globals_and_overrides_win(tmp_path):
     assert c["batch_size"] == 8 and c["learning_rate"] == pytest.approx(1e-3)
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--batch_sze=3"], "unknown config key 'batch_sze'; did you mean 'batch_size'?"),
-    (["--batch_size=abc"], "batch_size expects int"),
-    (["--batch_size=1.5"], "batch_size expects int"),
-    (["--compile=maybe"], "compile expects bool"),
-    (["--out_dir"], "--out_dir needs a value"),
-    (["nope.py"], "config file not found: nope.py"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--batch_sze=3"], "unknown config key 'batch_sze'; did you mean 'batch_size'?"),
+        (["--batch_size=abc"], "batch_size expects int"),
+        (["--batch_size=1.5"], "batch_size expects int"),
+        (["--compile=maybe"], "compile expects bool"),
+        (["--out_dir"], "--out_dir needs a value"),
+        (["nope.py"], "config file not found: nope.py"),
+    ],
+)
 def test_bad_keys_and_values_name_the_key(argv, message):
     with pytest.raises(ConfigError) as e:
         parse_args(DEFAULTS, argv)
@@ -76,12 +102,21 @@ def test_files_refused_where_not_allowed():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(
-    st.text(max_size=20),
-    st.builds(lambda s: "--" + s, st.text(max_size=12)),
-    st.builds(lambda k, v: f"--{k}={v}", st.sampled_from(list(DEFAULTS) + ["x", "batch"]), st.text(max_size=30)),
-    st.builds(lambda k: f"--{k}", st.sampled_from(list(DEFAULTS))),
-), max_size=6))
+@given(
+    st.lists(
+        st.one_of(
+            st.text(max_size=20),
+            st.builds(lambda s: "--" + s, st.text(max_size=12)),
+            st.builds(
+                lambda k, v: f"--{k}={v}",
+                st.sampled_from(list(DEFAULTS) + ["x", "batch"]),
+                st.text(max_size=30),
+            ),
+            st.builds(lambda k: f"--{k}", st.sampled_from(list(DEFAULTS))),
+        ),
+        max_size=6,
+    )
+)
 def test_parser_raises_only_its_own_error(argv):
     argv = [a for a in argv if not a or a.startswith("--") or not a.endswith(".py")]
     try:

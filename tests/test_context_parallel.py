@@ -12,19 +12,42 @@ import torch
 import torch.distributed as dist
 
 import train
-from checkpoint import load_checkpoint
-from context_parallel import ContextParallel
 from model import GPT, GPTConfig
+from support.checkpoint import load_checkpoint
+from support.context_parallel import ContextParallel
 
 REPO = os.path.dirname(os.path.abspath(train.__file__))
-TINY = ["--n_layer=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--gradient_accumulation_steps=2",
-        "--device=cpu", "--compile=False", "--dtype=float32", "--eval_iters=4", "--log_interval=1",
-        "--warmup_iters=2", "--learning_rate=3e-3", "--min_lr=3e-4", "--dropout=0.0", "--seed=7",
-        "--max_iters=4", "--eval_interval=2", "--lr_decay_iters=4", "--eval_full_val=True"]
+TINY = [
+    "--n_layer=2",
+    "--n_embd=32",
+    "--block_size=32",
+    "--batch_size=4",
+    "--gradient_accumulation_steps=2",
+    "--device=cpu",
+    "--compile=False",
+    "--dtype=float32",
+    "--eval_iters=4",
+    "--log_interval=1",
+    "--warmup_iters=2",
+    "--learning_rate=3e-3",
+    "--min_lr=3e-4",
+    "--dropout=0.0",
+    "--seed=7",
+    "--max_iters=4",
+    "--eval_interval=2",
+    "--lr_decay_iters=4",
+    "--eval_full_val=True",
+]
 
 
 def args(data_root, out_dir, *extra):
-    return ["--dataset=shakespeare_char", f"--data_root={data_root}", f"--out_dir={out_dir}", *TINY, *extra]
+    return [
+        "--dataset=shakespeare_char",
+        f"--data_root={data_root}",
+        f"--out_dir={out_dir}",
+        *TINY,
+        *extra,
+    ]
 
 
 def read_log(out_dir):
@@ -32,19 +55,34 @@ def read_log(out_dir):
         return [json.loads(line) for line in f]
 
 
-@pytest.mark.parametrize("processes, model", [
-    (2, ["--n_head=2", "--context_parallel_layout=zigzag"]),  # learned positions
-    (4, ["--n_head=4", "--n_kv_head=2", "--rope=True", "--context_parallel_layout=contiguous"]),
-], ids=["learned-zigzag", "rope-gqa-contiguous-2x2"])
+@pytest.mark.parametrize(
+    "processes, model",
+    [
+        (2, ["--n_head=2", "--context_parallel_layout=zigzag"]),  # learned positions
+        (4, ["--n_head=4", "--n_kv_head=2", "--rope=True", "--context_parallel_layout=contiguous"]),
+    ],
+    ids=["learned-zigzag", "rope-gqa-contiguous-2x2"],
+)
 def test_sequence_split_over_two_processes_trains_as_one(data_root, tmp_path, processes, model):
     """Each sequence over 2 processes: alone, or twice side by side, data-parallel."""
     one, two = tmp_path / "one", tmp_path / "two"
     train.main(args(data_root, one, *model))
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                             f"--nproc_per_node={processes}", "train.py",
-                             *args(data_root, two, *model, "--context_parallel=2")],
-                            cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                            timeout=240)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={processes}",
+            "train.py",
+            *args(data_root, two, *model, "--context_parallel=2"),
+        ],
+        cwd=REPO,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
     assert f"{processes} process(es) ({processes // 2} x 2 per sequence)" in result.stdout
     log_one, log_two = read_log(one), read_log(two)
@@ -58,20 +96,34 @@ def test_sequence_split_over_two_processes_trains_as_one(data_root, tmp_path, pr
         torch.testing.assert_close(c1["model"][key], c2["model"][key], rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("world, extra, needles", [
-    (1, ["--context_parallel=2"], ["context_parallel=2", "does not divide", "1 process"]),
-    (2, ["--context_parallel=2", "--block_size=30"], ["30 tokens", "4 equal pieces", "zigzag"]),
-    (2, ["--context_parallel=2", "--block_size=31", "--context_parallel_layout=contiguous"], ["31 tokens", "2 equal"]),
-    (2, ["--context_parallel=2", "--dropout=0.1"], ["dropout=0"]),
-    (2, ["--context_parallel=2", "--compile=True"], ["compile=False"]),
-    (2, ["--context_parallel=2", "--context_parallel_layout=spiral"], ["unknown context_parallel_layout"]),
-    (1, ["--context_parallel=0"], ["context_parallel", "positive"]),
-])
-def test_bad_context_parallel_settings_are_one_line_errors(data_root, tmp_path, monkeypatch, capsys,
-                                                           world, extra, needles):
+@pytest.mark.parametrize(
+    "world, extra, needles",
+    [
+        (1, ["--context_parallel=2"], ["context_parallel=2", "does not divide", "1 process"]),
+        (2, ["--context_parallel=2", "--block_size=30"], ["30 tokens", "4 equal pieces", "zigzag"]),
+        (
+            2,
+            ["--context_parallel=2", "--block_size=31", "--context_parallel_layout=contiguous"],
+            ["31 tokens", "2 equal"],
+        ),
+        (2, ["--context_parallel=2", "--dropout=0.1"], ["dropout=0"]),
+        (2, ["--context_parallel=2", "--compile=True"], ["compile=False"]),
+        (
+            2,
+            ["--context_parallel=2", "--context_parallel_layout=spiral"],
+            ["unknown context_parallel_layout"],
+        ),
+        (1, ["--context_parallel=0"], ["context_parallel", "positive"]),
+    ],
+)
+def test_bad_context_parallel_settings_are_one_line_errors(
+    data_root, tmp_path, monkeypatch, capsys, world, extra, needles
+):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", str(world))  # no process group is joined: the error comes first
+    monkeypatch.setenv(
+        "WORLD_SIZE", str(world)
+    )  # no process group is joined: the error comes first
     with pytest.raises(SystemExit) as exit_info:
         train.main(args(data_root, tmp_path / "out", "--n_head=2", *extra))
     assert exit_info.value.code == 2
@@ -85,15 +137,32 @@ def test_bad_context_parallel_settings_are_one_line_errors(data_root, tmp_path, 
 def join_alone(tmp_path, device):
     """A process group of one: gloo on the CPU, NCCL on a GPU."""
     if device.type == "cuda":
-        dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1,
-                                device_id=device)
+        dist.init_process_group(
+            "nccl",
+            init_method=f"file://{tmp_path / 'init'}",
+            rank=0,
+            world_size=1,
+            device_id=device,
+        )
     else:
-        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+        dist.init_process_group(
+            "gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1
+        )
 
 
-@pytest.mark.parametrize("device", [
-    "cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
-                                                                            reason="needs CUDA")])])
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.cuda,
+                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+            ],
+        ),
+    ],
+)
 @pytest.mark.parametrize("zigzag", [False, True])
 def test_attached_model_of_one_rank_is_the_model(tmp_path, float32_cuda_matmuls, device, zigzag):
     """A ring of one: the hooks (positions, ring attention) change neither the
@@ -102,7 +171,9 @@ def test_attached_model_of_one_rank_is_the_model(tmp_path, float32_cuda_matmuls,
     join_alone(tmp_path, device)
     try:
         torch.manual_seed(0)
-        config = GPTConfig(block_size=16, vocab_size=11, n_layer=2, n_head=4, n_kv_head=2, n_embd=16, rope=zigzag)
+        config = GPTConfig(
+            block_size=16, vocab_size=11, n_layer=2, n_head=4, n_kv_head=2, n_embd=16, rope=zigzag
+        )
         model = GPT(config).to(device)
         split = ContextParallel(1, zigzag).attach(GPT(config).to(device))
         split.load_state_dict(model.state_dict())

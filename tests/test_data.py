@@ -13,16 +13,31 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import tokenizer
 from data import prepare
-from data.prepare import DataError, ensure_dataset, load_meta, load_tokens, prepare_shakespeare, prepare_text
-from tokenizer import CharTokenizer, GPT2Tokenizer, TokenizerError, build_tokenizer, get_tokenizer
+from data.prepare import (
+    DataError,
+    ensure_dataset,
+    load_meta,
+    load_tokens,
+    prepare_shakespeare,
+    prepare_text,
+)
+from support import tokenizer
+from support.tokenizer import (
+    CharTokenizer,
+    GPT2Tokenizer,
+    TokenizerError,
+    build_tokenizer,
+    get_tokenizer,
+)
 
 CORPUS_CHARS = 1_115_394
 N_TRAIN = 1_003_854  # int(0.9 * CORPUS_CHARS), nanoGPT's split
 SHAKESPEARE_VOCAB = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
-quick = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+quick = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 @pytest.fixture(autouse=True)
@@ -65,7 +80,9 @@ def decoded_splits(dataset_dir):
 
 
 def run_script(repo_root, *args):
-    return subprocess.run([sys.executable, *args], cwd=repo_root, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, *args], cwd=repo_root, capture_output=True, text=True, timeout=60
+    )
 
 
 def assert_one_line_error(result):
@@ -149,7 +166,9 @@ class FakeResponse(io.BytesIO):
 
 
 def test_download_is_verified_and_saved(tmp_path, corpus_text, monkeypatch):
-    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: FakeResponse(corpus_text.encode()))
+    monkeypatch.setattr(
+        urllib.request, "urlopen", lambda url, timeout: FakeResponse(corpus_text.encode())
+    )
     dataset_dir = tmp_path / "shakespeare"
     assert prepare.shakespeare_text(str(dataset_dir)) == corpus_text
     assert (dataset_dir / "input.txt").read_text(encoding="utf-8") == corpus_text
@@ -179,7 +198,9 @@ def test_corpus_lookup_order(tmp_path, corpus_text, monkeypatch, offline):
     beside.unlink()
     with pytest.raises(DataError, match="put tiny Shakespeare at .*shakespeare_char.input.txt"):
         find()  # offline, no copy anywhere
-    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: FakeResponse(corpus_text.encode()))
+    monkeypatch.setattr(
+        urllib.request, "urlopen", lambda url, timeout: FakeResponse(corpus_text.encode())
+    )
     assert find() == str(dataset_dir / "input.txt")  # downloaded, checked, kept for the next run
     assert (dataset_dir / "input.txt").read_text(encoding="utf-8") == corpus_text
 
@@ -187,8 +208,18 @@ def test_corpus_lookup_order(tmp_path, corpus_text, monkeypatch, offline):
 def lone_copy(repo_root, folder):
     """The checkout's files in folder/p, with nothing beside it: no corpus, no prepared data."""
     import shutil
-    skip = shutil.ignore_patterns(".git", "out*", "*.bin", "input.txt", "meta.json", "__pycache__",
-                                  ".pytest_cache", ".hypothesis", "wandb")
+
+    skip = shutil.ignore_patterns(
+        ".git",
+        "out*",
+        "*.bin",
+        "input.txt",
+        "meta.json",
+        "__pycache__",
+        ".pytest_cache",
+        ".hypothesis",
+        "wandb",
+    )
     shutil.copytree(repo_root, folder / "p", ignore=skip)
     return folder / "p"
 
@@ -196,15 +227,32 @@ def lone_copy(repo_root, folder):
 def test_tests_run_in_a_clone_with_nothing_beside_it(repo_root, tmp_path, corpus_text):
     clone = lone_copy(repo_root, tmp_path)
     env = {k: v for k, v in os.environ.items() if k != prepare.SHAKESPEARE_ENV}
-    env["https_proxy"] = env["HTTPS_PROXY"] = "http://127.0.0.1:9"  # offline: connection refused at once
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-               "tests/test_data.py::test_input_txt_in_dataset_folder_is_used"]
-    failed = subprocess.run(command, cwd=clone, env=env, capture_output=True, text=True, timeout=300)
+    env["https_proxy"] = env["HTTPS_PROXY"] = (
+        "http://127.0.0.1:9"  # offline: connection refused at once
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "tests/test_data.py::test_input_txt_in_dataset_folder_is_used",
+    ]
+    failed = subprocess.run(
+        command, cwd=clone, env=env, capture_output=True, text=True, timeout=300
+    )
     assert failed.returncode == 2
-    said = [line for line in (failed.stdout + failed.stderr).splitlines() if "tiny Shakespeare" in line]
-    assert len(said) == 1 and str(clone / "data" / "shakespeare_char" / "input.txt") in said[0], said
+    said = [
+        line for line in (failed.stdout + failed.stderr).splitlines() if "tiny Shakespeare" in line
+    ]
+    assert len(said) == 1 and str(clone / "data" / "shakespeare_char" / "input.txt") in said[0], (
+        said
+    )
     (clone / "data" / "shakespeare_char" / "input.txt").write_text(corpus_text, encoding="utf-8")
-    passed = subprocess.run(command, cwd=clone, env=env, capture_output=True, text=True, timeout=300)
+    passed = subprocess.run(
+        command, cwd=clone, env=env, capture_output=True, text=True, timeout=300
+    )
     assert passed.returncode == 0, passed.stdout[-2000:]
 
 
@@ -259,7 +307,9 @@ def corpus_folder(tmp_path):
 def test_cli_prepares_a_folder(repo_root, tmp_path, corpus_folder, kind):
     folder, expected = corpus_folder
     out_root = tmp_path / "datasets"
-    result = run_script(repo_root, "data/prepare.py", str(folder), "--tokenizer", kind, "--data_root", str(out_root))
+    result = run_script(
+        repo_root, "data/prepare.py", str(folder), "--tokenizer", kind, "--data_root", str(out_root)
+    )
     assert result.returncode == 0, result.stderr
     dataset_dir = out_root / "poems"  # named after the folder
     assert str(dataset_dir) in result.stdout
@@ -272,7 +322,15 @@ def test_cli_prepares_a_folder(repo_root, tmp_path, corpus_folder, kind):
 
 def test_cli_name_and_val_fraction(repo_root, tmp_path, corpus_folder):
     folder, expected = corpus_folder
-    args = [str(folder / "a.txt"), "--name", "roses", "--val_fraction", "0.5", "--data_root", str(tmp_path)]
+    args = [
+        str(folder / "a.txt"),
+        "--name",
+        "roses",
+        "--val_fraction",
+        "0.5",
+        "--data_root",
+        str(tmp_path),
+    ]
     result = run_script(repo_root, "data/prepare.py", *args)
     assert result.returncode == 0, result.stderr
     meta = load_meta(tmp_path / "roses")
@@ -282,20 +340,26 @@ def test_cli_name_and_val_fraction(repo_root, tmp_path, corpus_folder):
 def test_cli_rejects_non_utf8(repo_root, tmp_path):
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("caf\u00e9 cr\u00e8me\n".encode("latin-1"))
-    stderr = assert_one_line_error(run_script(repo_root, "data/prepare.py", str(bad), "--data_root", str(tmp_path)))
+    stderr = assert_one_line_error(
+        run_script(repo_root, "data/prepare.py", str(bad), "--data_root", str(tmp_path))
+    )
     assert str(bad) in stderr and "UTF-8" in stderr
     assert not (tmp_path / "latin1").exists()
 
 
 def test_cli_missing_path(repo_root, tmp_path):
     missing = tmp_path / "nothing.txt"
-    stderr = assert_one_line_error(run_script(repo_root, "data/prepare.py", str(missing), "--data_root", str(tmp_path)))
+    stderr = assert_one_line_error(
+        run_script(repo_root, "data/prepare.py", str(missing), "--data_root", str(tmp_path))
+    )
     assert str(missing) in stderr
 
 
 def test_shakespeare_wrapper_reports_bad_input(repo_root, tmp_path):
     missing = str(tmp_path / "nope.txt")
-    stderr = assert_one_line_error(run_script(repo_root, "data/shakespeare_char/prepare.py", "--input", missing))
+    stderr = assert_one_line_error(
+        run_script(repo_root, "data/shakespeare_char/prepare.py", "--input", missing)
+    )
     assert missing in stderr
 
 
@@ -313,8 +377,16 @@ def test_tiny_dataset_loads(tiny_dataset):
     assert len(load_tokens(tiny_dataset, "train")) == load_meta(tiny_dataset)["train_tokens"] == 100
 
 
-@pytest.mark.parametrize("content", [b"", b'{"tokenizer": {"kind": "ch', bytes(range(256)), b"[1, 2]",
-                                     b'{"tokenizer": {"kind": "char"}, "vocab_size": "65"}'])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b'{"tokenizer": {"kind": "ch',
+        bytes(range(256)),
+        b"[1, 2]",
+        b'{"tokenizer": {"kind": "char"}, "vocab_size": "65"}',
+    ],
+)
 def test_load_meta_rejects_damaged_files(tiny_dataset, content):
     path = tiny_dataset / "meta.json"
     path.write_bytes(content)
@@ -395,9 +467,19 @@ def test_describe_round_trips(char_tok, gpt2):
     assert get_tokenizer(json.loads(json.dumps(char_tok.describe()))).chars == SHAKESPEARE_VOCAB
 
 
-@pytest.mark.parametrize("desc", [None, "char", {}, {"kind": "bytes"}, {"kind": "char"},
-                                  {"kind": "char", "chars": ""}, {"kind": "char", "chars": "aa"},
-                                  {"kind": "char", "chars": ["a"]}])
+@pytest.mark.parametrize(
+    "desc",
+    [
+        None,
+        "char",
+        {},
+        {"kind": "bytes"},
+        {"kind": "char"},
+        {"kind": "char", "chars": ""},
+        {"kind": "char", "chars": "aa"},
+        {"kind": "char", "chars": ["a"]},
+    ],
+)
 def test_get_tokenizer_rejects_malformed(desc):
     with pytest.raises(TokenizerError):
         get_tokenizer(desc)
@@ -422,7 +504,7 @@ def test_gpt2_decode_rejects_out_of_range(gpt2):
         gpt2.decode([50300])
 
 
-@pytest.mark.parametrize("char, suggestion", [("é", "'e'"), ("’", "\"'\""), ("\t", "' '")])
+@pytest.mark.parametrize("char, suggestion", [("é", "'e'"), ("’", '"\'"'), ("\t", "' '")])
 def test_unknown_char_suggests_a_near_one(char_tok, char, suggestion):
     with pytest.raises(TokenizerError) as err:
         char_tok.encode("ab" + char)
@@ -446,7 +528,10 @@ def test_gpt2_round_trip(gpt2, text):
 
 
 @quick
-@given(st.text(alphabet=SHAKESPEARE_VOCAB), st.characters().filter(lambda c: c not in SHAKESPEARE_VOCAB))
+@given(
+    st.text(alphabet=SHAKESPEARE_VOCAB),
+    st.characters().filter(lambda c: c not in SHAKESPEARE_VOCAB),
+)
 def test_unknown_char_raises_tokenizer_error_only(char_tok, prefix, char):
     with pytest.raises(TokenizerError) as err:
         char_tok.encode(prefix + char)

@@ -19,22 +19,41 @@ import torch.distributed as dist
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import batches
 import bench
 import sample
 import smoke_gpu
 import train
 from model import GPT, GPTConfig
+from support import batches, loading
 
 REPO = os.path.dirname(os.path.abspath(train.__file__))
 META = torch.device("meta")
-TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--device=cpu",
-        "--dtype=float32", "--eval_iters=2", "--log_interval=1", "--warmup_iters=2", "--learning_rate=3e-3",
-        "--min_lr=3e-4", "--dropout=0.0", "--seed=7"]
+TINY = [
+    "--n_layer=2",
+    "--n_head=2",
+    "--n_embd=32",
+    "--block_size=32",
+    "--batch_size=4",
+    "--device=cpu",
+    "--dtype=float32",
+    "--eval_iters=2",
+    "--log_interval=1",
+    "--warmup_iters=2",
+    "--learning_rate=3e-3",
+    "--min_lr=3e-4",
+    "--dropout=0.0",
+    "--seed=7",
+]
 
 
 def train_args(data_root, out_dir, *extra):
-    return ["--dataset=shakespeare_char", f"--data_root={data_root}", f"--out_dir={out_dir}", *TINY, *extra]
+    return [
+        "--dataset=shakespeare_char",
+        f"--data_root={data_root}",
+        f"--out_dir={out_dir}",
+        *TINY,
+        *extra,
+    ]
 
 
 def child_env():
@@ -56,28 +75,38 @@ class OneDevicePerOp(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func not in self.MOVES:
-            devices = {t.device for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)
-                       and not (t.device.type == "cpu" and t.dim() == 0)}
+            devices = {
+                t.device
+                for t in pytree.tree_leaves((args, kwargs))
+                if isinstance(t, torch.Tensor) and not (t.device.type == "cpu" and t.dim() == 0)
+            }
             if len(devices) > 1:
                 raise RuntimeError(f"{func} mixes devices {sorted(map(str, devices))}")
         return func(*args, **kwargs)
 
 
 def meta_model(**kw):
-    config = GPTConfig(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=0.1, **kw)
+    config = GPTConfig(
+        block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=0.1, **kw
+    )
     with torch.device("meta"):
         return GPT(config)
 
 
 def test_a_cpu_tensor_in_a_meta_forward_is_refused():
     model = meta_model()
-    model(torch.zeros(2, 3, dtype=torch.long))  # the meta device alone lets the embedding lookup pass
+    model(
+        torch.zeros(2, 3, dtype=torch.long)
+    )  # the meta device alone lets the embedding lookup pass
     with OneDevicePerOp(), pytest.raises(RuntimeError, match="mixes devices"):
         model(torch.zeros(2, 3, dtype=torch.long))
 
 
-@pytest.mark.parametrize("options", [{}, dict(rope=True, qk_norm=True, activation="relu2", n_kv_head=2)],
-                         ids=["gpt2", "rope-gqa"])
+@pytest.mark.parametrize(
+    "options",
+    [{}, dict(rope=True, qk_norm=True, activation="relu2", n_kv_head=2)],
+    ids=["gpt2", "rope-gqa"],
+)
 def test_generation_on_the_meta_device(options):
     model = meta_model(**options).eval()
     prompt = torch.zeros(2, 5, dtype=torch.long, device=META)
@@ -85,10 +114,14 @@ def test_generation_on_the_meta_device(options):
     with OneDevicePerOp():
         for use_cache in (True, False):
             for temperature in (0.0, 0.8):
-                out = model.generate(prompt, n, temperature=temperature, top_k=10, top_p=0.9, use_cache=use_cache)
+                out = model.generate(
+                    prompt, n, temperature=temperature, top_k=10, top_p=0.9, use_cache=use_cache
+                )
                 assert out.shape == (2, 5 + n) and out.device == META
         starts = set()
-        for token, maps, start in model.generate_stream(prompt, n, temperature=0.0, return_attention=True):
+        for token, maps, start in model.generate_stream(
+            prompt, n, temperature=0.0, return_attention=True
+        ):
             assert token.device == META and all(m.device == META for m in maps)
             starts.add(start)
         assert len(starts) > 1  # the window slid
@@ -101,7 +134,8 @@ def test_generation_on_the_meta_device(options):
 @pytest.mark.parametrize("zigzag", [False, True])
 def test_ring_attention_on_the_meta_device(zigzag):
     """Ring attention's masks and running sums are made on its inputs' device."""
-    from ring_attention import Ring, ring_attention
+    from support.ring_attention import Ring, ring_attention
+
     q = torch.empty(2, 4, 12, 8, device=META, requires_grad=True)
     k, v = (torch.empty(2, 2, 12, 8, device=META, requires_grad=True) for _ in range(2))
     ring = Ring(single=True)
@@ -115,11 +149,24 @@ def test_ring_attention_on_the_meta_device(zigzag):
 @pytest.fixture
 def meta_run(data_root, tmp_path, monkeypatch):
     """setup() as on a GPU, with the meta device in its place."""
+
     def make(*extra):
-        monkeypatch.setattr(train, "pick_device", lambda cfg, local_rank, ddp: (META, "float32", "as set"))
-        cfg = train.get_config(train_args(data_root, tmp_path / "out", "--compile=False", "--grad_clip=1.0",
-                                          "--gradient_accumulation_steps=3", "--dropout=0.1", *extra))
+        monkeypatch.setattr(
+            train, "pick_device", lambda cfg, local_rank, ddp: (META, "float32", "as set")
+        )
+        cfg = train.get_config(
+            train_args(
+                data_root,
+                tmp_path / "out",
+                "--compile=False",
+                "--grad_clip=1.0",
+                "--gradient_accumulation_steps=3",
+                "--dropout=0.1",
+                *extra,
+            )
+        )
         return train.setup(cfg)
+
     return make
 
 
@@ -137,8 +184,13 @@ def test_training_steps_on_the_meta_device(meta_run, monkeypatch, optimizer, dat
         x, y = train.get_batch(r.splits["val"], torch.tensor([0, 5]), 8, r.device)
         assert x.device == y.device == META and x.shape == (2, 8)
     assert all(p.device == META for p in r.raw.parameters())
-    states = [t for opt in r.optimizers for state in opt.state.values() for t in state.values()
-              if isinstance(t, torch.Tensor) and t.dim() > 0]
+    states = [
+        t
+        for opt in r.optimizers
+        for state in opt.state.values()
+        for t in state.values()
+        if isinstance(t, torch.Tensor) and t.dim() > 0
+    ]
     assert states and all(t.device == META for t in states)  # the optimizers stepped, on the device
 
 
@@ -148,7 +200,10 @@ def test_a_batch_left_on_the_cpu_fails_the_meta_step(meta_run, monkeypatch, data
         monkeypatch.setattr(batches, "SMALL_DATASET", 0)
     r = meta_run()
     monkeypatch.setattr(batches, "to_device", lambda t, device: t)  # the bug: a batch never moved
-    with OneDevicePerOp(), pytest.raises(RuntimeError, match="mixes devices|not on the expected device"):
+    with (
+        OneDevicePerOp(),
+        pytest.raises(RuntimeError, match="mixes devices|not on the expected device"),
+    ):
         train.train_step(r, 1e-3)
 
 
@@ -161,14 +216,20 @@ def inductor_graphs(monkeypatch):
     """What inductor compiled: per graph, its mutated and static input positions
     and the shapes of its example inputs."""
     import torch._inductor.output_code as output_code
+
     graphs, init = [], output_code.CompiledFxGraph.__init__
     params = inspect.signature(init)
 
     def spy(self, *args, **kwargs):
         init(self, *args, **kwargs)
         bound = params.bind(self, *args, **kwargs).arguments
-        graphs.append(dict(mutated=set(self.mutated_input_idxs), static=set(bound["static_input_idxs"]),
-                           shapes=[tuple(t.shape) for t in bound["example_inputs"]]))
+        graphs.append(
+            dict(
+                mutated=set(self.mutated_input_idxs),
+                static=set(bound["static_input_idxs"]),
+                shapes=[tuple(t.shape) for t in bound["example_inputs"]],
+            )
+        )
 
     monkeypatch.setattr(output_code.CompiledFxGraph, "__init__", spy)
     with torch._inductor.config.patch(fx_graph_cache=False):  # a cached graph skips __init__
@@ -181,7 +242,9 @@ def test_cuda_branch_of_the_compiled_decoder_on_cpu(inductor_graphs):
     model = GPT(c).eval()
     step, cache = model.compiled_decoder(B, cuda_graphs=True)
     assert model.compiled_decoder(B, cuda_graphs=True) == (step, cache)  # built once, kept
-    assert all(getattr(t, "_dynamo_static_input_type", None) for t in cache.k + cache.v + [cache.at])
+    assert all(
+        getattr(t, "_dynamo_static_input_type", None) for t in cache.k + cache.v + [cache.at]
+    )
     idx = torch.randint(0, 37, (B, 4))
     with torch.no_grad():
         logits = model(idx, kv_cache=cache)[0][:, -1]  # the prefill, eager, as generate does it
@@ -190,7 +253,7 @@ def test_cuda_branch_of_the_compiled_decoder_on_cpu(inductor_graphs):
             logits = step(idx[:, -1:])[0][:, -1]  # advances the cache, on the host and the device
             expected = model(idx)[0][:, -1]  # a full forward, no cache
             torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-5)
-    graph, = inductor_graphs
+    (graph,) = inductor_graphs
     cache_shape = (B, c.n_kv_head, c.block_size, c.n_embd // c.n_head)
     # the step writes into every layer's keys and values, and only there
     assert sorted(graph["shapes"][i] for i in graph["mutated"]) == [cache_shape] * (2 * c.n_layer)
@@ -214,53 +277,71 @@ def fake_gpus(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: len(gpu.names))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: gpu.current)
-    monkeypatch.setattr(torch.cuda, "set_device", lambda d: setattr(gpu, "current", torch.device(d).index))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: gpu.names[gpu.current if d is None else d])
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: types.SimpleNamespace(major=gpu.major))
-    monkeypatch.setattr(torch.cuda, "_check_bf16_tensor_supported", lambda d: True)  # emulation works, as on a V100
+    monkeypatch.setattr(
+        torch.cuda, "set_device", lambda d: setattr(gpu, "current", torch.device(d).index)
+    )
+    monkeypatch.setattr(
+        torch.cuda, "get_device_name", lambda d=None: gpu.names[gpu.current if d is None else d]
+    )
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda d=None: types.SimpleNamespace(major=gpu.major)
+    )
+    monkeypatch.setattr(
+        torch.cuda, "_check_bf16_tensor_supported", lambda d: True
+    )  # emulation works, as on a V100
     return gpu
 
 
-@pytest.mark.parametrize("major, train_dtype, sample_dtype", [
-    (7, "float16", torch.float32),  # V100, T4: bf16 only emulated
-    (8, "bfloat16", torch.bfloat16),  # A100
-    (9, "bfloat16", torch.bfloat16),  # H100
-])
+@pytest.mark.parametrize(
+    "major, train_dtype, sample_dtype",
+    [
+        (7, "float16", torch.float32),  # V100, T4: bf16 only emulated
+        (8, "bfloat16", torch.bfloat16),  # A100
+        (9, "bfloat16", torch.bfloat16),  # H100
+    ],
+)
 def test_auto_dtype_needs_native_bf16(fake_gpus, major, train_dtype, sample_dtype):
     fake_gpus.major = major
     assert torch.cuda.is_bf16_supported()  # what the check counted before: emulation
     device, dtype, _ = train.pick_device(dict(train.DEFAULTS, device="cuda"), 0, False)
     assert (device, dtype) == (torch.device("cuda", 0), train_dtype)
-    assert sample.pick_dtype("auto", "cuda") == sample_dtype
+    assert loading.pick_dtype("auto", "cuda") == sample_dtype
 
 
 def test_cuda_1_becomes_the_current_device(fake_gpus):
     fake_gpus.names = ["NVIDIA A100-SXM4-80GB", "NVIDIA H100 PCIe"]
     model = GPT(GPTConfig(block_size=16, vocab_size=37, n_layer=1, n_head=2, n_embd=32))
-    assert train.pick_device(dict(train.DEFAULTS, device="cuda:1"), 0, False)[0] == torch.device("cuda", 1)
+    assert train.pick_device(dict(train.DEFAULTS, device="cuda:1"), 0, False)[0] == torch.device(
+        "cuda", 1
+    )
     assert fake_gpus.current == 1
     # the MFU is then against GPU 1's peak, not GPU 0's
     assert model.estimate_mfu(1000, 1.0) == pytest.approx(model.flops_per_token() * 1000 / 756e12)
     # one process per GPU under torchrun: LOCAL_RANK picks it
-    assert train.pick_device(dict(train.DEFAULTS, device="cuda"), 0, True)[0] == torch.device("cuda", 0)
+    assert train.pick_device(dict(train.DEFAULTS, device="cuda"), 0, True)[0] == torch.device(
+        "cuda", 0
+    )
     assert fake_gpus.current == 0
     with pytest.raises(ValueError, match="there is no cuda:2"):
         train.pick_device(dict(train.DEFAULTS, device="cuda:2"), 0, False)
 
 
-@pytest.mark.parametrize("name, peak", [
-    ("NVIDIA H100 80GB HBM3", 989e12),  # SXM
-    ("NVIDIA H100 PCIe", 756e12),
-    ("NVIDIA H100 NVL", 835e12),
-    ("NVIDIA H200", 989e12),
-    ("NVIDIA H200 NVL", 835e12),
-    ("NVIDIA GH200 480GB", 989e12),
-    ("NVIDIA A100-SXM4-80GB", 312e12),
-    ("NVIDIA A100 80GB PCIe", 312e12),
-    ("Tesla V100-SXM2-16GB", None),
-    ("NVIDIA L4", 121e12),
-    ("NVIDIA GeForce RTX 4090", None),
-])
+@pytest.mark.parametrize(
+    "name, peak",
+    [
+        ("NVIDIA H100 80GB HBM3", 989e12),  # SXM
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H100 NVL", 835e12),
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA H200 NVL", 835e12),
+        ("NVIDIA GH200 480GB", 989e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA A100 80GB PCIe", 312e12),
+        ("Tesla V100-SXM2-16GB", None),
+        ("NVIDIA L4", 121e12),
+        ("NVIDIA GeForce RTX 4090", None),
+    ],
+)
 def test_mfu_uses_the_peak_of_the_gpu_variant(fake_gpus, name, peak):
     fake_gpus.names = [name]
     model = GPT(GPTConfig(block_size=16, vocab_size=37, n_layer=1, n_head=2, n_embd=32))
@@ -271,8 +352,16 @@ def test_mfu_uses_the_peak_of_the_gpu_variant(fake_gpus, name, peak):
 def test_a_cpu_run_shows_no_mfu_on_a_machine_with_a_gpu(fake_gpus, data_root, tmp_path, capsys):
     model = GPT(GPTConfig(block_size=16, vocab_size=37, n_layer=1, n_head=2, n_embd=32))
     assert model.estimate_mfu(4096, 0.5) is not None  # the model would report one
-    train.main(train_args(data_root, tmp_path, "--compile=False", "--max_iters=3", "--eval_interval=3",
-                          "--gradient_accumulation_steps=1"))
+    train.main(
+        train_args(
+            data_root,
+            tmp_path,
+            "--compile=False",
+            "--max_iters=3",
+            "--eval_interval=3",
+            "--gradient_accumulation_steps=1",
+        )
+    )
     err = capsys.readouterr().err
     assert "tok/s" in err and "MFU" not in err
 
@@ -287,18 +376,28 @@ def attention_inputs(T, dtype, v_scale=1.0):
     return q.to(dtype), k.to(dtype), (v * v_scale).to(dtype), bench.causal_mask(T, T)
 
 
-@pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, marks=pytest.mark.bf16), torch.float32])
+@pytest.mark.parametrize(
+    "dtype", [pytest.param(torch.bfloat16, marks=pytest.mark.bf16), torch.float32]
+)
 def test_attention_check_allows_rounding_at_any_magnitude(dtype):
-    q, k, v, mask = attention_inputs(256, dtype, v_scale=8.0)  # outputs near 28, where a bf16 ulp is 0.125
-    outputs = {"explicit": bench.attention(q, k, v, mask)[0],
-               "sdpa": torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)}
+    q, k, v, mask = attention_inputs(
+        256, dtype, v_scale=8.0
+    )  # outputs near 28, where a bf16 ulp is 0.125
+    outputs = {
+        "explicit": bench.attention(q, k, v, mask)[0],
+        "sdpa": torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+    }
     errors = bench.check_attention(q, k, v, mask, outputs, 256)
-    assert set(errors) == {"explicit", "sdpa"} and all(0 <= e <= bench.ATTENTION_TOLERANCE_ULPS for e in errors.values())
+    assert set(errors) == {"explicit", "sdpa"} and all(
+        0 <= e <= bench.ATTENTION_TOLERANCE_ULPS for e in errors.values()
+    )
     if dtype == torch.bfloat16:  # the absolute 0.02 this replaces would have stopped the benchmark
         assert (outputs["explicit"].float() - outputs["sdpa"].float()).abs().max() > 0.02
 
 
-@pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, marks=pytest.mark.bf16), torch.float32])
+@pytest.mark.parametrize(
+    "dtype", [pytest.param(torch.bfloat16, marks=pytest.mark.bf16), torch.float32]
+)
 def test_attention_check_catches_a_wrong_mask(dtype):
     q, k, v, mask = attention_inputs(128, dtype)
     outputs = {"sdpa": torch.nn.functional.scaled_dot_product_attention(q, k, v)}  # no causal mask
@@ -312,8 +411,13 @@ def test_attention_check_catches_a_wrong_mask(dtype):
 
 def test_nccl_raises_instead_of_aborting(monkeypatch):
     calls = []
-    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: calls.append(
-        (backend, kw, os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING"))))
+    monkeypatch.setattr(
+        dist,
+        "init_process_group",
+        lambda backend, **kw: calls.append(
+            (backend, kw, os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING"))
+        ),
+    )
     monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # what torchrun sets
     timeout = datetime.timedelta(seconds=5)
     train.join_processes(torch.device("cuda", 1), timeout)
@@ -330,14 +434,21 @@ def test_ddp_splits_the_compiled_graph_at_its_buckets(tmp_path, monkeypatch):
     end, so each bucket's all-reduce can start while the backward pass goes on."""
     from torch._dynamo.testing import CompileCounter
     from torch.nn.parallel import DistributedDataParallel
+
     counter, compile_ = CompileCounter(), torch.compile
-    monkeypatch.setattr(torch, "compile", lambda m: compile_(m, backend=counter))  # graphs counted, not built
+    monkeypatch.setattr(
+        torch, "compile", lambda m: compile_(m, backend=counter)
+    )  # graphs counted, not built
     monkeypatch.setattr(train, "DDP", functools.partial(DistributedDataParallel, bucket_cap_mb=1))
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    dist.init_process_group(
+        "gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1
+    )
     try:
         torch._dynamo.reset()
         torch.manual_seed(0)
-        raw = GPT(GPTConfig(block_size=16, vocab_size=37, n_layer=4, n_head=4, n_embd=256, dropout=0.0))
+        raw = GPT(
+            GPTConfig(block_size=16, vocab_size=37, n_layer=4, n_head=4, n_embd=256, dropout=0.0)
+        )
         model, ddp_model = train.wrap_model(raw, torch.device("cpu"), 2, use_compile=True)
         x = torch.randint(0, 37, (2, 16))
         with torch.no_grad():  # evaluation comes first in train.py, outside DDP: one graph
@@ -361,15 +472,39 @@ def read_log(out_dir):
 def test_ddp_compiled_with_no_sync_matches_one_process(data_root, tmp_path):
     """Two gloo processes with the compiled model and two micro-steps each (the
     first under no_sync) log the losses of one process doing all four."""
-    common = ["--compile=True", "--gradient_accumulation_steps=4", "--max_iters=4", "--eval_interval=2",
-              "--lr_decay_iters=4"]
+    common = [
+        "--compile=True",
+        "--gradient_accumulation_steps=4",
+        "--max_iters=4",
+        "--eval_interval=2",
+        "--lr_decay_iters=4",
+    ]
     one, two = tmp_path / "one", tmp_path / "two"
-    single = subprocess.run([sys.executable, "train.py", *train_args(data_root, one, *common)], cwd=REPO,
-                            env=child_env(), capture_output=True, text=True, timeout=300)
+    single = subprocess.run(
+        [sys.executable, "train.py", *train_args(data_root, one, *common)],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert single.returncode == 0, single.stderr[-3000:]
-    pair = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           "train.py", *train_args(data_root, two, *common)], cwd=REPO, env=child_env(),
-                          capture_output=True, text=True, timeout=300)
+    pair = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "train.py",
+            *train_args(data_root, two, *common),
+        ],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert pair.returncode == 0, (pair.stdout[-2000:], pair.stderr[-4000:])
     log_one, log_two = read_log(one), read_log(two)
     assert [r["iter"] for r in log_one] == [r["iter"] for r in log_two] == [0, 2, 4]
@@ -385,8 +520,14 @@ def test_ddp_compiled_with_no_sync_matches_one_process(data_root, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_smoke_test_without_cuda_says_so_and_does_nothing(tmp_path):
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "smoke_gpu.py")], cwd=tmp_path, env=child_env(),
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "smoke_gpu.py")],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0 and proc.stderr == ""
     assert len(proc.stdout.splitlines()) == 1 and "no CUDA GPU" in proc.stdout
     assert os.listdir(tmp_path) == []
@@ -394,40 +535,75 @@ def test_smoke_test_without_cuda_says_so_and_does_nothing(tmp_path):
 
 def test_smoke_test_commands_are_valid_settings(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)  # config/shakespeare.py is found from the repo root, as smoke_gpu runs
-    parsers = {"train.py": train.get_config, "sample.py": sample.parse_options,
-               "bench.py": lambda argv: bench.parse_args(bench.DEFAULTS, argv, allow_files=False)}
+    parsers = {
+        "train.py": train.get_config,
+        "sample.py": sample.parse_options,
+        "bench.py": lambda argv: bench.parse_args(bench.DEFAULTS, argv, allow_files=False),
+    }
     seen = set()
     for name, command in smoke_gpu.steps(str(tmp_path), gpus=2):
-        at = next((i for i, word in enumerate(command) if word in parsers), None)  # python or torchrun
+        at = next(
+            (i for i, word in enumerate(command) if word in parsers), None
+        )  # python or torchrun
         if at is not None:
-            parsers[command[at]](command[at + 1:])  # raises on an unknown key or a bad value
+            parsers[command[at]](command[at + 1 :])  # raises on an unknown key or a bad value
             seen.add((command[at], "--context_parallel=2" in command))
     assert seen == {(script, False) for script in parsers} | {("train.py", True)}
-    assert not any("--context_parallel=2" in command for _, command in smoke_gpu.steps(str(tmp_path), gpus=1))
+    assert not any(
+        "--context_parallel=2" in command for _, command in smoke_gpu.steps(str(tmp_path), gpus=1)
+    )
 
 
 def test_smoke_test_reads_the_figures_of_real_runs(data_root, tmp_path):
     out = tmp_path / "out"
     python = sys.executable
-    rec = smoke_gpu.run_step("train", [python, "train.py", *train_args(data_root, out, "--compile=False",
-                             "--max_iters=3", "--eval_interval=3", "--gradient_accumulation_steps=1")], str(tmp_path))
+    rec = smoke_gpu.run_step(
+        "train",
+        [
+            python,
+            "train.py",
+            *train_args(
+                data_root,
+                out,
+                "--compile=False",
+                "--max_iters=3",
+                "--eval_interval=3",
+                "--gradient_accumulation_steps=1",
+            ),
+        ],
+        str(tmp_path),
+    )
     assert rec["ok"] and rec["error"] is None, rec
     fig = rec["figures"]
-    assert fig["best_val_loss"] == pytest.approx(min(r["val_loss"] for r in read_log(out)), abs=1e-4)
-    assert fig["ms_per_iter"] > 0 and fig["train_tokens_per_s"] > 0 and fig["device_and_dtype"] == "cpu, float32"
+    assert fig["best_val_loss"] == pytest.approx(
+        min(r["val_loss"] for r in read_log(out)), abs=1e-4
+    )
+    assert (
+        fig["ms_per_iter"] > 0
+        and fig["train_tokens_per_s"] > 0
+        and fig["device_and_dtype"] == "cpu, float32"
+    )
     with open(rec["log"]) as f:
         assert "done at iter 3" in f.read()
-    greedy = [python, "sample.py", f"--out_dir={out}", "--prompt=ROMEO:", "--max_new_tokens=30",
-              "--temperature=0", "--num_samples=2", "--attn_dir="]
+    greedy = [
+        python,
+        "sample.py",
+        f"--out_dir={out}",
+        "--prompt=ROMEO:",
+        "--max_new_tokens=30",
+        "--temperature=0",
+        "--num_samples=2",
+        "--attn_dir=",
+    ]
     rec = smoke_gpu.run_step("float32 greedy", greedy, str(tmp_path))
     assert rec["ok"] and rec["figures"]["sample_tokens_per_s"] > 0
     texts = smoke_gpu.samples(rec["stdout"])
     assert len(texts) == 2 and texts[0] == texts[1] and texts[0].startswith("ROMEO:")
     twin = dict(rec, name="float32 greedy --compile")
-    check, = smoke_gpu.compare([rec, twin])
+    (check,) = smoke_gpu.compare([rec, twin])
     assert check["ok"] and smoke_gpu.report(check).startswith("ok")
     twin["stdout"] = rec["stdout"].replace("ROMEO:", "ROMEO;", 1)
-    check, = smoke_gpu.compare([rec, twin])
+    (check,) = smoke_gpu.compare([rec, twin])
     assert not check["ok"] and "character 5" in smoke_gpu.report(check)
     failed = smoke_gpu.run_step("bad", [python, "train.py", "--batch_sze=3"], str(tmp_path))
     assert not failed["ok"] and failed["error"].startswith("error: unknown config key")
@@ -442,12 +618,19 @@ def test_smoke_test_reads_the_figures_of_real_runs(data_root, tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_compiled_decoder_records_a_cuda_graph():
     from torch._dynamo.utils import counters
+
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=32, vocab_size=37, n_layer=2, n_head=2, n_embd=32, dropout=0.0)).cuda().eval()
+    model = (
+        GPT(GPTConfig(block_size=32, vocab_size=37, n_layer=2, n_head=2, n_embd=32, dropout=0.0))
+        .cuda()
+        .eval()
+    )
     counters.clear()
     prompt = torch.randint(0, 37, (2, 3), device="cuda")
     compiled = model.generate(prompt, 20, temperature=0.0, compile=True)
-    assert counters["inductor"]["cudagraph_skips"] == 0  # recorded, not skipped (e.g. for mutated inputs)
+    assert (
+        counters["inductor"]["cudagraph_skips"] == 0
+    )  # recorded, not skipped (e.g. for mutated inputs)
     assert torch.equal(compiled, model.generate(prompt, 20, temperature=0.0))
 
 
@@ -456,21 +639,43 @@ def test_compiled_decoder_records_a_cuda_graph():
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_a_training_step_on_cuda_matches_the_cpu(optimizer, float32_cuda_matmuls):
     def run(device):
-        cfg = dict(train.DEFAULTS, n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4,
-                   gradient_accumulation_steps=2, dropout=0.0, optimizer=optimizer)
+        cfg = dict(
+            train.DEFAULTS,
+            n_layer=2,
+            n_head=2,
+            n_embd=32,
+            block_size=16,
+            batch_size=4,
+            gradient_accumulation_steps=2,
+            dropout=0.0,
+            optimizer=optimizer,
+        )
         torch.manual_seed(0)
         raw = GPT(GPTConfig(**train.model_args(cfg, 37))).to(device)
         data = torch.randint(0, 37, (1000,), generator=torch.Generator().manual_seed(1)).to(device)
-        r = types.SimpleNamespace(cfg=cfg, rank=0, world=1, dp_rank=0, dp_world=1, split=lambda t: t,
-                                  device=device, raw=raw, ddp_model=raw,
-                                  optimizers=train.make_optimizers(raw, cfg, device.type, "float32"),
-                                  scaler=torch.amp.GradScaler(device.type, enabled=False),
-                                  data_gen=torch.Generator().manual_seed(2), splits={"train": data},
-                                  ctx=functools.partial(train.precision_context, device.type, "float32", 16))
+        r = types.SimpleNamespace(
+            cfg=cfg,
+            rank=0,
+            world=1,
+            dp_rank=0,
+            dp_world=1,
+            split=lambda t: t,
+            device=device,
+            raw=raw,
+            ddp_model=raw,
+            optimizers=train.make_optimizers(raw, cfg, device.type, "float32"),
+            scaler=torch.amp.GradScaler(device.type, enabled=False),
+            data_gen=torch.Generator().manual_seed(2),
+            splits={"train": data},
+            ctx=functools.partial(train.precision_context, device.type, "float32", 16),
+        )
         losses = [train.train_step(r, 1e-3).item() for _ in range(3)]
         return losses, [p.detach().cpu() for p in raw.parameters()]
 
-    (cuda_losses, cuda_weights), (cpu_losses, cpu_weights) = run(torch.device("cuda")), run(torch.device("cpu"))
+    (cuda_losses, cuda_weights), (cpu_losses, cpu_weights) = (
+        run(torch.device("cuda")),
+        run(torch.device("cpu")),
+    )
     # the two devices add in different orders (Muon orthogonalises in float32 on both)
     assert cuda_losses == pytest.approx(cpu_losses, abs=1e-3)
     for a, b in zip(cuda_weights, cpu_weights):

@@ -17,13 +17,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import attention_maps as am
 import heads
 import train
-from checkpoint import checkpoint_path, save_checkpoint
-from data.prepare import prepare_text
+from data.prepare import load_tokens, prepare_text
 from model import GPT, GPTConfig
-from tokenizer import build_tokenizer
+from support import attention_maps as am
+from support import head_measures
+from support.checkpoint import checkpoint_path, save_checkpoint
+from support.tokenizer import build_tokenizer
 
 T = 64
 LETTERS = [chr(97 + i % 26) for i in range(T)]  # tokens with no delimiters: no block ends
@@ -61,8 +62,20 @@ def lines(first, line, T):
 
 
 def test_token_kinds():
-    kinds = {"\n": "newline", " \n": "newline", " ": "space", "  ": "space", ",": "punct", " ,": "punct",
-             "?!": "punct", "'": "punct", "a": None, " the": None, "3": None, "x.": None}
+    kinds = {
+        "\n": "newline",
+        " \n": "newline",
+        " ": "space",
+        "  ": "space",
+        ",": "punct",
+        " ,": "punct",
+        "?!": "punct",
+        "'": "punct",
+        "a": None,
+        " the": None,
+        "3": None,
+        "x.": None,
+    }
     for token, kind in kinds.items():
         assert am.token_kind(token) == kind, token
 
@@ -104,7 +117,11 @@ def stats(a, tokens=LETTERS):
 def test_previous_and_self_heads():
     prev = stats(one_key(T, lambda i: i - 1))
     assert prev["label"] == "previous" and prev["scores"]["diagonal"] == 1.0
-    assert prev["previous_weight"] == 1.0 and prev["concentration"] == "sparse" and prev["entropy"] == 0
+    assert (
+        prev["previous_weight"] == 1.0
+        and prev["concentration"] == "sparse"
+        and prev["entropy"] == 0
+    )
     self_ = stats(np.eye(T))
     assert self_["label"] == "self" and self_["self_weight"] == 1.0
     # the band holds 4 of i + 1 keys: lift = 1 / mean over rows of 4 / (i + 1)
@@ -123,7 +140,9 @@ def test_band_with_a_thin_even_tail_is_diagonal_not_broad():
 def test_first_token_sink():
     s = stats(one_key(T, lambda i: 0))
     assert s["label"] == "first" and s["scores"]["first"] == 1.0
-    assert s["lift"]["first"] == pytest.approx(1.0 / np.mean([1 / (i + 1) for i in range(4, T)]), abs=1e-3)
+    assert s["lift"]["first"] == pytest.approx(
+        1.0 / np.mean([1 / (i + 1) for i in range(4, T)]), abs=1e-3
+    )
 
 
 def test_newline_delimiter_head():
@@ -143,7 +162,7 @@ def test_block_head():
     a = np.zeros((n, n))
     for i in range(n):
         start = max([j + 1 for j in range(i) if tokens[j] == "\n"], default=0)
-        a[i, start:i + 1] = 1.0 / (i + 1 - start)
+        a[i, start : i + 1] = 1.0 / (i + 1 - start)
     s = stats(a, tokens)
     assert s["label"] == "block" and s["scores"]["block"] > 0.5
     assert s["lift"]["block"] > am.PREFERRED and s["lift"]["earlier"] == 0
@@ -178,8 +197,9 @@ def test_weak_preference_and_nothing_preferred():
 
 def test_sample_summary_uses_these_labels(tmp_path):
     """write_all (sample.py's attention files) labels known maps the same way."""
-    layer = np.stack([one_key(T, lambda i: i - 1), np.eye(T), one_key(T, lambda i: 0),
-                      causal_uniform(T)]).astype(np.float32)
+    layer = np.stack(
+        [one_key(T, lambda i: i - 1), np.eye(T), one_key(T, lambda i: 0), causal_uniform(T)]
+    ).astype(np.float32)
     am.write_all(str(tmp_path), [layer], LETTERS)
     with open(tmp_path / "heads.json", encoding="utf-8") as f:
         saved = json.load(f)
@@ -195,7 +215,9 @@ def test_windows_add_up():
     s = am.describe(both, 0)
     rows_a, rows_b = T - 4, 32 - 4
     uniform_diag = np.mean([4 / (i + 1) for i in range(4, 32)])
-    assert s["scores"]["diagonal"] == pytest.approx((rows_a + rows_b * uniform_diag) / (rows_a + rows_b), abs=1e-4)
+    assert s["scores"]["diagonal"] == pytest.approx(
+        (rows_a + rows_b * uniform_diag) / (rows_a + rows_b), abs=1e-4
+    )
 
 
 # -----------------------------------------------------------------------------
@@ -209,9 +231,14 @@ def induction_map(L):
 
 def test_probe_scores_of_known_maps():
     L = 16
-    maps = [torch.tensor(np.stack([induction_map(L), one_key(2 * L, lambda i: i - 1),
-                                   one_key(2 * L, lambda i: i - L)]))[None].repeat(3, 1, 1, 1)]
-    s = heads.probe_scores(maps, L)
+    maps = [
+        torch.tensor(
+            np.stack(
+                [induction_map(L), one_key(2 * L, lambda i: i - 1), one_key(2 * L, lambda i: i - L)]
+            )
+        )[None].repeat(3, 1, 1, 1)
+    ]
+    s = head_measures.probe_scores(maps, L)
     np.testing.assert_allclose(s["induction"][0], [1.0, 0.0, 0.0])
     np.testing.assert_allclose(s["previous"][0], [0.0, 1.0, 0.0])
     np.testing.assert_allclose(s["duplicate"][0], [0.0, 0.0, 1.0])
@@ -219,27 +246,36 @@ def test_probe_scores_of_known_maps():
 
 def test_probe_tokens():
     config = GPTConfig(block_size=48, vocab_size=40, n_layer=1, n_head=2, n_embd=8)
-    idx, L = heads.probe_tokens(config, seed=3)
-    assert L == 24 and idx.shape == (heads.PROBE_SEQUENCES, 48)
+    idx, L = head_measures.probe_tokens(config, seed=3)
+    assert L == 24 and idx.shape == (head_measures.PROBE_SEQUENCES, 48)
     assert torch.equal(idx[:, :L], idx[:, L:])
     assert all(len(set(row[:L].tolist())) == L for row in idx)  # no repeats within a copy
-    assert torch.equal(heads.probe_tokens(config, seed=3)[0], idx)
-    assert not torch.equal(heads.probe_tokens(config, seed=4)[0], idx)
-    assert heads.probe_tokens(GPTConfig(block_size=256, vocab_size=20, n_layer=1, n_head=1, n_embd=8), 0)[1] == 19
-    with pytest.raises(heads.HeadsError, match="block_size >= 4"):
-        heads.probe_tokens(GPTConfig(block_size=3, vocab_size=20, n_layer=1, n_head=1, n_embd=8), 0)
+    assert torch.equal(head_measures.probe_tokens(config, seed=3)[0], idx)
+    assert not torch.equal(head_measures.probe_tokens(config, seed=4)[0], idx)
+    assert (
+        head_measures.probe_tokens(
+            GPTConfig(block_size=256, vocab_size=20, n_layer=1, n_head=1, n_embd=8), 0
+        )[1]
+        == 19
+    )
+    with pytest.raises(head_measures.HeadsError, match="block_size >= 4"):
+        head_measures.probe_tokens(
+            GPTConfig(block_size=3, vocab_size=20, n_layer=1, n_head=1, n_embd=8), 0
+        )
 
 
 def test_induction_scores_of_a_model_are_its_maps_scored():
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=32, vocab_size=50, n_layer=2, n_head=2, n_embd=16)).eval()
-    got = heads.induction_scores(model, seed=5)
-    idx, L = heads.probe_tokens(model.config, seed=5)
+    got = head_measures.induction_scores(model, seed=5)
+    idx, L = head_measures.probe_tokens(model.config, seed=5)
     with torch.no_grad():
         _, _, maps = model(idx, return_attention=True)
     for l, m in enumerate(maps):
         for h in range(2):
-            expected = np.mean([m[b, h, i, i - L + 1].item() for b in range(len(idx)) for i in range(L, 2 * L)])
+            expected = np.mean(
+                [m[b, h, i, i - L + 1].item() for b in range(len(idx)) for i in range(L, 2 * L)]
+            )
             assert got["induction"][l, h] == pytest.approx(expected, abs=1e-6)
 
 
@@ -263,7 +299,7 @@ def tiny(tmp_path_factory, corpus_path):
             block.attn.c_proj.weight.normal_(0.0, 0.3)
             block.attn.c_proj.bias.normal_(0.0, 0.1)
     model.eval()
-    data = heads.load_tokens(str(root / "tiny"), "val")
+    data = load_tokens(str(root / "tiny"), "val")
     return {"root": str(root), "model": model, "tok": tok, "data": data, "config": config}
 
 
@@ -273,7 +309,7 @@ def loss_by_window(model, data, block_size):
     total, count = 0.0, 0
     with torch.no_grad():
         for s in range(0, len(ids) - 1, block_size):
-            x = ids[s:s + block_size + 1]
+            x = ids[s : s + block_size + 1]
             logits, _ = model(x[None, :-1])
             total += F.cross_entropy(logits[0], x[1:], reduction="sum").item()
             count += len(x) - 1
@@ -282,25 +318,35 @@ def loss_by_window(model, data, block_size):
 
 
 def test_windows():
-    spans = heads.windows(100, 32)
+    spans = head_measures.windows(100, 32)
     assert spans == [(0, 32), (32, 32), (64, 32), (96, 3)]
-    some = heads.windows(10_001, 100, max_windows=7)
+    some = head_measures.windows(10_001, 100, max_windows=7)
     assert len(some) == 7 and some[0] == (0, 100) and some[-1] == (9900, 100)
     gaps = np.diff([s for s, _ in some])
     assert gaps.max() - gaps.min() <= 100  # evenly spread
-    assert heads.windows(100, 32, max_windows=50) == spans
+    assert head_measures.windows(100, 32, max_windows=50) == spans
 
 
 def test_val_loss_is_the_loss_of_record(tiny):
     model, data, B = tiny["model"], tiny["data"], tiny["config"].block_size
-    got = heads.val_loss(model, data, heads.windows(len(data), B), batch_size=8)
+    got = head_measures.val_loss(model, data, head_measures.windows(len(data), B), batch_size=8)
     assert len(data) % B != 1  # the last window is a short one
     assert got == pytest.approx(loss_by_window(model, data, B), abs=1e-5)
     # and what train.py's final evaluation computes
-    r = types.SimpleNamespace(splits={"val": torch.from_numpy(np.asarray(data, dtype=np.int64))},
-                              cfg={"batch_size": 8, "block_size": B}, raw=copy.deepcopy(model),
-                              rank=0, world=1, master=True, device=torch.device("cpu"), ctx=lambda: torch.no_grad(),
-                              dp_rank=0, dp_world=1, split=lambda t: t, split_unit=1)
+    r = types.SimpleNamespace(
+        splits={"val": torch.from_numpy(np.asarray(data, dtype=np.int64))},
+        cfg={"batch_size": 8, "block_size": B},
+        raw=copy.deepcopy(model),
+        rank=0,
+        world=1,
+        master=True,
+        device=torch.device("cpu"),
+        ctx=lambda: torch.no_grad(),
+        dp_rank=0,
+        dp_world=1,
+        split=lambda t: t,
+        split_unit=1,
+    )
     assert got == pytest.approx(train.full_val_loss(r), abs=1e-5)
 
 
@@ -310,14 +356,14 @@ def without_columns(model, heads_to_zero):
     hs = model.config.n_embd // model.config.n_head
     with torch.no_grad():
         for layer, head in heads_to_zero:
-            copy_.transformer.h[layer].attn.c_proj.weight[:, head * hs:(head + 1) * hs] = 0
+            copy_.transformer.h[layer].attn.c_proj.weight[:, head * hs : (head + 1) * hs] = 0
     return copy_
 
 
 def test_ablation_equals_zeroed_weight_columns(tiny):
     model, data, B = tiny["model"], tiny["data"], tiny["config"].block_size
-    spans = heads.windows(len(data), B)
-    result = heads.ablation(model, data, spans, batch_size=16, prune_below=0.05)
+    spans = head_measures.windows(len(data), B)
+    result = head_measures.ablation(model, data, spans, batch_size=16, prune_below=0.05)
     base = loss_by_window(model, data, B)
     assert result["baseline_loss"] == pytest.approx(base, abs=1e-5)
     for layer, head in [(0, 1), (1, 3)]:
@@ -331,7 +377,7 @@ def test_ablation_equals_zeroed_weight_columns(tiny):
     together = loss_by_window(without_columns(model, result["pruned"]), data, B)
     assert result["pruned_loss"] == pytest.approx(together, abs=1e-5)
     # the hooks are gone afterwards
-    assert heads.val_loss(model, data, spans, 16) == pytest.approx(base, abs=1e-5)
+    assert head_measures.val_loss(model, data, spans, 16) == pytest.approx(base, abs=1e-5)
 
 
 def test_ablation_with_grouped_query_heads(tiny):
@@ -341,26 +387,28 @@ def test_ablation_with_grouped_query_heads(tiny):
     with torch.no_grad():
         model.transformer.h[0].attn.c_proj.weight.normal_(0.0, 0.3)
     data, B = tiny["data"], model.config.block_size
-    spans = heads.windows(len(data), B, max_windows=20)
-    base = heads.val_loss(model, data, spans, 8)
-    with heads.ablated(model, [(0, 3)]):
-        got = heads.val_loss(model, data, spans, 8) - base
-    expected = heads.val_loss(without_columns(model, [(0, 3)]), data, spans, 8) - base
+    spans = head_measures.windows(len(data), B, max_windows=20)
+    base = head_measures.val_loss(model, data, spans, 8)
+    with head_measures.ablated(model, [(0, 3)]):
+        got = head_measures.val_loss(model, data, spans, 8) - base
+    expected = head_measures.val_loss(without_columns(model, [(0, 3)]), data, spans, 8) - base
     assert abs(expected) > 1e-4 and got == pytest.approx(expected, abs=1e-5)
 
 
 def test_patterns_over_windows_are_the_sum_of_each_window(tiny):
     """heads.py's patterns are the shared classification summed over the windows."""
     model, tok, data = tiny["model"], tiny["tok"], tiny["data"]
-    spans = heads.windows(len(data), 32, max_windows=3)
-    got = heads.patterns(model, tok, data, spans, batch_size=2)
+    spans = head_measures.windows(len(data), 32, max_windows=3)
+    got = head_measures.patterns(model, tok, data, spans, batch_size=2)
     sums = [None, None]
     for start, length in spans:
-        ids = np.asarray(data[start:start + length], dtype=np.int64)
+        ids = np.asarray(data[start : start + length], dtype=np.int64)
         with torch.no_grad():
             _, _, maps = model(torch.from_numpy(ids)[None], return_attention=True)
         for layer, m in enumerate(maps):
-            sums[layer] = am.add_sums(sums[layer], am.pattern_sums(m[0].numpy(), tok.token_strings(ids)))
+            sums[layer] = am.add_sums(
+                sums[layer], am.pattern_sums(m[0].numpy(), tok.token_strings(ids))
+            )
     assert got == [[am.describe(s, h) for h in range(4)] for s in sums]
 
 
@@ -371,14 +419,25 @@ def test_patterns_over_windows_are_the_sum_of_each_window(tiny):
 @pytest.fixture(scope="module")
 def ckpt_dir(tiny, tmp_path_factory):
     folder = tmp_path_factory.mktemp("ckpt")
-    save_checkpoint({"model": tiny["model"].state_dict(), "model_args": dataclasses.asdict(tiny["config"]),
-                     "iter_num": 0, "best_val_loss": 9.9, "config": {"data_root": tiny["root"]},
-                     "tokenizer": tiny["tok"].describe(), "dataset": "tiny"}, checkpoint_path(folder))
+    save_checkpoint(
+        {
+            "model": tiny["model"].state_dict(),
+            "model_args": dataclasses.asdict(tiny["config"]),
+            "iter_num": 0,
+            "best_val_loss": 9.9,
+            "config": {"data_root": tiny["root"]},
+            "tokenizer": tiny["tok"].describe(),
+            "dataset": "tiny",
+        },
+        checkpoint_path(folder),
+    )
     return str(folder)
 
 
 def test_command_writes_the_report(ckpt_dir, tiny, capsys):
-    code = heads.run([f"--out_dir={ckpt_dir}", "--max_windows=40", "--prune_below=0.02", "--seed=7"])
+    code = heads.run(
+        [f"--out_dir={ckpt_dir}", "--max_windows=40", "--prune_below=0.02", "--seed=7"]
+    )
     out = capsys.readouterr().out
     assert code == 0
     with open(f"{ckpt_dir}/heads/heads.json", encoding="utf-8") as f:
@@ -388,16 +447,22 @@ def test_command_writes_the_report(ckpt_dir, tiny, capsys):
     with open(f"{ckpt_dir}/heads/heads.png", "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert rep["windows"] == 40 and rep["seed"] == 7 and rep["dataset"].endswith("tiny")
-    spans = heads.windows(len(tiny["data"]), 32, 40)
-    assert rep["baseline_loss"] == pytest.approx(heads.val_loss(tiny["model"], tiny["data"], spans, 8), abs=1e-4)
+    spans = head_measures.windows(len(tiny["data"]), 32, 40)
+    assert rep["baseline_loss"] == pytest.approx(
+        head_measures.val_loss(tiny["model"], tiny["data"], spans, 8), abs=1e-4
+    )
     hs = rep["heads"]
     assert [(h["layer"], h["head"]) for h in hs] == list(np.ndindex(2, 4))
-    probe = heads.induction_scores(tiny["model"], 7)
+    probe = head_measures.induction_scores(tiny["model"], 7)
     names = "|".join(am.NAMES)
-    label = re.compile(rf"^(({names}|broad|other|induction)|weak ({names})|mixed: ({names})\+({names}))$")
+    label = re.compile(
+        rf"^(({names}|broad|other|induction)|weak ({names})|mixed: ({names})\+({names}))$"
+    )
     for h in hs:
         assert label.match(h["label"]), h["label"]
-        assert h["label"] == ("induction" if h["induction"] >= heads.INDUCTION else h["pattern"])
+        assert h["label"] == (
+            "induction" if h["induction"] >= head_measures.INDUCTION else h["pattern"]
+        )
         assert h["induction"] == pytest.approx(probe["induction"][h["layer"], h["head"]], abs=1e-4)
         assert sum(h["scores"].values()) == pytest.approx(1.0, abs=3e-4)
         assert h["prune"] == (h["ablation_nats"] < 0.02)
@@ -409,11 +474,14 @@ def test_command_writes_the_report(ckpt_dir, tiny, capsys):
     assert "Pruning the" in out and f"{rep['pruned_loss']:.4f}" in out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--max_windows=-1"], "--max_windows"),
-    (["--max_windos=3"], "did you mean 'max_windows'"),
-    (["--dataset=nothing-here"], "unknown dataset 'nothing-here'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--max_windows=-1"], "--max_windows"),
+        (["--max_windos=3"], "did you mean 'max_windows'"),
+        (["--dataset=nothing-here"], "unknown dataset 'nothing-here'"),
+    ],
+)
 def test_bad_input_is_one_line(ckpt_dir, capsys, argv, message):
     assert heads.run([f"--out_dir={ckpt_dir}", *argv]) == 1
     err = capsys.readouterr().err.strip()
@@ -423,20 +491,40 @@ def test_bad_input_is_one_line(ckpt_dir, capsys, argv, message):
 def test_no_checkpoint_and_a_dataset_of_another_tokenizer(ckpt_dir, tiny, tmp_path, capsys):
     assert heads.run([f"--out_dir={tmp_path}/none"]) == 1
     assert "no checkpoint at" in capsys.readouterr().err
-    prepare_text("just a few other characters here, repeated " * 50, str(tmp_path / "other"), "char")
+    prepare_text(
+        "just a few other characters here, repeated " * 50, str(tmp_path / "other"), "char"
+    )
     assert heads.run([f"--out_dir={ckpt_dir}", "--dataset=other", f"--data_root={tmp_path}"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "another tokenizer" in err
 
 
 def test_checkpoint_file_and_a_checkpoint_without_its_dataset(ckpt_dir, tiny, tmp_path, capsys):
-    assert heads.run([f"--init_from={ckpt_dir}/ckpt.pt", f"--out_dir={tmp_path}", "--max_windows=5"]) == 0
+    assert (
+        heads.run([f"--init_from={ckpt_dir}/ckpt.pt", f"--out_dir={tmp_path}", "--max_windows=5"])
+        == 0
+    )
     with open(f"{ckpt_dir}/heads/heads.json", encoding="utf-8") as f:
         assert json.load(f)["windows"] == 5  # the val split named in the checkpoint, next to it
-    save_checkpoint({"model": tiny["model"].state_dict(), "model_args": dataclasses.asdict(tiny["config"]),
-                     "tokenizer": tiny["tok"].describe()}, checkpoint_path(tmp_path / "bare"))
+    save_checkpoint(
+        {
+            "model": tiny["model"].state_dict(),
+            "model_args": dataclasses.asdict(tiny["config"]),
+            "tokenizer": tiny["tok"].describe(),
+        },
+        checkpoint_path(tmp_path / "bare"),
+    )
     capsys.readouterr()
     assert heads.run([f"--out_dir={tmp_path}/bare"]) == 1
     assert "pass --dataset=NAME" in capsys.readouterr().err
-    assert heads.run([f"--out_dir={tmp_path}/bare", "--dataset=tiny", f"--data_root={tiny['root']}",
-                      "--max_windows=5"]) == 0
+    assert (
+        heads.run(
+            [
+                f"--out_dir={tmp_path}/bare",
+                "--dataset=tiny",
+                f"--data_root={tiny['root']}",
+                "--max_windows=5",
+            ]
+        )
+        == 0
+    )

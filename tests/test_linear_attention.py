@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT, GPTConfig, linear_attention
+from support.tokenizer import get_tokenizer
 
 
 def recurrence(q, k, v, S=None, z=None):
@@ -30,8 +31,11 @@ def recurrence(q, k, v, S=None, z=None):
 
 def qkv(T, B=2, nh=3, hs=8, hv=6, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(B, nh, T, hs, generator=g), torch.randn(B, nh, T, hs, generator=g),
-            torch.randn(B, nh, T, hv, generator=g))
+    return (
+        torch.randn(B, nh, T, hs, generator=g),
+        torch.randn(B, nh, T, hs, generator=g),
+        torch.randn(B, nh, T, hv, generator=g),
+    )
 
 
 @pytest.mark.parametrize("T, chunk", [(150, 64), (7, 4), (64, 64), (1, 64)])
@@ -48,13 +52,17 @@ def test_state_carries_the_past_and_is_updated_in_place():
     S, z = torch.zeros(2, 3, 8, 6), torch.zeros(2, 3, 8)
     state = [S, z]
     first, _ = linear_attention(q[:, :, :70], k[:, :, :70], v[:, :, :70], state, chunk=32)
-    rest = [linear_attention(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], state)[0]
-            for t in range(70, 150)]  # one token at a time, as in decoding
+    rest = [
+        linear_attention(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state)[0]
+        for t in range(70, 150)
+    ]  # one token at a time, as in decoding
     expected, S_ref, z_ref = recurrence(q, k, v)
     got = torch.cat([first] + rest, dim=2)
     assert (got.double() - expected).abs().max() < 1e-5
     assert state[0] is S and state[1] is z  # the same tensors, brought up to date
-    assert torch.allclose(S.double(), S_ref, rtol=1e-5, atol=1e-4) and torch.allclose(z.double(), z_ref, rtol=1e-5)
+    assert torch.allclose(S.double(), S_ref, rtol=1e-5, atol=1e-4) and torch.allclose(
+        z.double(), z_ref, rtol=1e-5
+    )
 
 
 def test_implied_weights_reproduce_the_output():
@@ -67,13 +75,17 @@ def test_implied_weights_reproduce_the_output():
     # the weights are phi(q_i).phi(k_j) / phi(q_i).z_i, written out
     phi_q, phi_k = F.elu(q) + 1, F.elu(k) + 1
     i, j = 11, 4
-    expected = (phi_q[..., i, :] * phi_k[..., j, :]).sum(-1) / (phi_q[..., i, :] * phi_k[..., :i + 1, :].sum(2)).sum(-1)
+    expected = (phi_q[..., i, :] * phi_k[..., j, :]).sum(-1) / (
+        phi_q[..., i, :] * phi_k[..., : i + 1, :].sum(2)
+    ).sum(-1)
     torch.testing.assert_close(w[..., i, j], expected)
 
 
 def tiny_model(seed=0, **changes):
     torch.manual_seed(seed)
-    config = dict(block_size=16, vocab_size=40, n_layer=2, n_head=4, n_embd=32, attention="linear", rope=True)
+    config = dict(
+        block_size=16, vocab_size=40, n_layer=2, n_head=4, n_embd=32, attention="linear", rope=True
+    )
     model = GPT(GPTConfig(**(config | changes)))
     with torch.no_grad():  # weights larger than at init, so the attention shapes the tokens
         for block in model.transformer.h:
@@ -126,8 +138,10 @@ def test_learned_positions_slide_as_softmax_does():
     state = model.make_kv_cache(1)
     assert state.block_size == 16
     prompt = torch.tensor([[1, 2, 3]])
-    assert torch.equal(model.generate(prompt, 40, temperature=0),
-                       model.generate(prompt, 40, temperature=0, use_cache=False))
+    assert torch.equal(
+        model.generate(prompt, 40, temperature=0),
+        model.generate(prompt, 40, temperature=0, use_cache=False),
+    )
 
 
 def test_return_attention_on_a_linear_model():
@@ -147,8 +161,9 @@ def test_training_gradients_flow():
     idx = torch.randint(0, 40, (4, 16))
     _, loss = model(idx, idx)
     loss.backward()
-    assert torch.isfinite(loss) and all(p.grad is not None and torch.isfinite(p.grad).all()
-                                        for p in model.parameters())
+    assert torch.isfinite(loss) and all(
+        p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters()
+    )
 
 
 def test_bad_input_is_one_clear_error():
@@ -169,30 +184,63 @@ def test_softmax_stays_the_default():
 def test_train_sample_and_heads_on_a_linear_checkpoint(data_root, tmp_path, capsys):
     """--attention=linear is a config key; the checkpoint carries it, and sample.py
     (with its attention maps) and heads.py load the model from it."""
-    import heads
     import numpy as np
+
+    import heads
     import sample
     import train
-    from checkpoint import load_checkpoint
+    from support.checkpoint import load_checkpoint
+
     out = str(tmp_path / "out")
-    train.main(["--dataset=shakespeare_char", f"--data_root={data_root}", f"--out_dir={out}", "--n_layer=2",
-                "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=8", "--gradient_accumulation_steps=1",
-                "--device=cpu", "--compile=False", "--dtype=float32", "--eval_iters=2", "--max_iters=20",
-                "--eval_interval=20", "--warmup_iters=2", "--learning_rate=3e-3", "--rope=True",
-                "--attention=linear"])
+    train.main(
+        [
+            "--dataset=shakespeare_char",
+            f"--data_root={data_root}",
+            f"--out_dir={out}",
+            "--n_layer=2",
+            "--n_head=2",
+            "--n_embd=32",
+            "--block_size=32",
+            "--batch_size=8",
+            "--gradient_accumulation_steps=1",
+            "--device=cpu",
+            "--compile=False",
+            "--dtype=float32",
+            "--eval_iters=2",
+            "--max_iters=20",
+            "--eval_interval=20",
+            "--warmup_iters=2",
+            "--learning_rate=3e-3",
+            "--rope=True",
+            "--attention=linear",
+        ]
+    )
     ckpt = load_checkpoint(out)
     assert ckpt["model_args"]["attention"] == "linear" and ckpt["config"]["attention"] == "linear"
     capsys.readouterr()
-    assert sample.run([f"--out_dir={out}", "--prompt=ROMEO:", "--num_samples=1", "--max_new_tokens=40",
-                       "--temperature=0", "--seed=1"]) == 0
+    assert (
+        sample.run(
+            [
+                f"--out_dir={out}",
+                "--prompt=ROMEO:",
+                "--num_samples=1",
+                "--max_new_tokens=40",
+                "--temperature=0",
+                "--seed=1",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out.split("\n" + "-" * 40 + "\n")[0]
-    assert text.startswith("ROMEO:") and len(text) == 46  # 6 + 40 characters, past the 32-token block
+    assert (
+        text.startswith("ROMEO:") and len(text) == 46
+    )  # 6 + 40 characters, past the 32-token block
     z = np.load(f"{out}/attention/attention.npz")
     assert z["layer_0"].shape == (2, 46, 46)  # every token: rope lets a linear model see them all
     np.testing.assert_allclose(z["layer_1"].sum(-1), 1.0, atol=1e-5)
     model = GPT(GPTConfig(**ckpt["model_args"]))
     model.load_state_dict(ckpt["model"])
-    tok = sample.get_tokenizer(ckpt["tokenizer"])
+    tok = get_tokenizer(ckpt["tokenizer"])
     expected = model.eval().generate(torch.tensor([tok.encode("ROMEO:")]), 40, temperature=0)
     assert tok.decode(expected[0].tolist()) == text  # the same text as generating with the state
     assert heads.run([f"--out_dir={out}", "--max_windows=4", "--seed=7"]) == 0
@@ -203,8 +251,17 @@ def test_train_sample_and_heads_on_a_linear_checkpoint(data_root, tmp_path, caps
 
 def test_gpt2_weights_with_linear_attention_is_refused(data_root, tmp_path, capsys):
     import train
+
     with pytest.raises(SystemExit):
-        train.main([f"--data_root={data_root}", f"--out_dir={tmp_path}", "--init_from=gpt2",
-                    "--dataset=shakespeare_char", "--attention=linear", "--device=cpu"])
+        train.main(
+            [
+                f"--data_root={data_root}",
+                f"--out_dir={tmp_path}",
+                "--init_from=gpt2",
+                "--dataset=shakespeare_char",
+                "--attention=linear",
+                "--device=cpu",
+            ]
+        )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "softmax attention" in err, err

@@ -9,7 +9,9 @@ from model import GPT, GPTConfig, attention, causal_mask, windowed_attention
 
 
 def tiny(seed=0, **kw):
-    args = dict(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=0.0, rope=True)
+    args = dict(
+        block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=0.0, rope=True
+    )
     args.update(kw)
     torch.manual_seed(seed)
     model = GPT(GPTConfig(**args)).eval()
@@ -22,18 +24,25 @@ def tiny(seed=0, **kw):
 
 def test_mask_rows_window_3_sinks_1_by_hand():
     # query i sees j in (i - 3, i] (3 keys counting itself) and the sink j = 0
-    expected = torch.tensor([[1, 0, 0, 0, 0, 0],
-                             [1, 1, 0, 0, 0, 0],
-                             [1, 1, 1, 0, 0, 0],
-                             [1, 1, 1, 1, 0, 0],
-                             [1, 0, 1, 1, 1, 0],
-                             [1, 0, 0, 1, 1, 1]], dtype=torch.bool)
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0],
+            [1, 0, 1, 1, 1, 0],
+            [1, 0, 0, 1, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
     assert torch.equal(causal_mask(6, 6, window=3, sinks=1), expected)
     assert torch.equal(causal_mask(2, 6, window=3, sinks=1), expected[4:])  # the last queries
     no_sink = torch.tensor([[0, 0, 0, 1, 1, 1]], dtype=torch.bool)
     assert torch.equal(causal_mask(1, 6, window=3), no_sink)
     assert causal_mask(6, 6, window=3).sum(-1).tolist() == [1, 2, 3, 3, 3, 3]  # exactly W keys
-    assert torch.equal(causal_mask(5, 7), torch.ones(5, 7, dtype=torch.bool).tril(2))  # default unchanged
+    assert torch.equal(
+        causal_mask(5, 7), torch.ones(5, 7, dtype=torch.bool).tril(2)
+    )  # default unchanged
 
 
 def test_explicit_path_weights_are_zero_outside_the_band():
@@ -66,15 +75,18 @@ def test_locality_one_windowed_layer(rope):
     assert torch.all(diff > 1e-4), diff  # the sink reaches every later position
 
 
-@pytest.mark.parametrize("W,S,T,n_kv", [(8, 0, 45, 4), (8, 3, 45, 2), (200, 0, 301, 4), (200, 4, 333, 1),
-                                        (5, 2, 3, 4)])
+@pytest.mark.parametrize(
+    "W,S,T,n_kv", [(8, 0, 45, 4), (8, 3, 45, 2), (200, 0, 301, 4), (200, 4, 333, 1), (5, 2, 3, 4)]
+)
 def test_blocked_path_equals_explicit(W, S, T, n_kv):
     torch.manual_seed(0)
     q = torch.randn(2, 4, T, 16, requires_grad=True)
     k, v = (torch.randn(2, n_kv, T, 16, requires_grad=True) for _ in range(2))
     out = windowed_attention(q, k, v, W, S)
     rep = 4 // n_kv
-    ref, _ = attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), causal_mask(T, T, W, S))
+    ref, _ = attention(
+        q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), causal_mask(T, T, W, S)
+    )
     assert (out - ref).abs().max() < 1e-5
     g = torch.randn_like(out)
     for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
@@ -86,6 +98,7 @@ def test_blocked_path_runs_in_the_fused_kernel(S):
     # 5-D inputs, keys with strided rows or a 3-D mask send SDPA to its explicit math
     # backend, about 2x slower at T = 8192 (docs/benchmarks.md): the fused one must take it
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 2, 300, 16, requires_grad=True) for _ in range(3))
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # raises if the fused kernel cannot take the call
@@ -128,7 +141,9 @@ def test_rolling_cache_oracle_rescored_by_one_forward():
     assert cache.slot_pos.numel() == 8
     seq = torch.cat([prompt, tokens], 1)
     with torch.no_grad():
-        full = model(seq)[0][0, prompt.size(1) - 1:-1].log_softmax(-1)  # predicts each generated token
+        full = model(seq)[0][0, prompt.size(1) - 1 : -1].log_softmax(
+            -1
+        )  # predicts each generated token
     assert torch.equal(full.argmax(-1), tokens[0])
     assert (full.gather(-1, tokens[0][:, None])[:, 0] - logp[0]).abs().max() < 1e-4
     # generate uses the same cache and never slides
@@ -140,7 +155,10 @@ def test_rolling_cache_chunk_after_tokens_equals_full_forward():
     idx = torch.randint(0, 37, (1, 40))
     cache = model.make_kv_cache(1)
     with torch.no_grad():
-        parts = [model(idx[:, a:b], kv_cache=cache)[0] for a, b in ((0, 3), (3, 4), (4, 17), (17, 18), (18, 40))]
+        parts = [
+            model(idx[:, a:b], kv_cache=cache)[0]
+            for a, b in ((0, 3), (3, 4), (4, 17), (17, 18), (18, 40))
+        ]
         full = model(idx)[0]
     assert (torch.cat(parts, 1) - full).abs().max() < 1e-4
 
@@ -183,18 +201,32 @@ def test_streaming_cache_rotates_keys_at_their_place_in_the_cache():
     cache = model.make_kv_cache(1, window=W, sinks=S)
     with torch.no_grad():
         for p in range(idx.size(1)):
-            got = model(idx[:, p:p + 1], kv_cache=cache)[0][0, -1]
-            kept = idx[:, :p + 1] if p < S + W else torch.cat([idx[:, :S], idx[:, p - W + 1:p + 1]], 1)
+            got = model(idx[:, p : p + 1], kv_cache=cache)[0][0, -1]
+            kept = (
+                idx[:, : p + 1]
+                if p < S + W
+                else torch.cat([idx[:, :S], idx[:, p - W + 1 : p + 1]], 1)
+            )
             assert (got - model(kept)[0][0, -1]).abs().max() < 1e-4, p
     # past block_size with no slide: generate runs through the same cache
     out = model.generate(idx[:, :3], 40, temperature=0, window=W, sinks=S)
     assert out.shape == (1, 43)
 
 
-@pytest.mark.parametrize("kw", [dict(sliding_window=0), dict(sliding_window=-3), dict(sliding_window=2.5),
-                                dict(sliding_window=4, sink_tokens=-1), dict(sink_tokens=4)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(sliding_window=0),
+        dict(sliding_window=-3),
+        dict(sliding_window=2.5),
+        dict(sliding_window=4, sink_tokens=-1),
+        dict(sink_tokens=4),
+    ],
+)
 def test_bad_window_settings_fail_in_one_line(kw):
-    with pytest.raises(ValueError, match="sliding_window None or >= 1, sink_tokens >= 0 and a window for sinks"):
+    with pytest.raises(
+        ValueError, match="sliding_window None or >= 1, sink_tokens >= 0 and a window for sinks"
+    ):
         GPTConfig(**kw)
 
 
@@ -221,13 +253,23 @@ def test_bad_cache_window_fails_in_one_line():
 def save_tiny_checkpoint(folder, **kw):
     import dataclasses
 
-    from checkpoint import checkpoint_path, save_checkpoint
-    from tokenizer import build_tokenizer
+    from support.checkpoint import checkpoint_path, save_checkpoint
+    from support.tokenizer import build_tokenizer
+
     tok = build_tokenizer("char", "abcdefghijklmnopqrstuvwxyz ,.\n")
     model = tiny(vocab_size=tok.vocab_size, **kw)
-    save_checkpoint({"model": model.state_dict(), "model_args": dataclasses.asdict(model.config),
-                     "iter_num": 0, "best_val_loss": 0.0, "config": {}, "tokenizer": tok.describe(),
-                     "dataset": "tiny"}, checkpoint_path(str(folder)))
+    save_checkpoint(
+        {
+            "model": model.state_dict(),
+            "model_args": dataclasses.asdict(model.config),
+            "iter_num": 0,
+            "best_val_loss": 0.0,
+            "config": {},
+            "tokenizer": tok.describe(),
+            "dataset": "tiny",
+        },
+        checkpoint_path(str(folder)),
+    )
     return model, tok
 
 
@@ -239,29 +281,56 @@ def one_line(code, err):
 
 def test_sample_streams_past_block_size_with_window_and_sinks(tmp_path, capsys):
     import sample
+
     model, tok = save_tiny_checkpoint(tmp_path / "full")
-    argv = [f"--out_dir={tmp_path / 'full'}", "--prompt=abc", "--max_new_tokens=50", "--num_samples=1",
-            "--temperature=0", "--attn_dir=", "--window=6", "--sinks=2"]
+    argv = [
+        f"--out_dir={tmp_path / 'full'}",
+        "--prompt=abc",
+        "--max_new_tokens=50",
+        "--num_samples=1",
+        "--temperature=0",
+        "--attn_dir=",
+        "--window=6",
+        "--sinks=2",
+    ]
     assert sample.run(argv) == 0
     out = capsys.readouterr().out
     assert "rolling kv cache of 2 sinks + 6 tokens" in out
-    expected = model.generate(torch.tensor([tok.encode("abc")]), 50, temperature=0, window=6, sinks=2)
+    expected = model.generate(
+        torch.tensor([tok.encode("abc")]), 50, temperature=0, window=6, sinks=2
+    )
     assert tok.decode(expected[0].tolist()) in out
     # a model trained with a window reads it from its checkpoint, and maps come from one forward
     save_tiny_checkpoint(tmp_path / "windowed", sliding_window=5, sink_tokens=1)
-    assert sample.run([f"--out_dir={tmp_path / 'windowed'}", "--prompt=abc", "--max_new_tokens=40",
-                       "--num_samples=1", f"--attn_dir={tmp_path / 'maps'}"]) == 0
+    assert (
+        sample.run(
+            [
+                f"--out_dir={tmp_path / 'windowed'}",
+                "--prompt=abc",
+                "--max_new_tokens=40",
+                "--num_samples=1",
+                f"--attn_dir={tmp_path / 'maps'}",
+            ]
+        )
+        == 0
+    )
     assert "rolling kv cache of 1 sinks + 5 tokens" in capsys.readouterr().out
     assert (tmp_path / "maps" / "index.html").exists()
 
 
-@pytest.mark.parametrize("extra,expected", [(["--window=0"], "sliding_window None or >= 1"),
-                                            (["--sinks=4"], "a window for sinks"),
-                                            (["--window=4", "--sinks=-1"], "sink_tokens >= 0"),
-                                            (["--window=4", "--compile"], "drop --compile"),
-                                            (["--window=4", "--learned"], "rope")])
+@pytest.mark.parametrize(
+    "extra,expected",
+    [
+        (["--window=0"], "sliding_window None or >= 1"),
+        (["--sinks=4"], "a window for sinks"),
+        (["--window=4", "--sinks=-1"], "sink_tokens >= 0"),
+        (["--window=4", "--compile"], "drop --compile"),
+        (["--window=4", "--learned"], "rope"),
+    ],
+)
 def test_sample_bad_window_options_fail_in_one_line(tmp_path, capsys, extra, expected):
     import sample
+
     learned = "--learned" in extra
     save_tiny_checkpoint(tmp_path, rope=not learned)
     argv = [f"--out_dir={tmp_path}", "--prompt=abc", "--max_new_tokens=5", "--attn_dir="]
@@ -271,21 +340,50 @@ def test_sample_bad_window_options_fail_in_one_line(tmp_path, capsys, extra, exp
 
 def test_train_flags_reach_the_checkpoint(tmp_path, data_root):
     import train
-    from checkpoint import load_checkpoint
+    from support.checkpoint import load_checkpoint
+
     out = tmp_path / "out"
-    train.main(["--dataset=shakespeare_char", f"--data_root={data_root}", f"--out_dir={out}", "--max_iters=2",
-                "--eval_interval=2", "--eval_iters=1", "--batch_size=2", "--block_size=64", "--n_layer=1",
-                "--n_embd=32", "--n_head=2", "--rope=True", "--sliding_window=8", "--sink_tokens=2",
-                "--compile=False", "--device=cpu", "--dtype=float32", "--gradient_accumulation_steps=1",
-                "--log_interval=1", "--warmup_iters=1"])
+    train.main(
+        [
+            "--dataset=shakespeare_char",
+            f"--data_root={data_root}",
+            f"--out_dir={out}",
+            "--max_iters=2",
+            "--eval_interval=2",
+            "--eval_iters=1",
+            "--batch_size=2",
+            "--block_size=64",
+            "--n_layer=1",
+            "--n_embd=32",
+            "--n_head=2",
+            "--rope=True",
+            "--sliding_window=8",
+            "--sink_tokens=2",
+            "--compile=False",
+            "--device=cpu",
+            "--dtype=float32",
+            "--gradient_accumulation_steps=1",
+            "--log_interval=1",
+            "--warmup_iters=1",
+        ]
+    )
     args = load_checkpoint(str(out))["model_args"]
     assert args["sliding_window"] == 8 and args["sink_tokens"] == 2
 
 
 def test_train_bad_window_is_one_line(tmp_path, data_root, capsys):
     import train
+
     with pytest.raises(SystemExit):
-        train.main(["--dataset=shakespeare_char", f"--data_root={data_root}", f"--out_dir={tmp_path}",
-                    "--sink_tokens=4", "--device=cpu", "--compile=False"])
+        train.main(
+            [
+                "--dataset=shakespeare_char",
+                f"--data_root={data_root}",
+                f"--out_dir={tmp_path}",
+                "--sink_tokens=4",
+                "--device=cpu",
+                "--compile=False",
+            ]
+        )
     err = capsys.readouterr().err
     assert "Traceback" not in err and "a window for sinks" in err

@@ -4,7 +4,9 @@ verdict and from timing the model, the entry points on a CPU where bfloat16
 crashes, and Muon's orthogonalisation in float32, checked against
 torch.optim.Muon and a float64 oracle."""
 
+import ast
 import copy
+import glob
 import os
 import subprocess
 import sys
@@ -13,13 +15,21 @@ import time
 import pytest
 import torch
 
-import hardware
-import optim
 import train
+from support import hardware, optim
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["--device=cpu", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=2",
-        "--eval_iters=1", "--compile=False", "--gradient_accumulation_steps=1"]
+TINY = [
+    "--device=cpu",
+    "--n_layer=1",
+    "--n_head=2",
+    "--n_embd=16",
+    "--block_size=16",
+    "--batch_size=2",
+    "--eval_iters=1",
+    "--compile=False",
+    "--gradient_accumulation_steps=1",
+]
 
 
 @pytest.fixture
@@ -32,8 +42,14 @@ def fresh(monkeypatch, tmp_path):
 
 def python(code, **env):
     """Run code in a fresh interpreter from the repo root: (exit code, stdout, stderr)."""
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, OMP_NUM_THREADS="1", **env))
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1", **env),
+    )
     return r.returncode, r.stdout, r.stderr
 
 
@@ -71,32 +87,51 @@ def test_a_cpu_whose_amx_crashes_gets_bfloat16_through_the_onednn_cap(tmp_path):
     """As on a VM that advertises AMX but kills a process that uses it: the first
     child dies with SIGILL, the second, capped at AVX512-BF16, lives; this process
     sets the cap before torch loads and then really multiplies in bfloat16."""
-    code = ("import os, hardware; v = hardware.check_bf16(); import torch; "
-            "x = torch.nn.Linear(64, 64).bfloat16()(torch.randn(4, 64).bfloat16()); "
-            "print(v['runs'], v['env'], v['amx_crashed'], os.environ['ONEDNN_MAX_CPU_ISA'], x.dtype); "
-            "print(hardware.auto_dtype('cpu')[1])")
+    code = (
+        "import os; from support import hardware; v = hardware.check_bf16(); import torch; "
+        "x = torch.nn.Linear(64, 64).bfloat16()(torch.randn(4, 64).bfloat16()); "
+        "print(v['runs'], v['env'], v['amx_crashed'], os.environ['ONEDNN_MAX_CPU_ISA'], x.dtype); "
+        "print(hardware.auto_dtype('cpu')[1])"
+    )
     env = dict(XDG_CACHE_HOME=str(tmp_path), GPT_SIMULATE_SIGILL="amx")
     env_without_cap = {k: v for k, v in os.environ.items() if k != hardware.ISA}
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
-                       env=dict(env_without_cap, OMP_NUM_THREADS="1", **env))
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(env_without_cap, OMP_NUM_THREADS="1", **env),
+    )
     assert r.returncode == 0, r.stderr
     first, why = r.stdout.splitlines()
-    assert first == "True {'ONEDNN_MAX_CPU_ISA': 'AVX512_CORE_BF16'} SIGILL AVX512_CORE_BF16 torch.bfloat16"
+    assert (
+        first
+        == "True {'ONEDNN_MAX_CPU_ISA': 'AVX512_CORE_BF16'} SIGILL AVX512_CORE_BF16 torch.bfloat16"
+    )
     assert "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16" in why and "AMX" in why
 
 
 def test_a_cpu_where_bfloat16_always_crashes_falls_back_to_float32(tmp_path):
-    code = ("import hardware; v = hardware.check_bf16(); print(v['runs']); "
-            "print(hardware.auto_dtype('cpu')); print(hardware.bf16_error('cpu'))")
+    code = (
+        "from support import hardware; v = hardware.check_bf16(); print(v['runs']); "
+        "print(hardware.auto_dtype('cpu')); print(hardware.bf16_error('cpu'))"
+    )
     code_rc, out, err = python(code, XDG_CACHE_HOME=str(tmp_path), GPT_SIMULATE_SIGILL="always")
     assert code_rc == 0, err
     runs, auto, error = out.splitlines()
     assert runs == "False" and auto.startswith("('float32', 'bfloat16 crashes on this CPU (SIGILL")
-    assert error.startswith("--dtype=bfloat16 cannot run here: bfloat16 crashes") and "--dtype=float32" in error
+    assert (
+        error.startswith("--dtype=bfloat16 cannot run here: bfloat16 crashes")
+        and "--dtype=float32" in error
+    )
     # and the simulated machine really dies at a bfloat16 op, as the real one would
-    code_rc, _, err = python("import hardware; hardware.check_bf16(); import torch; "
-                             "torch.randn(8, 8).bfloat16() @ torch.randn(8, 8).bfloat16()",
-                             XDG_CACHE_HOME=str(tmp_path), GPT_SIMULATE_SIGILL="always")
+    code_rc, _, err = python(
+        "from support import hardware; hardware.check_bf16(); import torch; "
+        "torch.randn(8, 8).bfloat16() @ torch.randn(8, 8).bfloat16()",
+        XDG_CACHE_HOME=str(tmp_path),
+        GPT_SIMULATE_SIGILL="always",
+    )
     assert code_rc == -4 and "simulated SIGILL" in err
 
 
@@ -105,15 +140,28 @@ def test_the_fix_comes_too_late_once_torch_is_loaded(fresh, monkeypatch):
     monkeypatch.delenv(hardware.ISA, raising=False)
     verdict = hardware.check_bf16()  # torch is loaded in this process
     assert not verdict["runs"] and hardware.ISA not in os.environ
-    assert verdict["why"] == ("bf16 crashes in oneDNN's AMX kernels on this CPU; "
-                              "set ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 to use AVX512-BF16")
+    assert verdict["why"] == (
+        "bf16 crashes in oneDNN's AMX kernels on this CPU; "
+        "set ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 to use AVX512-BF16"
+    )
 
 
-@pytest.mark.parametrize("verdict, dtype, why", [
-    (dict(runs=True, env={}, slowdown=0.5), "bfloat16", "native bfloat16"),
-    (dict(runs=True, env={}, slowdown=40.0), "float32", "no native bfloat16: a matrix multiply takes 40x"),
-    (dict(runs=False, env={}, why="bfloat16 crashes on this CPU"), "float32", "bfloat16 crashes on this CPU"),
-])
+@pytest.mark.parametrize(
+    "verdict, dtype, why",
+    [
+        (dict(runs=True, env={}, slowdown=0.5), "bfloat16", "native bfloat16"),
+        (
+            dict(runs=True, env={}, slowdown=40.0),
+            "float32",
+            "no native bfloat16: a matrix multiply takes 40x",
+        ),
+        (
+            dict(runs=False, env={}, why="bfloat16 crashes on this CPU"),
+            "float32",
+            "bfloat16 crashes on this CPU",
+        ),
+    ],
+)
 def test_auto_dtype_follows_the_verdict(monkeypatch, verdict, dtype, why):
     monkeypatch.delenv(hardware.ISA, raising=False)
     monkeypatch.setattr(hardware, "_verdict", verdict)
@@ -125,7 +173,9 @@ def test_onednn_cap_below_bf16_is_named(monkeypatch):
     monkeypatch.setenv(hardware.ISA, "avx2")
     monkeypatch.setattr(hardware, "_verdict", dict(runs=True, env={}, slowdown=42.0))
     assert hardware.auto_dtype("cpu") == (
-        "float32", "no native bfloat16: ONEDNN_MAX_CPU_ISA=AVX2, a matrix multiply takes 42x float32's time")
+        "float32",
+        "no native bfloat16: ONEDNN_MAX_CPU_ISA=AVX2, a matrix multiply takes 42x float32's time",
+    )
 
 
 def test_the_faster_precision_wins_and_is_timed_once(fresh, monkeypatch):
@@ -135,25 +185,36 @@ def test_the_faster_precision_wins_and_is_timed_once(fresh, monkeypatch):
     def seconds(dtype):
         calls.append(dtype)
         return {"bfloat16": 0.170, "float32": 0.132}[dtype]
+
     assert hardware.faster_cpu_dtype("shape A", seconds) == (
-        "float32", "faster than bf16 here: 132 vs 170 ms per forward and backward")
-    assert hardware.faster_cpu_dtype("shape A", seconds)[0] == "float32" and len(calls) == 2  # cached
-    assert hardware.faster_cpu_dtype("shape B", lambda d: {"bfloat16": 0.07, "float32": 0.1}[d]) == (
-        "bfloat16", "faster than float32 here: 70 vs 100 ms per forward and backward")
+        "float32",
+        "faster than bf16 here: 132 vs 170 ms per forward and backward",
+    )
+    assert (
+        hardware.faster_cpu_dtype("shape A", seconds)[0] == "float32" and len(calls) == 2
+    )  # cached
+    assert hardware.faster_cpu_dtype(
+        "shape B", lambda d: {"bfloat16": 0.07, "float32": 0.1}[d]
+    ) == ("bfloat16", "faster than float32 here: 70 vs 100 ms per forward and backward")
 
 
 def test_the_real_timing_measures_both_precisions(fresh, data_root, monkeypatch):
     monkeypatch.setattr(hardware, "_verdict", dict(runs=True, env={}, slowdown=0.5))
     cfg = dict(train.DEFAULTS, n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=2)
     from model import GPT, GPTConfig
+
     model = GPT(GPTConfig(**train.model_args(cfg, 65)))
-    data = train.load_split(os.path.join(data_root, "shakespeare_char"), "val", 16, 65, torch.device("cpu"))
+    data = train.load_split(
+        os.path.join(data_root, "shakespeare_char"), "val", 16, 65, torch.device("cpu")
+    )
     rng = torch.get_rng_state()
     if not hardware.check_bf16()["runs"] or os.environ.get(hardware.SIMULATE):
         pytest.skip("bfloat16 does not run here")
     dtype, why = train.time_cpu_dtypes(cfg, model, data)
     assert dtype in ("bfloat16", "float32") and "ms per forward and backward" in why
-    assert torch.equal(torch.get_rng_state(), rng) and all(p.grad is None for p in model.parameters())
+    assert torch.equal(torch.get_rng_state(), rng) and all(
+        p.grad is None for p in model.parameters()
+    )
 
 
 @pytest.mark.parametrize("native, dtype", [(True, "bfloat16"), (False, "float16")])
@@ -163,23 +224,41 @@ def test_cuda_counts_only_native_bf16(monkeypatch, native, dtype):
     def is_bf16_supported(including_emulation=True):
         calls.append(including_emulation)
         return native or including_emulation  # a V100 or T4: bf16 only emulated
+
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
     assert hardware.auto_dtype("cuda")[0] == dtype and calls == [False]
 
 
 def test_training_start_line_names_the_choice_and_why(data_root, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(hardware, "_verdict", dict(runs=True, env={}, slowdown=35.0))  # AVX2 only
-    train.main(["--dataset=shakespeare_char", f"--data_root={data_root}", f"--out_dir={tmp_path}", *TINY,
-                "--max_iters=1"])
-    assert "| cpu, float32 (no native bfloat16: a matrix multiply takes 35x float32's time) |" in \
-        capsys.readouterr().out
+    train.main(
+        [
+            "--dataset=shakespeare_char",
+            f"--data_root={data_root}",
+            f"--out_dir={tmp_path}",
+            *TINY,
+            "--max_iters=1",
+        ]
+    )
+    assert (
+        "| cpu, float32 (no native bfloat16: a matrix multiply takes 35x float32's time) |"
+        in capsys.readouterr().out
+    )
 
 
 @pytest.mark.bf16
 def test_explicit_bfloat16_on_an_emulating_cpu_warns_once(data_root, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(hardware, "_verdict", dict(runs=True, env={}, slowdown=35.0))
-    train.main(["--dataset=shakespeare_char", f"--data_root={data_root}", f"--out_dir={tmp_path}", *TINY,
-                "--max_iters=2", "--dtype=bfloat16"])
+    train.main(
+        [
+            "--dataset=shakespeare_char",
+            f"--data_root={data_root}",
+            f"--out_dir={tmp_path}",
+            *TINY,
+            "--max_iters=2",
+            "--dtype=bfloat16",
+        ]
+    )
     captured = capsys.readouterr()
     warnings = [line for line in captured.err.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "emulated" in warnings[0] and "--dtype=auto" in warnings[0]
@@ -193,30 +272,64 @@ def test_explicit_bfloat16_on_an_emulating_cpu_warns_once(data_root, tmp_path, c
 
 def crashing(tmp_path, mode="always"):
     env = {k: v for k, v in os.environ.items() if k != hardware.ISA}
-    return dict(env, OMP_NUM_THREADS="1", XDG_CACHE_HOME=str(tmp_path / "cache"), GPT_SIMULATE_SIGILL=mode)
+    return dict(
+        env, OMP_NUM_THREADS="1", XDG_CACHE_HOME=str(tmp_path / "cache"), GPT_SIMULATE_SIGILL=mode
+    )
 
 
 def run(argv, env, timeout=300):
-    return subprocess.run([sys.executable, *argv], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_main_command_runs_in_float32_where_bfloat16_crashes(data_root, tmp_path):
-    r = run(["train.py", "config/shakespeare.py", f"--data_root={data_root}", f"--out_dir={tmp_path}/out",
-             "--batch_size=2", "--gradient_accumulation_steps=1", "--max_iters=1", "--eval_iters=1"],
-            crashing(tmp_path))
+    r = run(
+        [
+            "train.py",
+            "config/shakespeare.py",
+            f"--data_root={data_root}",
+            f"--out_dir={tmp_path}/out",
+            "--batch_size=2",
+            "--gradient_accumulation_steps=1",
+            "--max_iters=1",
+            "--eval_iters=1",
+        ],
+        crashing(tmp_path),
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "no GPU found" in r.stdout and "this run should take about" in r.stdout
     assert "| cpu, float32 (bfloat16 crashes on this CPU (SIGILL in a test run" in r.stdout
 
 
-@pytest.mark.parametrize("mode, dtype, why", [
-    ("always", "float32", "bfloat16 crashes on this CPU (SIGILL in a test run, also with ONEDNN_MAX_CPU_ISA"),
-    ("amx", None, "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 set: oneDNN's AMX kernels crash on this CPU (SIGILL)"),
-])
+@pytest.mark.parametrize(
+    "mode, dtype, why",
+    [
+        (
+            "always",
+            "float32",
+            "bfloat16 crashes on this CPU (SIGILL in a test run, also with ONEDNN_MAX_CPU_ISA",
+        ),
+        (
+            "amx",
+            None,
+            "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 set: oneDNN's AMX kernels crash on this CPU (SIGILL)",
+        ),
+    ],
+)
 def test_cpu_recipe_where_bfloat16_crashes(data_root, tmp_path, mode, dtype, why):
-    r = run(["train.py", "config/shakespeare_cpu.py", f"--data_root={data_root}", f"--out_dir={tmp_path}/out",
-             "--max_iters=3", "--eval_iters=1", "--eval_full_val=False"], crashing(tmp_path, mode))
+    r = run(
+        [
+            "train.py",
+            "config/shakespeare_cpu.py",
+            f"--data_root={data_root}",
+            f"--out_dir={tmp_path}/out",
+            "--max_iters=3",
+            "--eval_iters=1",
+            "--eval_full_val=False",
+        ],
+        crashing(tmp_path, mode),
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     line = next(line for line in r.stdout.splitlines() if "parameters |" in line)
     assert why in line and "done at iter 3" in r.stdout
@@ -225,19 +338,42 @@ def test_cpu_recipe_where_bfloat16_crashes(data_root, tmp_path, mode, dtype, why
 
 
 def test_explicit_bfloat16_where_it_crashes_is_one_line(data_root, tmp_path):
-    for argv in (["train.py", "config/shakespeare_cpu.py", f"--data_root={data_root}", "--dtype=bfloat16",
-                  f"--out_dir={tmp_path}/out"],
-                 ["sample.py", f"--out_dir={tmp_path}/none", "--dtype=bfloat16", "--device=cpu"]):
+    for argv in (
+        [
+            "train.py",
+            "config/shakespeare_cpu.py",
+            f"--data_root={data_root}",
+            "--dtype=bfloat16",
+            f"--out_dir={tmp_path}/out",
+        ],
+        ["sample.py", f"--out_dir={tmp_path}/none", "--dtype=bfloat16", "--device=cpu"],
+    ):
         r = run(argv, crashing(tmp_path))
         assert r.returncode not in (0, -4) and "Traceback" not in r.stderr, r.stderr
-        assert r.stderr.strip().splitlines()[-1].endswith(
-            "--dtype=bfloat16 cannot run here: bfloat16 crashes on this CPU (SIGILL in a test run, also with "
-            "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16); use --dtype=float32")
+        assert (
+            r.stderr.strip()
+            .splitlines()[-1]
+            .endswith(
+                "--dtype=bfloat16 cannot run here: bfloat16 crashes on this CPU (SIGILL in a test run, also with "
+                "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16); use --dtype=float32"
+            )
+        )
 
 
 def test_tests_that_need_bfloat16_are_skipped_with_the_probes_reason(tmp_path):
-    r = run(["-m", "pytest", "-rs", "-p", "no:cacheprovider", "tests/test_train.py", "-k",
-             "bfloat16_training_on_cpu_learns"], crashing(tmp_path))
+    r = run(
+        [
+            "-m",
+            "pytest",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+            "tests/test_train.py",
+            "-k",
+            "bfloat16_training_on_cpu_learns",
+        ],
+        crashing(tmp_path),
+    )
     assert r.returncode == 0 and "1 skipped" in r.stdout, r.stdout[-2000:]
     assert "bfloat16 does not run on this CPU: bfloat16 crashes on this CPU (SIGILL" in r.stdout
 
@@ -281,7 +417,10 @@ def muon_pair(shape, seed=0):
     w = torch.randn(shape)
     p_ref, p_ours = torch.nn.Parameter(w.clone()), torch.nn.Parameter(w.clone())
     kwargs = dict(lr=0.02, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
-    return (p_ref, torch.optim.Muon([p_ref], **kwargs)), (p_ours, optim.Muon([p_ours], float32=True, **kwargs))
+    return (p_ref, torch.optim.Muon([p_ref], **kwargs)), (
+        p_ours,
+        optim.Muon([p_ours], float32=True, **kwargs),
+    )
 
 
 def step_with(param, optimizer, grad):
@@ -302,8 +441,12 @@ def test_float32_muon_update_equals_torch_muon_within_bf16_tolerance(shape):
         ours.load_state_dict(copy.deepcopy(ref.state_dict()))  # no shared buffers
         d_ref, d_ours = step_with(p_ref, ref, grad), step_with(p_ours, ours, grad)
         assert (d_ours - d_ref).norm() / d_ref.norm() < 0.05
-        assert torch.equal(ours.state[p_ours]["momentum_buffer"], ref.state[p_ref]["momentum_buffer"])
-    assert torch.optim._muon._zeropower_via_newtonschulz.__name__ == "_zeropower_via_newtonschulz"  # restored
+        assert torch.equal(
+            ours.state[p_ours]["momentum_buffer"], ref.state[p_ref]["momentum_buffer"]
+        )
+    assert (
+        torch.optim._muon._zeropower_via_newtonschulz.__name__ == "_zeropower_via_newtonschulz"
+    )  # restored
 
 
 @pytest.mark.bf16  # torch.optim.Muon orthogonalises in bfloat16
@@ -328,41 +471,69 @@ def test_muon_state_moves_between_the_two_and_resumes():
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_muon_orthogonalises_in_the_training_precision(dtype):
     from model import GPT, GPTConfig
+
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=11))
     cfg = dict(train.DEFAULTS, optimizer="muon")
     muon, adamw = optim.make_optimizers(model, cfg, "cpu", dtype)
     assert isinstance(muon, torch.optim.Muon) and muon.float32 == (dtype == "float32")
 
 
-ENTRY_POINTS = ["train.py", "sample.py", "heads.py", "bench.py", "smoke_gpu.py", "docs/induction_experiment.py",
-                "docs/linear_attention.py", "docs/ring_attention_measure.py", "docs/long_context.py"]
+ENTRY_POINTS = [
+    "train.py",
+    "sample.py",
+    "heads.py",
+    "bench.py",
+    "smoke_gpu.py",
+    "experiments/induction_experiment.py",
+    "experiments/linear_attention.py",
+    "experiments/ring_attention_measure.py",
+    "experiments/long_context.py",
+]
 
 
-@pytest.mark.parametrize("path", ENTRY_POINTS + ["tests/conftest.py"])
+def imported_modules(node):
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom):
+        return [node.module or ""]
+    return []
+
+
+@pytest.mark.parametrize("path", ENTRY_POINTS)
 def test_every_entry_point_checks_bfloat16_before_torch_loads(path):
-    """The fix (ONEDNN_MAX_CPU_ISA) only works if it is set before torch loads."""
-    import ast
+    """The fix (ONEDNN_MAX_CPU_ISA) only works if it is set before torch loads: the
+    first import of torch or of the project's code is support.before_torch."""
     tree = ast.parse(open(os.path.join(REPO, path)).read())
-    check = torch_import = None
-    for node in tree.body:  # module level, in order
-        if check is None and isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
-                and ast.unparse(node.value.func) == "hardware.check_bf16":
-            check = node.lineno
-        if isinstance(node, ast.Assign) and ast.unparse(node.value) == "hardware.check_bf16()":
-            check = check or node.lineno
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-        if torch_import is None and any(n == "torch" or n.startswith("torch.") for n in names):
-            torch_import = node.lineno
-    assert check is not None and torch_import is not None and check < torch_import
+    ours = ("torch", "model", "support", "data", "train", "sample", "heads", "bench", "experiments")
+    first = next(
+        name
+        for node in tree.body  # module level, in order
+        for name in imported_modules(node)
+        if name.split(".")[0] in ours
+    )
+    assert first == "support.before_torch"
+
+
+def test_before_torch_runs_the_check_and_the_tests_do_it_too():
+    for path in ("support/before_torch.py", "tests/conftest.py"):
+        tree = ast.parse(open(os.path.join(REPO, path)).read())
+        check = torch_import = None
+        for node in tree.body:
+            if check is None and "hardware.check_bf16()" in ast.unparse(node):
+                check = node.lineno
+            if torch_import is None and any(
+                n.split(".")[0] == "torch" for n in imported_modules(node)
+            ):
+                torch_import = node.lineno
+        assert check is not None and (torch_import is None or check < torch_import), path
 
 
 def test_the_entry_point_list_is_complete():
     """Any script with a main block that imports torch is in ENTRY_POINTS."""
-    import glob
     scripts = set()
-    for path in glob.glob(os.path.join(REPO, "*.py")) + glob.glob(os.path.join(REPO, "docs", "*.py")):
-        text = open(path).read()
-        if '__name__ == "__main__"' in text and "import torch" in text:
-            scripts.add(os.path.relpath(path, REPO))
-    assert scripts - {"hardware.py"} <= set(ENTRY_POINTS), scripts - set(ENTRY_POINTS)
+    for folder in ("", "experiments", "bench"):
+        for path in glob.glob(os.path.join(REPO, folder, "*.py")):
+            text = open(path).read()
+            if '__name__ == "__main__"' in text and "import torch" in text:
+                scripts.add(os.path.relpath(path, REPO))
+    assert scripts <= set(ENTRY_POINTS), scripts - set(ENTRY_POINTS)

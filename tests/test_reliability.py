@@ -28,17 +28,29 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import train
-from checkpoint import load_checkpoint
-from configurator import ConfigError
 from data.prepare import prepare_text
+from support.checkpoint import load_checkpoint
+from support.configurator import ConfigError
 
 REPO = os.path.dirname(os.path.abspath(train.__file__))
-TINY = ["--device=cpu", "--compile=False", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=32",
-        "--block_size=16", "--batch_size=4", "--gradient_accumulation_steps=1", "--eval_iters=1",
-        "--log_interval=1", "--warmup_iters=2", "--learning_rate=3e-3", "--seed=11"]
+TINY = [
+    "--device=cpu",
+    "--compile=False",
+    "--dtype=float32",
+    "--n_layer=1",
+    "--n_head=2",
+    "--n_embd=32",
+    "--block_size=16",
+    "--batch_size=4",
+    "--gradient_accumulation_steps=1",
+    "--eval_iters=1",
+    "--log_interval=1",
+    "--warmup_iters=2",
+    "--learning_rate=3e-3",
+    "--seed=11",
+]
 # tqdm's progress bar shares stderr with the error line; its updates are not messages
 PROGRESS = re.compile(r"\d+%\||it/s|\d+it \[")
-
 
 
 def child_env():
@@ -92,9 +104,13 @@ def inputs(tmp_path_factory, corpus_path):
     data = str(root / "data")
     with open(corpus_path, encoding="utf-8") as f:
         text = f.read()
-    prepare_text(text[:20_000], os.path.join(data, "small"), "char")  # small enough to copy and damage
+    prepare_text(
+        text[:20_000], os.path.join(data, "small"), "char"
+    )  # small enough to copy and damage
     prepare_text(text[:4_000], os.path.join(data, "small_gpt2"), "gpt2")
-    prepare_text("hello there, general kenobi\n", os.path.join(data, "tiny"), "char")  # val: 3 tokens
+    prepare_text(
+        "hello there, general kenobi\n", os.path.join(data, "tiny"), "char"
+    )  # val: 3 tokens
 
     transformers = pytest.importorskip("transformers")
     hf = root / "gpt2-tiny"
@@ -102,14 +118,29 @@ def inputs(tmp_path_factory, corpus_path):
     transformers.GPT2LMHeadModel(config).save_pretrained(hf)
 
     ckpt_dir = str(root / "trained")
-    train.main(["--dataset=small", f"--data_root={data}", f"--out_dir={ckpt_dir}", *TINY,
-                "--max_iters=2", "--eval_interval=2"])
+    train.main(
+        [
+            "--dataset=small",
+            f"--data_root={data}",
+            f"--out_dir={ckpt_dir}",
+            *TINY,
+            "--max_iters=2",
+            "--eval_interval=2",
+        ]
+    )
     return {"root": str(root), "data": data, "hf": str(hf), "ckpt": ckpt_dir}
 
 
 def train_args(inputs, out_dir, *extra, dataset="small"):
-    return [f"--dataset={dataset}", f"--data_root={inputs['data']}", f"--out_dir={out_dir}", *TINY,
-            "--max_iters=2", "--eval_interval=1", *extra]
+    return [
+        f"--dataset={dataset}",
+        f"--data_root={inputs['data']}",
+        f"--out_dir={out_dir}",
+        *TINY,
+        "--max_iters=2",
+        "--eval_interval=1",
+        *extra,
+    ]
 
 
 # -----------------------------------------------------------------------------
@@ -127,7 +158,8 @@ import io, json, os, runpy, signal, sys, time, traceback
 sys.path.insert(0, os.getcwd())
 import torch
 import torch._dynamo  # torch.optim imports it on first use: seconds, better spent once here
-import attention_maps, sample, train  # noqa: F401  (imported once, for every child)
+import sample, train  # noqa: F401  (imported once, for every child)
+from support import attention_maps  # noqa: F401
 import data.prepare  # noqa: F401
 
 real_save, slow = torch.save, [False]
@@ -209,8 +241,14 @@ class Forker:
         script = os.path.join(folder, "forker.py")
         with open(script, "w") as f:
             f.write(FORKER)
-        self.proc = subprocess.Popen([sys.executable, script], cwd=REPO, env=child_env(), text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            [sys.executable, script],
+            cwd=REPO,
+            env=child_env(),
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
 
     def run(self, jobs, workers=1):
         """jobs: [(script, argv)] or [(script, argv, options)]; options: cwd, delay, slow, log
@@ -222,9 +260,17 @@ class Forker:
             self.count += 1
             out = options.get("log") or os.path.join(self.folder, f"{self.count}.out")
             err = options.get("log") or os.path.join(self.folder, f"{self.count}.err")
-            requests.append({"script": os.path.join(REPO, script), "argv": [str(a) for a in argv],
-                             "cwd": str(options.get("cwd", REPO)), "delay": options.get("delay"),
-                             "slow": options.get("slow", False), "stdout": out, "stderr": err})
+            requests.append(
+                {
+                    "script": os.path.join(REPO, script),
+                    "argv": [str(a) for a in argv],
+                    "cwd": str(options.get("cwd", REPO)),
+                    "delay": options.get("delay"),
+                    "slow": options.get("slow", False),
+                    "stdout": out,
+                    "stderr": err,
+                }
+            )
             outputs.append((out, err))
         self.proc.stdin.write(json.dumps({"jobs": requests, "workers": workers}) + "\n")
         self.proc.stdin.flush()
@@ -232,7 +278,9 @@ class Forker:
         assert reply, "the forker died"
         results = []
         for request, (out, err), result in zip(requests, outputs, json.loads(reply)):
-            proc = subprocess.CompletedProcess(request["argv"], result["code"], read(out), read(err))
+            proc = subprocess.CompletedProcess(
+                request["argv"], result["code"], read(out), read(err)
+            )
             proc.killed = result["killed"]
             results.append(proc)
         return results
@@ -270,22 +318,43 @@ assert sum(DELAYS) / SLOW_SAVE_S + len(DELAYS) < KILL_ITERS
 
 def test_sigkill_at_random_moments_loses_nothing(forker, inputs, tmp_path):
     out, straight, log = tmp_path / "out", tmp_path / "straight", str(tmp_path / "children.log")
-    common = ["--dropout=0.1", f"--max_iters={KILL_ITERS}", f"--lr_decay_iters={KILL_ITERS}",
-              "--always_save_checkpoint=True"]
+    common = [
+        "--dropout=0.1",
+        f"--max_iters={KILL_ITERS}",
+        f"--lr_decay_iters={KILL_ITERS}",
+        "--always_save_checkpoint=True",
+    ]
     # the uninterrupted run, a plain `python train.py`, alongside the killed ones
-    reference = subprocess.Popen([sys.executable, "train.py", *train_args(inputs, straight, *common)], cwd=REPO,
-                                 env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    reference = subprocess.Popen(
+        [sys.executable, "train.py", *train_args(inputs, straight, *common)],
+        cwd=REPO,
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
     def start(delay, slow=True):
-        resume = ["--init_from=resume"] if (out / "ckpt.pt").exists() else []  # the first start: scratch
-        return forker.run([("train.py", train_args(inputs, out, *common, *resume),
-                            {"delay": delay, "slow": slow, "log": log})])[0]
+        resume = (
+            ["--init_from=resume"] if (out / "ckpt.pt").exists() else []
+        )  # the first start: scratch
+        return forker.run(
+            [
+                (
+                    "train.py",
+                    train_args(inputs, out, *common, *resume),
+                    {"delay": delay, "slow": slow, "log": log},
+                )
+            ]
+        )[0]
 
     iters, mid_write = [], 0
     for kill, delay in enumerate(DELAYS):
         result = start(delay)
         assert result.killed and result.returncode == -signal.SIGKILL, (kill, result.returncode)
-        mid_write += bool(glob.glob(str(out / "ckpt.pt.tmp.*")))  # the temporary file of a write cut short
+        mid_write += bool(
+            glob.glob(str(out / "ckpt.pt.tmp.*"))
+        )  # the temporary file of a write cut short
         if (out / "ckpt.pt").exists():
             iters.append(load_checkpoint(str(out))["iter_num"])  # complete and loadable, every time
     last = start(delay=None, slow=False)
@@ -304,17 +373,23 @@ def test_sigkill_at_random_moments_loses_nothing(forker, inputs, tmp_path):
     assert final["model"].keys() == expected["model"].keys()
     for key in expected["model"]:
         assert torch.equal(final["model"][key], expected["model"][key]), key
-    for state, ref in zip(final["optimizer"]["state"].values(), expected["optimizer"]["state"].values()):
+    for state, ref in zip(
+        final["optimizer"]["state"].values(), expected["optimizer"]["state"].values()
+    ):
         for name in ref:
             assert torch.equal(state[name], ref[name]), name
     assert torch.equal(final["rng"]["cpu"], expected["rng"]["cpu"])
     # every evaluation the killed runs logged (some twice, after a resume) is the uninterrupted one's
-    straight_log = {rec["iter"]: (rec["train_loss"], rec["val_loss"], rec["lr"]) for rec in read_log(straight)}
+    straight_log = {
+        rec["iter"]: (rec["train_loss"], rec["val_loss"], rec["lr"]) for rec in read_log(straight)
+    }
     logged = read_log(out)
     assert [rec["iter"] for rec in logged] == sorted(rec["iter"] for rec in logged)
     for rec in logged:
         assert (rec["train_loss"], rec["val_loss"], rec["lr"]) == straight_log[rec["iter"]], rec
-    print(f"{len(DELAYS)} kills, {mid_write} inside a checkpoint write, checkpoints at iters {iters}")
+    print(
+        f"{len(DELAYS)} kills, {mid_write} inside a checkpoint write, checkpoints at iters {iters}"
+    )
 
 
 # -----------------------------------------------------------------------------
@@ -323,13 +398,24 @@ def test_sigkill_at_random_moments_loses_nothing(forker, inputs, tmp_path):
 
 def test_ctrl_c_saves_and_exits_zero(inputs, tmp_path):
     out = tmp_path / "out"
-    child = subprocess.Popen([sys.executable, "train.py", *train_args(inputs, out, "--max_iters=1000000",
-                                                                      "--eval_interval=1000000")],
-                             cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "train.py",
+            *train_args(inputs, out, "--max_iters=1000000", "--eval_interval=1000000"),
+        ],
+        cwd=REPO,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     log = out / "log.jsonl"
     try:
         deadline = time.time() + 90
-        while not (log.exists() and log.stat().st_size) and time.time() < deadline:  # in the training loop
+        while (
+            not (log.exists() and log.stat().st_size) and time.time() < deadline
+        ):  # in the training loop
             time.sleep(0.05)
         time.sleep(0.2)
         child.send_signal(signal.SIGINT)
@@ -363,15 +449,27 @@ def test_full_disk_keeps_the_previous_checkpoint(inputs, tmp_path):
     before = file_hash(out / "ckpt.pt")
     wrapper = tmp_path / "disk_full.py"
     wrapper.write_text(DISK_FULL)
-    proc = subprocess.run([sys.executable, str(wrapper), *train_args(inputs, out, "--max_iters=4",
-                                                                     "--init_from=resume")],
-                          cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(wrapper),
+            *train_args(inputs, out, "--max_iters=4", "--init_from=resume"),
+        ],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     line = error_line(proc)
     assert proc.returncode == 1
     assert "could not write checkpoint" in line and "No space left on device" in line
     assert "previous checkpoint is kept" in line
     assert file_hash(out / "ckpt.pt") == before
-    assert sorted(os.listdir(out)) == ["ckpt.pt", "log.jsonl"]  # the half-written temporary file is gone
+    assert sorted(os.listdir(out)) == [
+        "ckpt.pt",
+        "log.jsonl",
+    ]  # the half-written temporary file is gone
 
 
 def no_memory(*args, **kwargs):
@@ -379,10 +477,14 @@ def no_memory(*args, **kwargs):
 
 
 def no_cpu_memory(*args, **kwargs):
-    raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory")
+    raise RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory"
+    )
 
 
-@pytest.mark.parametrize("fault", ["no memory for the model", "no memory while training", "log not writable"])
+@pytest.mark.parametrize(
+    "fault", ["no memory for the model", "no memory while training", "log not writable"]
+)
 def test_resource_faults_keep_the_checkpoint(inputs, tmp_path, monkeypatch, capsys, fault):
     """In process, with the fault injected where it would happen."""
     out = tmp_path / "out"
@@ -399,9 +501,11 @@ def test_resource_faults_keep_the_checkpoint(inputs, tmp_path, monkeypatch, caps
         train.main(train_args(inputs, out, "--max_iters=4", "--init_from=resume"))
     lines = messages(capsys.readouterr().err)
     assert len(lines) == 1, lines
-    expected = {"no memory for the model": (2, "out of memory building the model"),
-                "no memory while training": (1, "out of memory while training; lower --batch_size"),
-                "log not writable": (1, "log.jsonl (Is a directory); the last checkpoint is kept")}[fault]
+    expected = {
+        "no memory for the model": (2, "out of memory building the model"),
+        "no memory while training": (1, "out of memory while training; lower --batch_size"),
+        "log not writable": (1, "log.jsonl (Is a directory); the last checkpoint is kept"),
+    }[fault]
     assert exit_info.value.code == expected[0] and expected[1] in lines[0], lines[0]
     assert file_hash(out / "ckpt.pt") == before
 
@@ -429,7 +533,7 @@ def damage_files(inputs, marker):
             torch.save(data, os.path.join(folder, "ckpt.pt"))
         made[name] = folder
 
-    checkpoint("ckpt_truncated", blob[:len(blob) // 2])
+    checkpoint("ckpt_truncated", blob[: len(blob) // 2])
     checkpoint("ckpt_empty", b"")
     checkpoint("ckpt_random", rng.randbytes(len(blob)))
     checkpoint("ckpt_flipped", flip_bytes_inside_a_tensor(blob))
@@ -451,7 +555,7 @@ def damage_files(inputs, marker):
         tokens = f.read()
     dataset("meta_python", "meta.json", f"__import__('os').system('touch {marker}')".encode())
     dataset("meta_pickle", "meta.json", pickle.dumps(RunsCode(marker)))
-    dataset("meta_truncated", "meta.json", meta[:len(meta) // 2])
+    dataset("meta_truncated", "meta.json", meta[: len(meta) // 2])
     dataset("meta_random", "meta.json", rng.randbytes(300))
     dataset("meta_wrong_vocab", "meta.json", meta.replace(b'"vocab_size": ', b'"vocab_size": 1'))
     dataset("bin_truncated", "train.bin", tokens[:-1])
@@ -466,14 +570,16 @@ def damage_files(inputs, marker):
 
     def runs_code(folder):
         os.remove(os.path.join(folder, "model.safetensors"))
-        torch.save({"transformer.wte.weight": RunsCode(marker)}, os.path.join(folder, "pytorch_model.bin"))
+        torch.save(
+            {"transformer.wte.weight": RunsCode(marker)}, os.path.join(folder, "pytorch_model.bin")
+        )
 
     def truncate(folder):
         path = os.path.join(folder, "model.safetensors")
         with open(path, "rb") as f:
             data = f.read()
         with open(path, "wb") as f:
-            f.write(data[:len(data) // 2])
+            f.write(data[: len(data) // 2])
 
     hf_folder("hf_runs_code", runs_code)
     hf_folder("hf_truncated", truncate)
@@ -485,7 +591,7 @@ def flip_bytes_inside_a_tensor(blob):
     with zipfile.ZipFile(io.BytesIO(blob)) as z:
         member = max(z.infolist(), key=lambda info: info.file_size)
     at = member.header_offset
-    name_len, extra_len = struct.unpack("<HH", blob[at + 26:at + 30])  # the local file header
+    name_len, extra_len = struct.unpack("<HH", blob[at + 26 : at + 30])  # the local file header
     middle = at + 30 + name_len + extra_len + member.file_size // 2
     flipped = bytearray(blob)
     for i in range(middle, middle + 64):
@@ -534,14 +640,22 @@ def damaged(forker, inputs):
     jobs = {}
     for name, folder in made.items():
         if name.startswith("ckpt"):
-            jobs[(name, "train")] = ("train.py", train_args(inputs, folder, "--max_iters=4", "--init_from=resume"))
+            jobs[(name, "train")] = (
+                "train.py",
+                train_args(inputs, folder, "--max_iters=4", "--init_from=resume"),
+            )
             jobs[(name, "sample")] = ("sample.py", [f"--out_dir={folder}", *sample])
         elif name.startswith("hf"):
-            jobs[(name, "train")] = ("train.py", train_args(inputs, out + name, f"--init_from={folder}",
-                                                             dataset="small_gpt2"))
+            jobs[(name, "train")] = (
+                "train.py",
+                train_args(inputs, out + name, f"--init_from={folder}", dataset="small_gpt2"),
+            )
             jobs[(name, "sample")] = ("sample.py", [f"--init_from={folder}", *sample])
         else:
-            jobs[(name, "train")] = ("train.py", train_args(inputs, out + name) + [f"--data_root={folder}"])
+            jobs[(name, "train")] = (
+                "train.py",
+                train_args(inputs, out + name) + [f"--data_root={folder}"],
+            )
     jobs = {key: job for key, job in jobs.items() if DAMAGED[key[0]][0] in ("both", key[1])}
     hashes = {name: folder_hashes(folder) for name, folder in made.items()}
     results = dict(zip(jobs, forker.run(list(jobs.values()), workers=3)))
@@ -549,12 +663,22 @@ def damaged(forker, inputs):
 
 
 def folder_hashes(folder):
-    return {path: file_hash(path) for path in glob.glob(os.path.join(folder, "**"), recursive=True)
-            if os.path.isfile(path)}
+    return {
+        path: file_hash(path)
+        for path in glob.glob(os.path.join(folder, "**"), recursive=True)
+        if os.path.isfile(path)
+    }
 
 
-@pytest.mark.parametrize("name, cli", [(n, c) for n, (which, _) in DAMAGED.items()
-                                       for c in ("train", "sample") if which in ("both", c)])
+@pytest.mark.parametrize(
+    "name, cli",
+    [
+        (n, c)
+        for n, (which, _) in DAMAGED.items()
+        for c in ("train", "sample")
+        if which in ("both", c)
+    ],
+)
 def test_damaged_or_hostile_file_is_refused_in_one_line(damaged, name, cli):
     folder = damaged["made"][name]
     line = error_line(damaged["results"][(name, cli)])
@@ -567,9 +691,13 @@ def test_damaged_or_hostile_file_is_refused_in_one_line(damaged, name, cli):
 def test_overrides_are_never_evaluated(forker, inputs, tmp_path):
     """Config files are Python by design; --key=value never is."""
     payload = "__import__('os').system('touch MARKER')"
-    ok, bad = forker.run([("train.py", train_args(inputs, payload, "--max_iters=0"), {"cwd": tmp_path}),
-                          ("train.py", train_args(inputs, "out", f"--batch_size={payload}"), {"cwd": tmp_path})],
-                         workers=2)
+    ok, bad = forker.run(
+        [
+            ("train.py", train_args(inputs, payload, "--max_iters=0"), {"cwd": tmp_path}),
+            ("train.py", train_args(inputs, "out", f"--batch_size={payload}"), {"cwd": tmp_path}),
+        ],
+        workers=2,
+    )
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert os.path.isfile(tmp_path / payload / "ckpt.pt")  # the text became a folder name
     assert "batch_size expects int" in error_line(bad)
@@ -590,41 +718,103 @@ BAD_INPUT = {
     "not a boolean": ("train.py", ["--bias=maybe"], 2, ["bias expects bool"]),
     "n_layer=0": ("train.py", ["--n_layer=0"], 2, ["n_layer must be a positive integer"]),
     "batch_size=0": ("train.py", ["--batch_size=0"], 2, ["batch_size must be a positive integer"]),
-    "block_size=-1": ("train.py", ["--block_size=-1"], 2, ["block_size must be a positive integer"]),
+    "block_size=-1": (
+        "train.py",
+        ["--block_size=-1"],
+        2,
+        ["block_size must be a positive integer"],
+    ),
     "max_iters=-5": ("train.py", ["--max_iters=-5"], 2, ["max_iters must be", ">= 0"]),
     "negative learning_rate": ("train.py", ["--learning_rate=-1e-3"], 2, ["learning_rate must be"]),
-    "infinite learning_rate": ("train.py", ["--learning_rate=1e999"], 2, ["learning_rate must be a finite"]),
+    "infinite learning_rate": (
+        "train.py",
+        ["--learning_rate=1e999"],
+        2,
+        ["learning_rate must be a finite"],
+    ),
     "beta2=1": ("train.py", ["--beta2=1.0"], 2, ["beta2 must be in [0, 1)"]),
     "dropout=1.5": ("train.py", ["--dropout=1.5"], 2, ["dropout must be in [0, 1)"]),
-    "n_embd not divisible by n_head": ("train.py", ["--n_embd=30", "--n_head=4"], 2,
-                                       ["n_embd (30) must be divisible by n_head (4)"]),
+    "n_embd not divisible by n_head": (
+        "train.py",
+        ["--n_embd=30", "--n_head=4"],
+        2,
+        ["n_embd (30) must be divisible by n_head (4)"],
+    ),
     "seed past 64 bits": ("train.py", [f"--seed={2**64}"], 2, ["seed must fit"]),
     "block_size above the pretrained model's": (
-        "train.py", ["--dataset=small_gpt2", "--init_from={hf}", "--block_size=64"], 2,
-        ["block_size 64 is larger than the pretrained model's 32"]),
-    "unknown dataset": ("train.py", ["--dataset=no_such_data"], 2,
-                        ["unknown dataset 'no_such_data'", "data/prepare.py"]),
-    "dataset smaller than one block": ("train.py", ["--dataset=tiny"], 2,
-                                       ["val split", "has 3 tokens", "block_size + 1 = 17"]),
+        "train.py",
+        ["--dataset=small_gpt2", "--init_from={hf}", "--block_size=64"],
+        2,
+        ["block_size 64 is larger than the pretrained model's 32"],
+    ),
+    "unknown dataset": (
+        "train.py",
+        ["--dataset=no_such_data"],
+        2,
+        ["unknown dataset 'no_such_data'", "data/prepare.py"],
+    ),
+    "dataset smaller than one block": (
+        "train.py",
+        ["--dataset=tiny"],
+        2,
+        ["val split", "has 3 tokens", "block_size + 1 = 17"],
+    ),
     "float16 on a CPU": ("train.py", ["--dtype=float16"], 2, ["float16 training needs CUDA"]),
     "--device=cuda without a GPU": ("train.py", ["--device=cuda"], 2, ["CUDA is not available"]),
-    "out_dir is a file": ("train.py", ["--out_dir={scratch}/a_file"], 2, ["cannot write into out_dir"]),
-    "config file that raises": ("train.py", ["{scratch}/raises.py"], 2,
-                                ["error in config file", "ZeroDivisionError"]),
+    "out_dir is a file": (
+        "train.py",
+        ["--out_dir={scratch}/a_file"],
+        2,
+        ["cannot write into out_dir"],
+    ),
+    "config file that raises": (
+        "train.py",
+        ["{scratch}/raises.py"],
+        2,
+        ["error in config file", "ZeroDivisionError"],
+    ),
     "missing config file": ("train.py", ["config/no_such_file.py"], 2, ["config file not found"]),
     "resume without a checkpoint": ("train.py", ["--init_from=resume"], 2, ["no checkpoint at"]),
-    "sample: unknown option": ("sample.py", ["--temprature=0.5"], 1, ["did you mean 'temperature'"]),
-    "sample: wrong type": ("sample.py", ["--max_new_tokens=many"], 1, ["max_new_tokens expects int"]),
-    "sample: max_new_tokens=0": ("sample.py", ["--max_new_tokens=0"], 1, ["--max_new_tokens must be"]),
+    "sample: unknown option": (
+        "sample.py",
+        ["--temprature=0.5"],
+        1,
+        ["did you mean 'temperature'"],
+    ),
+    "sample: wrong type": (
+        "sample.py",
+        ["--max_new_tokens=many"],
+        1,
+        ["max_new_tokens expects int"],
+    ),
+    "sample: max_new_tokens=0": (
+        "sample.py",
+        ["--max_new_tokens=0"],
+        1,
+        ["--max_new_tokens must be"],
+    ),
     "sample: num_samples=-1": ("sample.py", ["--num_samples=-1"], 1, ["--num_samples must be"]),
     "sample: top_p=1.5": ("sample.py", ["--top_p=1.5"], 1, ["--top_p must be in (0, 1]"]),
-    "sample: character outside the vocabulary": ("sample.py", ["--prompt=ROMEO \u2603"], 1,
-                                                 ["'\u2603'", "not in the vocabulary"]),
+    "sample: character outside the vocabulary": (
+        "sample.py",
+        ["--prompt=ROMEO \u2603"],
+        1,
+        ["'\u2603'", "not in the vocabulary"],
+    ),
     "sample: prompt file not UTF-8": ("sample.py", ["--prompt=FILE:{scratch}/bytes"], 1, ["UTF-8"]),
     "sample: --device=cuda without a GPU": ("sample.py", ["--device=cuda"], 1, ["no CUDA GPU"]),
-    "sample: init_from nowhere": ("sample.py", ["--init_from=/no/such/folder"], 1, ["no such file or folder"]),
-    "prepare: too little text": ("data/prepare.py", ["{scratch}/one.txt", "--data_root", "{scratch}"], 1,
-                                 ["too few to split"]),
+    "sample: init_from nowhere": (
+        "sample.py",
+        ["--init_from=/no/such/folder"],
+        1,
+        ["no such file or folder"],
+    ),
+    "prepare: too little text": (
+        "data/prepare.py",
+        ["{scratch}/one.txt", "--data_root", "{scratch}"],
+        1,
+        ["too few to split"],
+    ),
 }
 NEEDS_NO_GPU = {"--device=cuda without a GPU", "sample: --device=cuda without a GPU"}
 
@@ -633,8 +823,12 @@ NEEDS_NO_GPU = {"--device=cuda without a GPU", "sample: --device=cuda without a 
 def bad_runs(forker, inputs):
     scratch = os.path.join(inputs["root"], "bad-input")
     os.makedirs(scratch)
-    for name, data in (("a_file", b"not a folder"), ("raises.py", b"batch_size = 1 // 0\n"),
-                       ("bytes", b"\xff\xfe\x00 not text"), ("one.txt", b"x")):
+    for name, data in (
+        ("a_file", b"not a folder"),
+        ("raises.py", b"batch_size = 1 // 0\n"),
+        ("bytes", b"\xff\xfe\x00 not text"),
+        ("one.txt", b"x"),
+    ):
         with open(os.path.join(scratch, name), "wb") as f:
             f.write(data)
     jobs = {}
@@ -668,9 +862,28 @@ def test_bad_input_is_one_line(bad_runs, name):
 
 KEYS = sorted(train.DEFAULTS)
 VALUES = st.one_of(
-    st.integers(-3, 2**65), st.floats(allow_nan=True, allow_infinity=True), st.booleans(), st.none(),
-    st.text(max_size=8), st.sampled_from(["[1]", "(1, 2)", "{}", "1e999", "-0", "nan", "'x'", "None",
-                                          "__import__('os').getcwd()", "gpt2", "resume", "cuda"]))
+    st.integers(-3, 2**65),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=8),
+    st.sampled_from(
+        [
+            "[1]",
+            "(1, 2)",
+            "{}",
+            "1e999",
+            "-0",
+            "nan",
+            "'x'",
+            "None",
+            "__import__('os').getcwd()",
+            "gpt2",
+            "resume",
+            "cuda",
+        ]
+    ),
+)
 ARG = st.one_of(
     st.builds(lambda k, v: f"--{k}={v}", st.sampled_from(KEYS), VALUES),
     st.builds(lambda k: f"--{k}", st.sampled_from(KEYS)),
@@ -724,12 +937,32 @@ def test_ddp_rank_failure_stops_all_ranks(inputs, tmp_path):
     timeout = 5
 
     def launch(fault):
-        argv = train_args(inputs, tmp_path / fault, "--max_iters=50", "--eval_interval=1000",
-                          "--gradient_accumulation_steps=2", f"--ddp_timeout={timeout}")
+        argv = train_args(
+            inputs,
+            tmp_path / fault,
+            "--max_iters=50",
+            "--eval_interval=1000",
+            "--gradient_accumulation_steps=2",
+            f"--ddp_timeout={timeout}",
+        )
         t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                               str(wrapper), fault, *argv], cwd=REPO, env=child_env(),
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node=2",
+                str(wrapper),
+                fault,
+                *argv,
+            ],
+            cwd=REPO,
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         return proc, time.monotonic() - t0
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
@@ -738,7 +971,9 @@ def test_ddp_rank_failure_stops_all_ranks(inputs, tmp_path):
         assert proc.returncode != 0 and seconds < 90, (fault, seconds)
         output = proc.stdout + proc.stderr
         errors = [line for line in output.splitlines() if line.startswith("error: ")]
-        assert len(errors) == 1 and "process 0 lost contact with the others" in errors[0], output[-4000:]
+        assert len(errors) == 1 and "process 0 lost contact with the others" in errors[0], output[
+            -4000:
+        ]
         if fault == "hang":
             assert "Timed out" in errors[0], errors[0]  # ended by ddp_timeout
-        assert "train.py\", line" not in output, output[-4000:]  # no traceback from train.py itself
+        assert 'train.py", line' not in output, output[-4000:]  # no traceback from train.py itself

@@ -13,8 +13,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from model import attention, causal_mask
-from ring_attention import (Ring, blockwise_attention, pairs, ring_attention, sequence_positions,
-                            split_sequence)
+from support.ring_attention import (
+    Ring,
+    blockwise_attention,
+    pairs,
+    ring_attention,
+    sequence_positions,
+    split_sequence,
+)
 
 
 def explicit(q, k, v):
@@ -37,23 +43,34 @@ def grads(fn, q, k, v, w):
     return out.detach(), q.grad, k.grad, v.grad
 
 
-@pytest.mark.parametrize("nh, nkv, T, block", [(4, 4, 37, 8), (4, 2, 50, 7), (2, 1, 300, 64), (3, 3, 5, 256)])
+@pytest.mark.parametrize(
+    "nh, nkv, T, block", [(4, 4, 37, 8), (4, 2, 50, 7), (2, 1, 300, 64), (3, 3, 5, 256)]
+)
 def test_blockwise_equals_explicit_attention(nh, nkv, T, block):
     q, k, v, w = inputs(2, nh, nkv, T, 16)
-    ours, reference = grads(lambda *a: blockwise_attention(*a, block=block), q, k, v, w), grads(explicit, q, k, v, w)
+    ours, reference = (
+        grads(lambda *a: blockwise_attention(*a, block=block), q, k, v, w),
+        grads(explicit, q, k, v, w),
+    )
     torch.testing.assert_close(ours[0], reference[0], rtol=0, atol=1e-5)
     for name, a, b in zip("qkv", ours[1:], reference[1:]):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-4, msg=f"gradient of {name}")
 
 
 def test_blockwise_never_holds_the_whole_score_matrix(monkeypatch):
-    import ring_attention
+    from support import ring_attention
+
     T, block, shapes = 64, 16, []
     original = ring_attention.attend_block
-    monkeypatch.setattr(ring_attention, "attend_block", lambda q, k, *rest: shapes.append(
-        (q.size(-2), k.size(-2))) or original(q, k, *rest))
+    monkeypatch.setattr(
+        ring_attention,
+        "attend_block",
+        lambda q, k, *rest: shapes.append((q.size(-2), k.size(-2))) or original(q, k, *rest),
+    )
     q, k, v, _ = inputs(1, 2, 2, T, 8)
-    torch.testing.assert_close(blockwise_attention(q, k, v, block), explicit(q, k, v), rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        blockwise_attention(q, k, v, block), explicit(q, k, v), rtol=0, atol=1e-5
+    )
     # (queries, keys) of each block: at most T x block scores, and the queries
     # before a key block (which see none of it) are left out
     assert shapes == [(64, 16), (48, 16), (32, 16), (16, 16)]
@@ -73,8 +90,12 @@ def test_causal_skipping_and_balance(zigzag):
             theirs = [source, 2 * P - 1 - source] if zigzag else [source]
             cells = 0
             for rows, cols, mask in pairs(mine, theirs, c, block=4):
-                q_pos = torch.tensor([mine[i // c] * c + i % c for i in range(rows.start, rows.stop)])
-                k_pos = torch.tensor([theirs[j // c] * c + j % c for j in range(cols.start, cols.stop)])
+                q_pos = torch.tensor(
+                    [mine[i // c] * c + i % c for i in range(rows.start, rows.stop)]
+                )
+                k_pos = torch.tensor(
+                    [theirs[j // c] * c + j % c for j in range(cols.start, cols.stop)]
+                )
                 visible = q_pos[:, None] >= k_pos[None, :]
                 assert visible.any(dim=1).all()  # every query row sees a key of the block
                 assert torch.equal(visible, mask if mask is not None else torch.ones_like(visible))
@@ -85,13 +106,20 @@ def test_causal_skipping_and_balance(zigzag):
     if zigzag:
         assert all(len(set(row)) == 1 for row in per_step)
     else:
-        assert all(row[0] == 0 and row[-1] > 0 for row in per_step)  # rank 0 idles after its own chunk
+        assert all(
+            row[0] == 0 and row[-1] > 0 for row in per_step
+        )  # rank 0 idles after its own chunk
 
 
 def worker(rank, size, init_file, cases, out_dir):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=size,
-                            timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=size,
+        timeout=datetime.timedelta(seconds=60),
+    )
     try:
         results = {}
         pairs_of_two = [dist.new_group([0, 1]), dist.new_group([2, 3])] if size == 4 else None
@@ -100,7 +128,9 @@ def worker(rank, size, init_file, cases, out_dir):
             if name.startswith("subgroup"):  # two rings of 2 inside a world of 4
                 group, r, n = pairs_of_two[rank // 2], rank % 2, 2
             mine = [split_sequence(t, r, n, zigzag, dim=2) for t in (q, k, v, w)]
-            results[name] = grads(lambda *a: ring_attention(*a, group=group, zigzag=zigzag, block=block), *mine)
+            results[name] = grads(
+                lambda *a: ring_attention(*a, group=group, zigzag=zigzag, block=block), *mine
+            )
         torch.save(results, os.path.join(out_dir, f"{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -145,8 +175,13 @@ def test_ring_equals_explicit_attention(size, tmp_path):
             n = len(members)
             for i, what in enumerate(["output", "dq", "dk", "dv"]):
                 ours = gathered([results[r][name][i] for r in members], n, zigzag, q.size(2))
-                torch.testing.assert_close(ours, reference[i], rtol=0, atol=1e-5 if i == 0 else 1e-4,
-                                           msg=f"{name}, {what}, P = {n}")
+                torch.testing.assert_close(
+                    ours,
+                    reference[i],
+                    rtol=0,
+                    atol=1e-5 if i == 0 else 1e-4,
+                    msg=f"{name}, {what}, P = {n}",
+                )
 
 
 def test_uneven_inputs_are_refused():
@@ -164,11 +199,16 @@ def test_uneven_inputs_are_refused():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_blockwise_attention_on_cuda(float32_cuda_matmuls):
     q, k, v, w = (t.cuda() for t in inputs(2, 4, 2, 300, 16))
-    ours, reference = grads(lambda *a: blockwise_attention(*a, block=64), q, k, v, w), grads(explicit, q, k, v, w)
+    ours, reference = (
+        grads(lambda *a: blockwise_attention(*a, block=64), q, k, v, w),
+        grads(explicit, q, k, v, w),
+    )
     torch.testing.assert_close(ours[0], reference[0], rtol=0, atol=1e-5)
     for a, b in zip(ours[1:], reference[1:]):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
     # bfloat16: the accumulators stay float32, so it is as close to SDPA as SDPA's own rounding
     q, k, v = (t.bfloat16() for t in (q, k, v))
-    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=True, enable_gqa=True
+    )
     torch.testing.assert_close(blockwise_attention(q, k, v, 64), sdpa, rtol=2e-2, atol=2e-2)

@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 import torch
 
-import attention_maps
 import sample
-from checkpoint import checkpoint_path, save_checkpoint
 from model import GPT, GPTConfig
-from tokenizer import build_tokenizer, get_tokenizer
+from support import attention_maps
+from support.checkpoint import checkpoint_path, save_checkpoint
+from support.tokenizer import build_tokenizer, get_tokenizer
 
 BLOCK = 32
 DASHES = "-" * 40
@@ -38,7 +38,6 @@ LABEL = re.compile(rf"^({_NAMES}|broad|other|weak ({_NAMES})|mixed: ({_NAMES})\+
 # A small trained model
 
 
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, corpus_path):
     """A checkpoint folder: a 2-layer, 64-wide char model after 150 AdamW steps."""
@@ -47,28 +46,37 @@ def trained(tmp_path_factory, corpus_path):
     tok = build_tokenizer("char", text)
     data = torch.tensor(tok.encode(text), dtype=torch.long)
     torch.manual_seed(0)
-    config = GPTConfig(block_size=BLOCK, vocab_size=tok.vocab_size, n_layer=2, n_head=4,
-                       n_embd=64, dropout=0.0)
+    config = GPTConfig(
+        block_size=BLOCK, vocab_size=tok.vocab_size, n_layer=2, n_head=4, n_embd=64, dropout=0.0
+    )
     model = GPT(config)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     gen = torch.Generator().manual_seed(0)
     for _ in range(150):
         ix = torch.randint(len(data) - BLOCK - 1, (32,), generator=gen)
-        x = torch.stack([data[i:i + BLOCK] for i in ix])
-        y = torch.stack([data[i + 1:i + BLOCK + 1] for i in ix])
+        x = torch.stack([data[i : i + BLOCK] for i in ix])
+        y = torch.stack([data[i + 1 : i + BLOCK + 1] for i in ix])
         _, loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
     assert loss.item() < 3.0  # well below log(65) = 4.17: it has learned something
     folder = tmp_path_factory.mktemp("ckpt")
-    save_checkpoint({
-        "model": model.state_dict(), "optimizer": opt.state_dict(),
-        "model_args": dataclasses.asdict(config), "iter_num": 150, "best_val_loss": loss.item(),
-        "config": {"batch_size": 32, "learning_rate": 3e-3}, "tokenizer": tok.describe(),
-        "dataset": "shakespeare_char", "rng": {"torch": torch.get_rng_state()},
-        "data": {"generator": gen.get_state()},
-    }, checkpoint_path(folder))
+    save_checkpoint(
+        {
+            "model": model.state_dict(),
+            "optimizer": opt.state_dict(),
+            "model_args": dataclasses.asdict(config),
+            "iter_num": 150,
+            "best_val_loss": loss.item(),
+            "config": {"batch_size": 32, "learning_rate": 3e-3},
+            "tokenizer": tok.describe(),
+            "dataset": "shakespeare_char",
+            "rng": {"torch": torch.get_rng_state()},
+            "data": {"generator": gen.get_state()},
+        },
+        checkpoint_path(folder),
+    )
     model.eval()
     return {"dir": str(folder), "model": model, "tok": tok}
 
@@ -91,8 +99,10 @@ def bad_inputs(ckpt, tmp):
         "zero_tokens": ([f"--out_dir={ckpt}", "--max_new_tokens=0"], "--max_new_tokens"),
         "negative_temperature": ([f"--out_dir={ckpt}", "--temperature=-1"], "--temperature"),
         "unknown_option": ([f"--out_dir={ckpt}", "--temprature=0.5"], "did you mean 'temperature'"),
-        "missing_prompt_file": ([f"--out_dir={ckpt}", f"--prompt=FILE:{tmp}/missing.txt"],
-                                "prompt file not found"),
+        "missing_prompt_file": (
+            [f"--out_dir={ckpt}", f"--prompt=FILE:{tmp}/missing.txt"],
+            "prompt file not found",
+        ),
         "cuda_without_gpu": ([f"--out_dir={ckpt}", "--device=cuda"], "no CUDA GPU"),
         "compile_without_cache": ([f"--out_dir={ckpt}", "--compile", "--no_cache"], "--compile"),
     }
@@ -113,13 +123,32 @@ def _runs(trained, tmp):
     prompt_file = os.path.join(tmp, "prompt.txt")
     with open(prompt_file, "w", encoding="utf-8") as f:
         f.write("ROMEO:")
-    greedy = [f"--out_dir={quiet}", "--temperature=0", "--max_new_tokens=80", "--num_samples=1",
-              "--attn_dir", ""]
+    greedy = [
+        f"--out_dir={quiet}",
+        "--temperature=0",
+        "--max_new_tokens=80",
+        "--num_samples=1",
+        "--attn_dir",
+        "",
+    ]
     return {
-        "main": [f"--out_dir={ckpt}", f"--prompt={PROMPT}", "--max_new_tokens=60",
-                 "--num_samples=2", "--seed=3", f"--attn_dir={tmp}/attn_main"],
-        "short": ["--out_dir", ckpt, "--prompt", "ROMEO:", "--max_new_tokens", "20",
-                  "--num_samples=1"],  # attention to the default place, <out_dir>/attention
+        "main": [
+            f"--out_dir={ckpt}",
+            f"--prompt={PROMPT}",
+            "--max_new_tokens=60",
+            "--num_samples=2",
+            "--seed=3",
+            f"--attn_dir={tmp}/attn_main",
+        ],
+        "short": [
+            "--out_dir",
+            ckpt,
+            "--prompt",
+            "ROMEO:",
+            "--max_new_tokens",
+            "20",
+            "--num_samples=1",
+        ],  # attention to the default place, <out_dir>/attention
         "greedy": greedy + ["--prompt=ROMEO:"],
         "greedy_no_cache": greedy + ["--prompt=ROMEO:", "--no_cache"],
         "greedy_compiled": greedy + ["--prompt=ROMEO:", "--compile"],
@@ -139,8 +168,14 @@ def runs(trained, tmp_path_factory, repo_root):
     env = dict(os.environ, OMP_NUM_THREADS="1")  # several tiny runs share two cores
 
     def run(argv):
-        return subprocess.run([sys.executable, os.path.join(repo_root, "sample.py"), *argv],
-                              capture_output=True, text=True, env=env, cwd=tmp, timeout=120)
+        return subprocess.run(
+            [sys.executable, os.path.join(repo_root, "sample.py"), *argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp,
+            timeout=120,
+        )
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
         results = dict(zip(argvs, pool.map(run, argvs.values())))
@@ -191,7 +226,7 @@ def test_greedy_same_with_and_without_cache_stream_and_file(runs, trained):
     if len(tok.encode("ROMEO:")) + 80 <= BLOCK:
         assert greedy[0] == tok.decode(ids)
     else:  # past the window the model slides by a quarter, not one token: compare the start
-        assert greedy[0][:BLOCK + 1] == tok.decode(ids)[:BLOCK + 1]
+        assert greedy[0][: BLOCK + 1] == tok.decode(ids)[: BLOCK + 1]
     # --attn_dir "" writes no maps
     assert not os.path.exists(os.path.join(runs["tmp"], "quiet", "attention"))
 
@@ -238,8 +273,10 @@ def test_bad_input_on_the_command_line(runs, name):
 
 
 def attention_dirs(runs, trained):
-    return {"main": os.path.join(runs["tmp"], "attn_main"),
-            "short": os.path.join(trained["dir"], "attention")}
+    return {
+        "main": os.path.join(runs["tmp"], "attn_main"),
+        "short": os.path.join(trained["dir"], "attention"),
+    }
 
 
 def test_attention_files(runs, trained):
@@ -267,7 +304,9 @@ def test_attention_files(runs, trained):
 
         with open(os.path.join(folder, "heads.json"), encoding="utf-8") as f:
             heads = json.load(f)["heads"]
-        assert sorted((h["layer"], h["head"]) for h in heads) == [(l, h) for l in range(2) for h in range(4)]
+        assert sorted((h["layer"], h["head"]) for h in heads) == [
+            (l, h) for l in range(2) for h in range(4)
+        ]
         # the labels are heads.py's, computed on this sample's maps and tokens
         tokens = [str(t) for t in z["tokens"]]
         assert heads == attention_maps.all_head_stats([z["layer_0"], z["layer_1"]], tokens)
@@ -289,8 +328,9 @@ def check_html(path, z):
     # self-contained: nothing fetched from anywhere
     assert not re.search(r"https?://|//cdn|@import|<link|<script[^>]*\bsrc=|<img", html, re.I)
     assert "<canvas" in html
-    data = json.loads(re.search(r'<script id="data" type="application/json">(.*?)</script>', html,
-                                re.S).group(1))
+    data = json.loads(
+        re.search(r'<script id="data" type="application/json">(.*?)</script>', html, re.S).group(1)
+    )
     T = len(z["tokens"])
     assert data["tokens"] == [attention_maps.display_token(t) for t in z["tokens"]]
     assert len(data["maps"]) == 2 and all(len(heads) == 4 for heads in data["maps"])
@@ -380,7 +420,9 @@ def test_head_patterns_oracle(tmp_path):
     rows = range(attention_maps.BAND + 1, T)
     assert attention_maps.head_stats(maps["previous"], tokens)["entropy"] == 0
     expected = np.mean([math.log(i + 1) for i in rows])
-    assert attention_maps.head_stats(maps["broad"], tokens)["entropy"] == pytest.approx(expected, abs=1e-4)
+    assert attention_maps.head_stats(maps["broad"], tokens)["entropy"] == pytest.approx(
+        expected, abs=1e-4
+    )
     # a head that mostly attends to the previous token, with some spread, is still "previous"
     mixed = 0.8 * maps["previous"] + 0.2 * maps["broad"]
     assert attention_maps.head_stats(mixed, tokens)["label"] == "previous"
@@ -401,6 +443,7 @@ def write_hf_gpt2(model, folder):
     """Save model as Hugging Face GPT-2 files: config.json and model.safetensors,
     with the (in, out) Conv1D layout that format uses for its projections."""
     from safetensors.torch import save_file
+
     c = model.config
     tensors = {}
     for key, tensor in model.state_dict().items():
@@ -411,8 +454,17 @@ def write_hf_gpt2(model, folder):
         tensors[key.removeprefix("transformer.")] = tensor.contiguous().clone()
     save_file(tensors, os.path.join(folder, "model.safetensors"))
     with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump({"n_positions": c.block_size, "vocab_size": c.vocab_size, "n_layer": c.n_layer,
-                   "n_head": c.n_head, "n_embd": c.n_embd, "activation_function": "gelu_new"}, f)
+        json.dump(
+            {
+                "n_positions": c.block_size,
+                "vocab_size": c.vocab_size,
+                "n_layer": c.n_layer,
+                "n_head": c.n_head,
+                "n_embd": c.n_embd,
+                "activation_function": "gelu_new",
+            },
+            f,
+        )
 
 
 def test_init_from_hugging_face_folder(tmp_path, capsys):
@@ -421,13 +473,27 @@ def test_init_from_hugging_face_folder(tmp_path, capsys):
     hf = tmp_path / "gpt2-tiny"
     hf.mkdir()
     write_hf_gpt2(model, str(hf))
-    code = sample.run([f"--init_from={hf}", "--prompt=Hello, world", "--temperature=0",
-                       "--max_new_tokens=6", "--num_samples=1", f"--attn_dir={tmp_path}/attn"])
+    code = sample.run(
+        [
+            f"--init_from={hf}",
+            "--prompt=Hello, world",
+            "--temperature=0",
+            "--max_new_tokens=6",
+            "--num_samples=1",
+            f"--attn_dir={tmp_path}/attn",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     # the oracle: the same weights in memory, greedy, with GPT-2's BPE
     tok = get_tokenizer({"kind": "gpt2"})
-    expected = model.generate(torch.tensor([tok.encode("Hello, world")]), 6, temperature=0)[0].tolist()
+    expected = model.generate(torch.tensor([tok.encode("Hello, world")]), 6, temperature=0)[
+        0
+    ].tolist()
     assert samples_of(out)[0] == [tok.decode(expected)]
     z = np.load(tmp_path / "attn" / "attention.npz")
-    assert z["token_ids"].tolist() == expected and z["layer_0"].shape == (2, len(expected), len(expected))
+    assert z["token_ids"].tolist() == expected and z["layer_0"].shape == (
+        2,
+        len(expected),
+        len(expected),
+    )

@@ -18,23 +18,42 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import batches
 import train
-from checkpoint import load_checkpoint
 from data.prepare import ensure_dataset, load_tokens
 from model import GPT, GPTConfig
+from support import batches
+from support.checkpoint import load_checkpoint
 
 REPO = os.path.dirname(os.path.abspath(train.__file__))
 
-TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=8",
-        "--gradient_accumulation_steps=1", "--device=cpu", "--compile=False", "--dtype=float32",
-        "--eval_iters=2", "--log_interval=1", "--warmup_iters=2", "--learning_rate=3e-3",
-        "--min_lr=3e-4", "--dropout=0.0", "--seed=7"]
-
+TINY = [
+    "--n_layer=2",
+    "--n_head=2",
+    "--n_embd=32",
+    "--block_size=32",
+    "--batch_size=8",
+    "--gradient_accumulation_steps=1",
+    "--device=cpu",
+    "--compile=False",
+    "--dtype=float32",
+    "--eval_iters=2",
+    "--log_interval=1",
+    "--warmup_iters=2",
+    "--learning_rate=3e-3",
+    "--min_lr=3e-4",
+    "--dropout=0.0",
+    "--seed=7",
+]
 
 
 def args(data_root, out_dir, *extra):
-    return ["--dataset=shakespeare_char", f"--data_root={data_root}", f"--out_dir={out_dir}", *TINY, *extra]
+    return [
+        "--dataset=shakespeare_char",
+        f"--data_root={data_root}",
+        f"--out_dir={out_dir}",
+        *TINY,
+        *extra,
+    ]
 
 
 def run_in_process(argv):
@@ -47,8 +66,14 @@ def child_env(**extra):
 
 def run_cli(argv, env=None, timeout=120, module=("train.py",)):
     """train.py as a separate process, from the repo root."""
-    return subprocess.run([sys.executable, *module, *argv], cwd=REPO, env=child_env(**(env or {})),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, *module, *argv],
+        cwd=REPO,
+        env=child_env(**(env or {})),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def read_log(out_dir):
@@ -57,7 +82,9 @@ def read_log(out_dir):
 
 
 def losses(log):
-    return [(rec["iter"], rec["train_loss"], rec["val_loss"], rec["lr"], rec["tokens"]) for rec in log]
+    return [
+        (rec["iter"], rec["train_loss"], rec["val_loss"], rec["lr"], rec["tokens"]) for rec in log
+    ]
 
 
 def file_hash(path):
@@ -90,7 +117,7 @@ def independent_full_val(model, val, T):
     total, count = 0.0, 0
     with torch.no_grad():
         for s in range(0, len(val) - 1, T):
-            x = torch.from_numpy(val[s:s + T + 1].astype(np.int64))
+            x = torch.from_numpy(val[s : s + T + 1].astype(np.int64))
             inp, tgt = x[:-1][None], x[1:][None]
             logits, _ = model(inp)
             total += F.cross_entropy(logits[0], tgt[0], reduction="sum").item()
@@ -100,9 +127,20 @@ def independent_full_val(model, val, T):
 
 def test_tiny_model_beats_unigram_baseline(data_root, tmp_path):
     out = tmp_path / "out"
-    run_in_process(args(data_root, out, "--n_embd=64", "--batch_size=16", "--max_iters=300",
-                        "--lr_decay_iters=300", "--learning_rate=1e-2", "--eval_interval=100",
-                        "--eval_iters=10", "--eval_full_val=True"))
+    run_in_process(
+        args(
+            data_root,
+            out,
+            "--n_embd=64",
+            "--batch_size=16",
+            "--max_iters=300",
+            "--lr_decay_iters=300",
+            "--learning_rate=1e-2",
+            "--eval_interval=100",
+            "--eval_iters=10",
+            "--eval_full_val=True",
+        )
+    )
     dataset_dir = os.path.join(data_root, "shakespeare_char")
     baseline = unigram_entropy(load_tokens(dataset_dir, "train"))
     assert 3.0 < baseline < 3.6  # sanity of the oracle itself: ln(65) = 4.17 is the uniform one
@@ -148,8 +186,17 @@ def test_cpu_bfloat16_uses_the_math_attention_path_for_short_contexts():
 @pytest.mark.bf16
 def test_bfloat16_training_on_cpu_learns(data_root, tmp_path):
     out = tmp_path / "out"
-    run_in_process(args(data_root, out, "--dtype=bfloat16", "--max_iters=60", "--lr_decay_iters=60",
-                        "--learning_rate=1e-2", "--eval_interval=60"))
+    run_in_process(
+        args(
+            data_root,
+            out,
+            "--dtype=bfloat16",
+            "--max_iters=60",
+            "--lr_decay_iters=60",
+            "--learning_rate=1e-2",
+            "--eval_interval=60",
+        )
+    )
     log = read_log(out)
     assert log[-1]["iter"] == 60 and log[-1]["val_loss"] < log[0]["val_loss"] - 0.8, log
 
@@ -160,7 +207,12 @@ def test_bfloat16_training_on_cpu_learns(data_root, tmp_path):
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_resume_repeats_the_uninterrupted_run(data_root, tmp_path, optimizer):
-    common = [f"--optimizer={optimizer}", "--eval_interval=4", "--lr_decay_iters=16", "--dropout=0.1"]
+    common = [
+        f"--optimizer={optimizer}",
+        "--eval_interval=4",
+        "--lr_decay_iters=16",
+        "--dropout=0.1",
+    ]
     a, b = tmp_path / "a", tmp_path / "b"
     run_in_process(args(data_root, a, *common, "--max_iters=16"))
     run_in_process(args(data_root, b, *common, "--max_iters=8"))
@@ -184,16 +236,34 @@ def test_checkpoint_holds_plain_data_only(data_root, tmp_path):
         run_in_process(args(data_root, out, "--max_iters=2", "--eval_interval=2"))
     assert [rec["iter"] for rec in read_log(out)] == [0, 2]
     ckpt = torch.load(out / "ckpt.pt", weights_only=True)  # refuses anything but plain data
-    assert {"model", "optimizer", "model_args", "iter_num", "best_val_loss", "config", "tokenizer",
-            "dataset", "rng", "data"} <= set(ckpt)
+    assert {
+        "model",
+        "optimizer",
+        "model_args",
+        "iter_num",
+        "best_val_loss",
+        "config",
+        "tokenizer",
+        "dataset",
+        "rng",
+        "data",
+    } <= set(ckpt)
     assert ckpt["tokenizer"]["kind"] == "char" and ckpt["dataset"] == "shakespeare_char"
     assert ckpt["config"]["n_embd"] == 32 and ckpt["model_args"]["vocab_size"] == 65
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
 
     # --eval_only evaluates the checkpoint (here over the whole val split too) and leaves it alone
     before = file_hash(out / "ckpt.pt")
-    run_in_process(args(data_root, out, "--max_iters=2", "--init_from=resume", "--eval_only=True",
-                        "--eval_full_val=True"))
+    run_in_process(
+        args(
+            data_root,
+            out,
+            "--max_iters=2",
+            "--init_from=resume",
+            "--eval_only=True",
+            "--eval_full_val=True",
+        )
+    )
     last = read_log(out)[-1]
     assert last["iter"] == 2 and last["val_loss_full"] > 0
     assert file_hash(out / "ckpt.pt") == before
@@ -204,7 +274,9 @@ def gpt2_folder(tmp_path_factory):
     """A randomly initialised GPT-2 in Hugging Face's format, small enough for a test."""
     transformers = pytest.importorskip("transformers")
     folder = tmp_path_factory.mktemp("gpt2-tiny")
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=64, n_embd=32, n_layer=2, n_head=2))
+    hf = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_positions=64, n_embd=32, n_layer=2, n_head=2)
+    )
     hf.save_pretrained(folder)
     return folder, hf.state_dict()
 
@@ -213,8 +285,17 @@ def test_init_from_a_local_gpt2_folder(data_root, corpus_path, tmp_path, gpt2_fo
     folder, hf = gpt2_folder
     ensure_dataset("shakespeare", data_root, input_path=corpus_path)  # GPT-2 BPE tokens
     out = tmp_path / "out"
-    base = ["--dataset=shakespeare", f"--data_root={data_root}", f"--out_dir={out}", f"--init_from={folder}",
-            "--device=cpu", "--compile=False", "--batch_size=2", "--eval_iters=1", "--max_iters=0"]
+    base = [
+        "--dataset=shakespeare",
+        f"--data_root={data_root}",
+        f"--out_dir={out}",
+        f"--init_from={folder}",
+        "--device=cpu",
+        "--compile=False",
+        "--batch_size=2",
+        "--eval_iters=1",
+        "--max_iters=0",
+    ]
     run_in_process(base + ["--block_size=32"])
     ckpt = load_checkpoint(str(out))
     assert ckpt["model_args"]["vocab_size"] == 50257 and ckpt["model_args"]["block_size"] == 32
@@ -222,7 +303,9 @@ def test_init_from_a_local_gpt2_folder(data_root, corpus_path, tmp_path, gpt2_fo
     assert torch.equal(ckpt["model"]["transformer.wte.weight"], hf["transformer.wte.weight"])
     assert torch.equal(ckpt["model"]["transformer.wpe.weight"], hf["transformer.wpe.weight"][:32])
     # Hugging Face stores GPT-2's projections as (in, out); a Linear holds (out, in)
-    assert torch.equal(ckpt["model"]["transformer.h.1.mlp.c_fc.weight"], hf["transformer.h.1.mlp.c_fc.weight"].t())
+    assert torch.equal(
+        ckpt["model"]["transformer.h.1.mlp.c_fc.weight"], hf["transformer.h.1.mlp.c_fc.weight"].t()
+    )
 
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
@@ -257,10 +340,21 @@ def test_kill_during_save_keeps_previous_checkpoint(data_root, tmp_path):
     before = file_hash(out / "ckpt.pt")
 
     marker = tmp_path / "writing"
-    child = subprocess.Popen([sys.executable, "-c", KILLED_CHILD, str(marker), *base,
-                              "--max_iters=8", "--init_from=resume"],
-                             cwd=REPO, env=child_env(),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            KILLED_CHILD,
+            str(marker),
+            *base,
+            "--max_iters=8",
+            "--init_from=resume",
+        ],
+        cwd=REPO,
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.time() + 90
         while not marker.exists() and child.poll() is None and time.time() < deadline:
@@ -280,8 +374,18 @@ def test_divergence_stops_without_touching_the_checkpoint(data_root, tmp_path, c
     before = file_hash(out / "ckpt.pt")
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
-        run_in_process(args(data_root, out, "--max_iters=200", "--eval_interval=1000", "--init_from=resume",
-                            "--learning_rate=1e6", "--decay_lr=False", "--grad_clip=0"))
+        run_in_process(
+            args(
+                data_root,
+                out,
+                "--max_iters=200",
+                "--eval_interval=1000",
+                "--init_from=resume",
+                "--learning_rate=1e6",
+                "--decay_lr=False",
+                "--grad_clip=0",
+            )
+        )
     assert exit_info.value.code == 1
     err = capsys.readouterr().err
     line = [line for line in err.splitlines() if line.startswith("error:")]
@@ -300,7 +404,9 @@ def test_failed_save_stops_with_one_line(data_root, tmp_path, monkeypatch, capsy
     monkeypatch.setattr(torch, "save", disk_full)
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
-        run_in_process(args(data_root, out, "--max_iters=4", "--eval_interval=2", "--init_from=resume"))
+        run_in_process(
+            args(data_root, out, "--max_iters=4", "--eval_interval=2", "--init_from=resume")
+        )
     assert exit_info.value.code == 1
     err = capsys.readouterr().err.splitlines()[-1]
     assert err.startswith("error: could not write checkpoint") and "No space left" in err
@@ -327,9 +433,14 @@ def test_memmap_batches_equal_in_memory_batches(data_root, tmp_path, monkeypatch
 def test_sigterm_saves_and_resume_continues_exactly(data_root, tmp_path):
     out = tmp_path / "out"
     base = args(data_root, out, "--eval_interval=1000", "--lr_decay_iters=1000")
-    child = subprocess.Popen([sys.executable, "train.py", *base, "--max_iters=100000"],
-                             cwd=REPO, env=child_env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "train.py", *base, "--max_iters=100000"],
+        cwd=REPO,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 90
         while not (out / "log.jsonl").exists() and time.time() < deadline:  # iter 0 evaluated
@@ -345,8 +456,15 @@ def test_sigterm_saves_and_resume_continues_exactly(data_root, tmp_path):
 
     run_in_process(base + [f"--max_iters={stopped + 3}", "--init_from=resume"])
     straight = tmp_path / "straight"
-    run_in_process(args(data_root, straight, "--eval_interval=1000", "--lr_decay_iters=1000",
-                        f"--max_iters={stopped + 3}"))
+    run_in_process(
+        args(
+            data_root,
+            straight,
+            "--eval_interval=1000",
+            "--lr_decay_iters=1000",
+            f"--max_iters={stopped + 3}",
+        )
+    )
     resumed, reference = load_checkpoint(str(out)), load_checkpoint(str(straight))
     assert resumed["iter_num"] == reference["iter_num"] == stopped + 3
     for key in reference["model"]:
@@ -355,7 +473,9 @@ def test_sigterm_saves_and_resume_continues_exactly(data_root, tmp_path):
 
 def test_max_time_stops_evaluates_and_saves(data_root, tmp_path, capsys):
     out = tmp_path / "out"
-    run_in_process(args(data_root, out, "--max_iters=1000000", "--eval_interval=1000000", "--max_time=1.0"))
+    run_in_process(
+        args(data_root, out, "--max_iters=1000000", "--eval_interval=1000000", "--max_time=1.0")
+    )
     last = read_log(out)[-1]
     ckpt = load_checkpoint(str(out))
     assert 0 < ckpt["iter_num"] == last["iter"] < 1000000
@@ -368,12 +488,21 @@ def test_max_time_stops_evaluates_and_saves(data_root, tmp_path, capsys):
 
 
 def test_torchrun_two_processes_match_one(data_root, tmp_path):
-    common = ["--gradient_accumulation_steps=2", "--batch_size=4", "--max_iters=6", "--eval_interval=3",
-              "--lr_decay_iters=6", "--eval_iters=4"]
+    common = [
+        "--gradient_accumulation_steps=2",
+        "--batch_size=4",
+        "--max_iters=6",
+        "--eval_interval=3",
+        "--lr_decay_iters=6",
+        "--eval_iters=4",
+    ]
     one, two = tmp_path / "one", tmp_path / "two"
     run_in_process(args(data_root, one, *common))
-    result = run_cli(["--standalone", "--nproc_per_node=2", "train.py", *args(data_root, two, *common)],
-                     module=("-m", "torch.distributed.run"), timeout=240)
+    result = run_cli(
+        ["--standalone", "--nproc_per_node=2", "train.py", *args(data_root, two, *common)],
+        module=("-m", "torch.distributed.run"),
+        timeout=240,
+    )
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
     log_one, log_two = read_log(one), read_log(two)  # rank 0 alone writes the log
     assert [r["iter"] for r in log_two] == [0, 3, 6]
@@ -386,7 +515,9 @@ def test_torchrun_two_processes_match_one(data_root, tmp_path):
         torch.testing.assert_close(c1["model"][key], c2["model"][key], rtol=1e-4, atol=1e-5)
 
 
-def test_gradient_accumulation_must_divide_among_processes(data_root, tmp_path, monkeypatch, capsys):
+def test_gradient_accumulation_must_divide_among_processes(
+    data_root, tmp_path, monkeypatch, capsys
+):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -400,19 +531,22 @@ def test_gradient_accumulation_must_divide_among_processes(data_root, tmp_path, 
 # Errors and logging
 
 
-@pytest.mark.parametrize("extra, needles", [
-    (["--batch_sze=3"], ["batch_sze", "batch_size"]),
-    (["--batch_size=abc"], ["batch_size", "int", "abc"]),
-    (["config/no_such_config.py"], ["config file not found", "no_such_config.py"]),
-    (["--n_embd=30", "--n_head=4"], ["n_embd", "divisible"]),
-    (["--dataset=no_such_dataset"], ["unknown dataset", "no_such_dataset"]),
-    (["--block_size=200000"], ["block_size"]),
-    (["--dtype=float8"], ["unknown dtype", "float8"]),
-    (["--optimizer=sgd"], ["unknown optimizer"]),
-    (["--muon_ns_steps=0"], ["muon_ns_steps", "positive integer"]),
-    (["--init_from=nowhere"], ["init_from", "nowhere"]),
-    (["--init_from=resume"], ["no checkpoint"]),
-])
+@pytest.mark.parametrize(
+    "extra, needles",
+    [
+        (["--batch_sze=3"], ["batch_sze", "batch_size"]),
+        (["--batch_size=abc"], ["batch_size", "int", "abc"]),
+        (["config/no_such_config.py"], ["config file not found", "no_such_config.py"]),
+        (["--n_embd=30", "--n_head=4"], ["n_embd", "divisible"]),
+        (["--dataset=no_such_dataset"], ["unknown dataset", "no_such_dataset"]),
+        (["--block_size=200000"], ["block_size"]),
+        (["--dtype=float8"], ["unknown dtype", "float8"]),
+        (["--optimizer=sgd"], ["unknown optimizer"]),
+        (["--muon_ns_steps=0"], ["muon_ns_steps", "positive integer"]),
+        (["--init_from=nowhere"], ["init_from", "nowhere"]),
+        (["--init_from=resume"], ["no checkpoint"]),
+    ],
+)
 def test_bad_settings_give_one_line_errors(data_root, tmp_path, capsys, extra, needles):
     with pytest.raises(SystemExit) as exit_info:
         run_in_process(args(data_root, tmp_path / "out", *extra))
@@ -431,12 +565,25 @@ def test_cuda_without_gpu_is_a_one_line_error(data_root, tmp_path):
 def test_wandb_without_an_api_key_stops_in_one_line_before_any_work(data_root, tmp_path):
     """A machine where wandb was never logged in, with no terminal to ask on: one line that names
     both ways out, before the data or the model is touched. No network is needed to find this out."""
-    env = child_env(HOME=str(tmp_path), WANDB_DIR=str(tmp_path), WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"))
+    env = child_env(
+        HOME=str(tmp_path), WANDB_DIR=str(tmp_path), WANDB_CONFIG_DIR=str(tmp_path / "wandb-config")
+    )
     for key in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_SILENT", "NETRC"):
         env.pop(key, None)
     out_dir = tmp_path / "out"
-    result = subprocess.run([sys.executable, "train.py", *args(data_root, out_dir, "--max_iters=2", "--wandb_log=True")],
-                            cwd=REPO, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            *args(data_root, out_dir, "--max_iters=2", "--wandb_log=True"),
+        ],
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
@@ -454,8 +601,19 @@ def test_help_lists_the_keys():
 
 def test_wandb_offline_run_records_the_metrics(data_root, tmp_path):
     env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
-    result = run_cli(args(data_root, tmp_path / "out", "--max_iters=2", "--eval_interval=1", "--wandb_log=True",
-                          "--wandb_project=test", "--wandb_run_name=tiny"), env=env, timeout=180)
+    result = run_cli(
+        args(
+            data_root,
+            tmp_path / "out",
+            "--max_iters=2",
+            "--eval_interval=1",
+            "--wandb_log=True",
+            "--wandb_project=test",
+            "--wandb_run_name=tiny",
+        ),
+        env=env,
+        timeout=180,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     runs = glob.glob(os.path.join(tmp_path, "wandb", "offline-run-*"))
     assert len(runs) == 1
@@ -475,13 +633,27 @@ def test_wandb_offline_run_records_the_metrics(data_root, tmp_path):
 
 
 def test_run_estimate_counts_every_step_and_evaluation():
-    cfg = dict(train.DEFAULTS, max_iters=2500, eval_interval=250, eval_iters=200, eval_full_val=True,
-               block_size=256, batch_size=64, max_time=0.0)
+    cfg = dict(
+        train.DEFAULTS,
+        max_iters=2500,
+        eval_interval=250,
+        eval_iters=200,
+        eval_full_val=True,
+        block_size=256,
+        batch_size=64,
+        max_time=0.0,
+    )
     val_tokens = 111_540
 
     def counted(start, resumed):  # the training loop's own rule, iter by iter
-        evals = sum(1 for i in range(start, cfg["max_iters"])
-                    if i % cfg["eval_interval"] == 0 and not (resumed and i == start)) + 1
+        evals = (
+            sum(
+                1
+                for i in range(start, cfg["max_iters"])
+                if i % cfg["eval_interval"] == 0 and not (resumed and i == start)
+            )
+            + 1
+        )
         full_val_batches = len(range(0, val_tokens - 1, cfg["block_size"] * cfg["batch_size"]))
         return (cfg["max_iters"] - start) * 2.0 + (evals * 400 + full_val_batches) * 0.5, evals
 
@@ -495,8 +667,17 @@ def test_run_estimate_counts_every_step_and_evaluation():
 
 def test_no_evaluation_at_start_and_muon_ns_steps(data_root, tmp_path):
     out = tmp_path / "out"
-    run_in_process(args(data_root, out, "--max_iters=4", "--eval_interval=2", "--eval_at_start=False",
-                        "--optimizer=muon", "--muon_ns_steps=3"))
+    run_in_process(
+        args(
+            data_root,
+            out,
+            "--max_iters=4",
+            "--eval_interval=2",
+            "--eval_at_start=False",
+            "--optimizer=muon",
+            "--muon_ns_steps=3",
+        )
+    )
     assert [rec["iter"] for rec in read_log(out)] == [2, 4]  # no record before the first step
     ckpt = load_checkpoint(os.path.join(out, "ckpt.pt"))
     assert ckpt["optimizer"][0]["param_groups"][0]["ns_steps"] == 3  # Muon's, saved with its state
@@ -507,31 +688,66 @@ def test_no_evaluation_at_start_and_muon_ns_steps(data_root, tmp_path):
 
 
 def test_timing_a_step_leaves_the_run_untouched(data_root, tmp_path):
-    cfg = train.get_config(args(data_root, tmp_path / "out", "--optimizer=muon", "--dropout=0.1",
-                                "--gradient_accumulation_steps=2"))
+    cfg = train.get_config(
+        args(
+            data_root,
+            tmp_path / "out",
+            "--optimizer=muon",
+            "--dropout=0.1",
+            "--gradient_accumulation_steps=2",
+        )
+    )
     r = train.setup(cfg)
     train.train_step(r, 1e-3)  # optimizer state exists, as in a resumed run
-    before = (copy.deepcopy(r.raw.state_dict()), copy.deepcopy([o.state_dict() for o in r.optimizers]),
-              torch.get_rng_state(), r.data_gen.get_state())
+    before = (
+        copy.deepcopy(r.raw.state_dict()),
+        copy.deepcopy([o.state_dict() for o in r.optimizers]),
+        torch.get_rng_state(),
+        r.data_gen.get_state(),
+    )
     step_s, eval_s = train.time_iter(r)
     assert step_s > 0 and eval_s > 0
-    after = (r.raw.state_dict(), [o.state_dict() for o in r.optimizers], torch.get_rng_state(), r.data_gen.get_state())
+    after = (
+        r.raw.state_dict(),
+        [o.state_dict() for o in r.optimizers],
+        torch.get_rng_state(),
+        r.data_gen.get_state(),
+    )
     for key in before[0]:
         assert torch.equal(before[0][key], after[0][key]), key
     for old, new in zip(before[1], after[1]):
         for p in old["state"]:
             for name, value in old["state"][p].items():
-                assert torch.equal(torch.as_tensor(value), torch.as_tensor(new["state"][p][name])), name
+                assert torch.equal(
+                    torch.as_tensor(value), torch.as_tensor(new["state"][p][name])
+                ), name
     assert torch.equal(before[2], after[2]) and torch.equal(before[3], after[3])
 
 
-def test_main_command_without_a_gpu_says_so_estimates_and_stops_in_an_evaluation(data_root, tmp_path):
+def test_main_command_without_a_gpu_says_so_estimates_and_stops_in_an_evaluation(
+    data_root, tmp_path
+):
     out = tmp_path / "out"
     # the GPU config, shrunk; eval_iters so large that the first evaluation would take hours
-    argv = ["train.py", "config/shakespeare.py", f"--data_root={data_root}", f"--out_dir={out}",
-            "--n_layer=1", "--n_head=2", "--n_embd=32", "--batch_size=4", "--eval_iters=1000000"]
-    child = subprocess.Popen([sys.executable, *argv], cwd=REPO, env=child_env(CUDA_VISIBLE_DEVICES="",
-                             PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    argv = [
+        "train.py",
+        "config/shakespeare.py",
+        f"--data_root={data_root}",
+        f"--out_dir={out}",
+        "--n_layer=1",
+        "--n_head=2",
+        "--n_embd=32",
+        "--batch_size=4",
+        "--eval_iters=1000000",
+    ]
+    child = subprocess.Popen(
+        [sys.executable, *argv],
+        cwd=REPO,
+        env=child_env(CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         lines = []
         while not any("should take about" in line for line in lines):
@@ -549,16 +765,24 @@ def test_main_command_without_a_gpu_says_so_estimates_and_stops_in_an_evaluation
     assert child.returncode == 0, stderr
     assert "no GPU found" in lines[0] and "python train.py config/shakespeare_cpu.py" in lines[0]
     assert any(line.startswith("timing one step") for line in lines)  # said before the wait
-    estimate = re.search(r"should take about ([\d.]+) (h|min|s) here \(2,500 iters x [\d.e-]+ s \+ "
-                         r"11 evaluations, 22,000,\d\d\d batches", stdout)
+    estimate = re.search(
+        r"should take about ([\d.]+) (h|min|s) here \(2,500 iters x [\d.e-]+ s \+ "
+        r"11 evaluations, 22,000,\d\d\d batches",
+        stdout,
+    )
     assert estimate and estimate.group(2) == "h", stdout  # 22M evaluation batches: hours
     assert "evaluating train" in stderr  # the evaluation shows progress
-    assert "stopped by SIGTERM at iter 0: nothing trained since the run began, so nothing was saved" in stdout
+    assert (
+        "stopped by SIGTERM at iter 0: nothing trained since the run began, so nothing was saved"
+        in stdout
+    )
     assert took < 20  # the evaluation stops within a batch, not after its 1M batches
     assert not (out / "ckpt.pt").exists() and (out / "log.jsonl").read_text() == ""
 
 
-def test_stop_during_a_later_evaluation_saves_and_resumes_exactly(data_root, tmp_path, monkeypatch, capsys):
+def test_stop_during_a_later_evaluation_saves_and_resumes_exactly(
+    data_root, tmp_path, monkeypatch, capsys
+):
     base = ["--eval_interval=5", "--lr_decay_iters=20", "--dropout=0.1"]
     straight = tmp_path / "straight"
     run_in_process(args(data_root, straight, *base, "--max_iters=15"))
@@ -568,11 +792,15 @@ def test_stop_during_a_later_evaluation_saves_and_resumes_exactly(data_root, tmp
         if seed == r.cfg["seed"] + 10:
             os.kill(os.getpid(), signal.SIGTERM)  # handled at once, in this main thread
         return evaluate(r, seed)
+
     monkeypatch.setattr(train, "estimate_loss", signal_in_the_evaluation_at_iter_10)
     out = tmp_path / "out"
     run_in_process(args(data_root, out, *base, "--max_iters=15"))
     assert "stopped by SIGTERM at iter 10; saved" in capsys.readouterr().out
-    assert load_checkpoint(str(out))["iter_num"] == 10 and [r["iter"] for r in read_log(out)] == [0, 5]
+    assert load_checkpoint(str(out))["iter_num"] == 10 and [r["iter"] for r in read_log(out)] == [
+        0,
+        5,
+    ]
     monkeypatch.setattr(train, "estimate_loss", evaluate)
     run_in_process(args(data_root, out, *base, "--max_iters=15", "--init_from=resume"))
     assert losses(read_log(out)) == losses(read_log(straight))  # the iter-10 evaluation was redone
@@ -582,7 +810,12 @@ def test_stop_during_a_later_evaluation_saves_and_resumes_exactly(data_root, tmp
 
 
 def test_stop_between_micro_steps_undoes_the_step(data_root, tmp_path, monkeypatch, capsys):
-    base = ["--gradient_accumulation_steps=4", "--eval_interval=100", "--lr_decay_iters=20", "--dropout=0.1"]
+    base = [
+        "--gradient_accumulation_steps=4",
+        "--eval_interval=100",
+        "--lr_decay_iters=20",
+        "--dropout=0.1",
+    ]
     straight = tmp_path / "straight"
     run_in_process(args(data_root, straight, *base, "--max_iters=6"))
     forward, calls = GPT.forward, []
@@ -593,6 +826,7 @@ def test_stop_between_micro_steps_undoes_the_step(data_root, tmp_path, monkeypat
             if len(calls) == 3 * 4 + 2:
                 os.kill(os.getpid(), signal.SIGTERM)
         return forward(model, *a, **kw)
+
     monkeypatch.setattr(GPT, "forward", signal_in_the_second_micro_step_of_iter_3)
     out = tmp_path / "out"
     run_in_process(args(data_root, out, *base, "--max_iters=6"))

@@ -5,15 +5,17 @@ turns that file into docs/linear_attention.md. Run the timed parts one at a
 time on an otherwise quiet machine (the figures are ratios against softmax
 measured in the same run, but a busy machine still moves them):
 
-    python docs/linear_attention.py train      # config/shakespeare_cpu.py, both kinds (~2 min)
-    python docs/linear_attention.py layer      # one layer, forward + backward, T = 1024 .. 16384
-    python docs/linear_attention.py decode     # generating 10 x block_size tokens
-    python docs/linear_attention.py context    # decoding speed after 1k .. 16k tokens of context
-    python docs/linear_attention.py heads      # heads.py on both trained models
-    python docs/linear_attention.py report     # writes docs/linear_attention.md
+    python -m experiments.linear_attention train      # config/shakespeare_cpu.py, both kinds (~2 min)
+    python -m experiments.linear_attention layer      # one layer, forward + backward, T = 1024 .. 16384
+    python -m experiments.linear_attention decode     # generating 10 x block_size tokens
+    python -m experiments.linear_attention context    # decoding speed after 1k .. 16k tokens of context
+    python -m experiments.linear_attention heads      # heads.py on both trained models
+    python -m experiments.linear_attention report     # writes docs/linear_attention.md
 
 The corpus: set TINYSHAKESPEARE_PATH, as for train.py.
 """
+
+import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import json
 import math
@@ -24,21 +26,22 @@ import subprocess
 import sys
 import time
 
-DOCS = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(DOCS)
-sys.path.insert(0, ROOT)
+import torch
 
-import hardware  # noqa: E402
+from model import GPT, GPTConfig
 
-hardware.check_bf16()  # before torch loads: whether bfloat16 runs here, and its fix (hardware.py)
-
-import torch  # noqa: E402
-
-from model import GPT, GPTConfig  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = os.path.join(ROOT, "docs")
 
 RESULTS = os.path.join(DOCS, "linear_attention.json")
 OUT = {"softmax": "out-la-softmax", "linear": "out-la-linear"}
-SAMPLE = ["--prompt=ROMEO:", "--seed=1337", "--num_samples=1", "--max_new_tokens=300", "--attn_dir="]
+SAMPLE = [
+    "--prompt=ROMEO:",
+    "--seed=1337",
+    "--num_samples=1",
+    "--max_new_tokens=300",
+    "--attn_dir=",
+]
 
 
 def load():
@@ -55,9 +58,14 @@ def save(results):
 
 
 def machine():
-    return dict(cpu_capability=torch.backends.cpu.get_cpu_capability(), threads=torch.get_num_threads(),
-                torch=torch.__version__, processor=platform.processor() or platform.machine(),
-                date=time.strftime("%Y-%m-%d"), load=loadavg())
+    return dict(
+        cpu_capability=torch.backends.cpu.get_cpu_capability(),
+        threads=torch.get_num_threads(),
+        torch=torch.__version__,
+        processor=platform.processor() or platform.machine(),
+        date=time.strftime("%Y-%m-%d"),
+        load=loadavg(),
+    )
 
 
 def run(args):
@@ -76,13 +84,28 @@ def train_one(kind, extra=()):
     out = OUT[kind]
     attention = "softmax" if kind == "softmax" else "linear"
     t0 = time.perf_counter()
-    run(["train.py", "config/shakespeare_cpu.py", f"--out_dir={out}", f"--attention={attention}", *RECIPE, *extra])
+    run(
+        [
+            "train.py",
+            "config/shakespeare_cpu.py",
+            f"--out_dir={out}",
+            f"--attention={attention}",
+            *RECIPE,
+            *extra,
+        ]
+    )
     wall = time.perf_counter() - t0
     with open(os.path.join(ROOT, out, "log.jsonl")) as f:
         last = [json.loads(line) for line in f][-1]
     text = run(["sample.py", f"--out_dir={out}", *SAMPLE]).split("\n" + "-" * 40 + "\n")[0]
-    return dict(iters=last["iter"], train_s=last["elapsed_s"], wall_s=round(wall, 1),
-                val_loss_full=last["val_loss_full"], sample=text, args=list(extra))
+    return dict(
+        iters=last["iter"],
+        train_s=last["elapsed_s"],
+        wall_s=round(wall, 1),
+        val_loss_full=last["val_loss_full"],
+        sample=text,
+        args=list(extra),
+    )
 
 
 def part_train(results):
@@ -91,7 +114,9 @@ def part_train(results):
     results["train"]["machine"] = machine()
 
 
-LAYER_SHAPE = dict(n_layer=1, n_head=4, n_embd=128, rope=True, qk_norm=True, activation="relu2", bias=False)
+LAYER_SHAPE = dict(
+    n_layer=1, n_head=4, n_embd=128, rope=True, qk_norm=True, activation="relu2", bias=False
+)
 
 
 def layer_child(T, repeats, memory_of=None):
@@ -118,11 +143,15 @@ def layer_child(T, repeats, memory_of=None):
     if memory_of:
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         step(memory_of)
-        print(json.dumps(dict(peak_mb=(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)))
+        print(
+            json.dumps(
+                dict(peak_mb=(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
+            )
+        )
         return
     times = {kind: [] for kind in blocks}
     for i in range(repeats + 1):
-        for kind in (("softmax", "linear") if i % 2 else ("linear", "softmax")):
+        for kind in ("softmax", "linear") if i % 2 else ("linear", "softmax"):
             dt = step(kind)
             if i:  # the first round warms up
                 times[kind].append(dt)
@@ -139,20 +168,29 @@ def part_layer(results):
     for T in (1024, 4096, 16384):
         load = loadavg()
         script = os.path.join("docs", "linear_attention.py")
-        row = dict(T=T, **json.loads(run([script, "layer-child", str(T), "7" if T <= 4096 else "3"])))
+        row = dict(
+            T=T, **json.loads(run([script, "layer-child", str(T), "7" if T <= 4096 else "3"]))
+        )
         for kind in ("softmax", "linear"):
             row[kind].update(json.loads(run([script, "layer-child", str(T), "0", kind])))
         row["load"] = [load, loadavg()]
         rows.append(row)
         print(row, file=sys.stderr)
-    results["layer"] = dict(rows=rows, shape=LAYER_SHAPE, machine=machine(), threads=1,
-                            softmax_kernel="F.scaled_dot_product_attention (is_causal)")
+    results["layer"] = dict(
+        rows=rows,
+        shape=LAYER_SHAPE,
+        machine=machine(),
+        threads=1,
+        softmax_kernel="F.scaled_dot_product_attention (is_causal)",
+    )
 
 
 def decode_rate(model, n_new, prompt_len=8):
     """Tokens/s generating n_new greedy tokens after a prompt, at batch 1, and the
     tokens/s of each tenth of the run."""
-    idx = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
+    idx = torch.randint(
+        0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0)
+    )
     marks = []
     t0 = time.perf_counter()
     stream = model.generate_stream(idx, n_new, temperature=0)
@@ -174,15 +212,29 @@ def part_decode(results):
         for kind in ("softmax", "linear"):
             torch.manual_seed(0)
             if block_size == 64:
-                from sample import load_model
+                from support.loading import load_model
+
                 model = load_model(dict(init_from=None, out_dir=os.path.join(ROOT, OUT[kind])))[0]
             else:
-                model = GPT(GPTConfig(block_size=block_size, vocab_size=65, attention=kind,
-                                      **dict(LAYER_SHAPE, n_layer=4)))
+                model = GPT(
+                    GPTConfig(
+                        block_size=block_size,
+                        vocab_size=65,
+                        attention=kind,
+                        **dict(LAYER_SHAPE, n_layer=4),
+                    )
+                )
             model.eval()
             rate = decode_rate(model, 10 * block_size)
-            rows.append(dict(block_size=block_size, kind=kind, new_tokens=10 * block_size,
-                             cache_bytes=model.make_kv_cache(1).nbytes, **rate))
+            rows.append(
+                dict(
+                    block_size=block_size,
+                    kind=kind,
+                    new_tokens=10 * block_size,
+                    cache_bytes=model.make_kv_cache(1).nbytes,
+                    **rate,
+                )
+            )
             print(rows[-1], file=sys.stderr)
     results["decode"] = dict(rows=rows, machine=machine(), threads=1)
 
@@ -198,7 +250,11 @@ def part_context(results):
         row = dict(P=P)
         for kind in ("softmax", "linear"):
             torch.manual_seed(0)
-            model = GPT(GPTConfig(block_size=17408, vocab_size=65, attention=kind, **dict(LAYER_SHAPE, n_layer=4)))
+            model = GPT(
+                GPTConfig(
+                    block_size=17408, vocab_size=65, attention=kind, **dict(LAYER_SHAPE, n_layer=4)
+                )
+            )
             idx = torch.randint(0, 65, (1, P), generator=torch.Generator().manual_seed(0))
             stream = model.eval().generate_stream(idx, 201, temperature=0)
             next(stream)  # the prompt's forward
@@ -222,17 +278,31 @@ def collect_heads(results):
     for kind in ("softmax", "linear"):
         with open(os.path.join(ROOT, OUT[kind], "heads", "heads.json")) as f:
             rep = json.load(f)
-        out[kind] = dict(baseline_loss=rep["baseline_loss"],
-                         heads=[dict(layer=h["layer"], head=h["head"], label=h["label"], cost=h["ablation_nats"],
-                                     entropy=h["entropy"], diagonal=h["scores"]["diagonal"],
-                                     previous=h["previous_weight"]) for h in rep["heads"]])
+        out[kind] = dict(
+            baseline_loss=rep["baseline_loss"],
+            heads=[
+                dict(
+                    layer=h["layer"],
+                    head=h["head"],
+                    label=h["label"],
+                    cost=h["ablation_nats"],
+                    entropy=h["entropy"],
+                    diagonal=h["scores"]["diagonal"],
+                    previous=h["previous_weight"],
+                )
+                for h in rep["heads"]
+            ],
+        )
     results["heads"] = out
 
 
 def heads_table(rep):
     layers = sorted({h["layer"] for h in rep["heads"]})
     n = max(h["head"] for h in rep["heads"]) + 1
-    lines = ["| layer | " + " | ".join(f"head {i}" for i in range(n)) + " |", "|---" * (n + 1) + "|"]
+    lines = [
+        "| layer | " + " | ".join(f"head {i}" for i in range(n)) + " |",
+        "|---" * (n + 1) + "|",
+    ]
     for layer in layers:
         cells = [f"{h['label']} {h['cost']:+.3f}" for h in rep["heads"] if h["layer"] == layer]
         lines.append(f"| {layer} | " + " | ".join(cells) + " |")
@@ -247,26 +317,41 @@ def part_report(results):
     layer_rows = "\n".join(
         f"| {r['T']:,} | {r['softmax']['ms']:,.0f} | {r['linear']['ms']:,.0f} | "
         f"**{r['softmax']['ms'] / r['linear']['ms']:.2f}x** | {r['softmax']['peak_mb']:.0f} | "
-        f"{r['linear']['peak_mb']:.0f} |" for r in lay["rows"])
-    growth = lambda kind: " and ".join(f"{b[kind]['ms'] / a[kind]['ms']:.1f}x" for a, b in zip(lay["rows"], lay["rows"][1:]))
+        f"{r['linear']['peak_mb']:.0f} |"
+        for r in lay["rows"]
+    )
+    growth = lambda kind: " and ".join(
+        f"{b[kind]['ms'] / a[kind]['ms']:.1f}x" for a, b in zip(lay["rows"], lay["rows"][1:])
+    )
     by = {(r["block_size"], r["kind"]): r for r in dec["rows"]}
     decode_rows = "\n".join(
         f"| {r['block_size']:,} | {r['kind']} | {r['new_tokens']:,} | {r['tokens_per_s']:,.0f} | "
-        f"{min(r['tenths']):,}-{max(r['tenths']):,} | {r['cache_bytes']:,} |" for r in dec["rows"])
+        f"{min(r['tenths']):,}-{max(r['tenths']):,} | {r['cache_bytes']:,} |"
+        for r in dec["rows"]
+    )
     ratio = lambda bs: by[(bs, "linear")]["tokens_per_s"] / by[(bs, "softmax")]["tokens_per_s"]
     mem = lambda bs: by[(bs, "softmax")]["cache_bytes"] / by[(bs, "linear")]["cache_bytes"]
     m = tr["machine"]
     ctx = results["context"]
-    context_rows = "\n".join(f"| {r['P']:,} | {r['softmax']:.0f} | {r['linear']:.0f} | **{r['linear'] / r['softmax']:.1f}x** |"
-                             for r in ctx["rows"])
+    context_rows = "\n".join(
+        f"| {r['P']:,} | {r['softmax']:.0f} | {r['linear']:.0f} | **{r['linear'] / r['softmax']:.1f}x** |"
+        for r in ctx["rows"]
+    )
     mean = lambda kind, key: sum(h[key] for h in hd[kind]["heads"]) / len(hd[kind]["heads"])
     top = lambda kind, key: max(h[key] for h in hd[kind]["heads"])
     total = lambda kind: sum(h["cost"] for h in hd[kind]["heads"])
     maxcost = lambda kind: top(kind, "cost")
-    from attention_maps import BAND
+    from support.attention_maps import BAND
+
     rows = range(BAND + 1, 64)  # the rows heads.py scores, in windows of 64
-    even = {key: sum(f(i + 1) for i in rows) / len(rows) for key, f in
-            (("entropy", math.log), ("diagonal", lambda n: (BAND + 1) / n), ("previous", lambda n: 1 / n))}
+    even = {
+        key: sum(f(i + 1) for i in rows) / len(rows)
+        for key, f in (
+            ("entropy", math.log),
+            ("diagonal", lambda n: (BAND + 1) / n),
+            ("previous", lambda n: 1 / n),
+        )
+    }
     page = f"""# Linear attention
 
 The attention lectures name linear attention among the answers to attention's
@@ -277,7 +362,7 @@ with a kernel, and its cost grows as n. `GPTConfig.attention = "linear"`
 (`--attention=linear` for `train.py`) gives this project's model the version of
 Katharopoulos et al., *Transformers are RNNs* (ICML 2020, arXiv:2006.16236).
 This page measures what it buys on a CPU and what it costs in quality. It is
-written by `python docs/linear_attention.py report` from the figures the other
+written by `python -m experiments.linear_attention report` from the figures the other
 parts of that script measure (`docs/linear_attention.json`).
 
 ## What the option does
@@ -419,7 +504,7 @@ can.
 
 Where the context is long, the time per step parts ways. The same shape with
 block_size 17,408, untrained, after a prompt of P tokens, 200 greedy tokens
-timed alone (`python docs/linear_attention.py context`; one thread, float32,
+timed alone (`python -m experiments.linear_attention context`; one thread, float32,
 load average {ctx["machine"]["load"]:.1f}):
 
 | context P | softmax tokens/s | linear tokens/s | linear / softmax |
@@ -469,12 +554,12 @@ layer 0, with its bright diagonals, is [attention_layer_0.png](attention_layer_0
 
 ```sh
 export TINYSHAKESPEARE_PATH=/path/to/input.txt
-python docs/linear_attention.py train    # trains both models into out-la-softmax/ and out-la-linear/
-python docs/linear_attention.py layer
-python docs/linear_attention.py decode
-python docs/linear_attention.py context
-python docs/linear_attention.py heads
-python docs/linear_attention.py report
+python -m experiments.linear_attention train    # trains both models into out-la-softmax/ and out-la-linear/
+python -m experiments.linear_attention layer
+python -m experiments.linear_attention decode
+python -m experiments.linear_attention context
+python -m experiments.linear_attention heads
+python -m experiments.linear_attention report
 python sample.py --out_dir=out-la-linear --prompt "ROMEO:" --seed=1337 --num_samples=1 \\
     --max_new_tokens=58 --attn_dir=/tmp/maps   # /tmp/maps/layer_0.png is the picture
 ```
@@ -483,8 +568,14 @@ python sample.py --out_dir=out-la-linear --prompt "ROMEO:" --seed=1337 --num_sam
         f.write(page)
 
 
-PARTS = {"train": part_train, "context": part_context, "layer": part_layer, "decode": part_decode,
-         "heads": part_heads, "report": part_report}
+PARTS = {
+    "train": part_train,
+    "context": part_context,
+    "layer": part_layer,
+    "decode": part_decode,
+    "heads": part_heads,
+    "report": part_report,
+}
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["layer-child"]:
@@ -495,4 +586,4 @@ if __name__ == "__main__":
         if sys.argv[1] != "report":
             save(results)
     else:
-        sys.exit(f"usage: python docs/linear_attention.py {{{','.join(PARTS)}}}")
+        sys.exit(f"usage: python -m experiments.linear_attention {{{','.join(PARTS)}}}")

@@ -1,7 +1,7 @@
 """
 Plot train and val loss against training time from a run's log.jsonl.
 
-    python plot_loss.py out-shakespeare-char-cpu/log.jsonl docs/loss_cpu.png --target=1.88
+    python -m experiments.plot_loss out-shakespeare-char-cpu/log.jsonl docs/loss_cpu.png --target=1.88
 """
 
 import argparse
@@ -11,7 +11,7 @@ import sys
 import matplotlib
 
 matplotlib.use("Agg")  # write files; no display needed
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def read_log(path):
@@ -32,8 +32,13 @@ def plot(rows, out, target=None, title=None):
     ax.plot(seconds, [r["val_loss"] for r in rows], "o-", ms=3, label="val loss")
     last = rows[-1]
     if "val_loss_full" in last:
-        ax.plot([last["elapsed_s"]], [last["val_loss_full"]], "k*", ms=10,
-                label=f"whole val split: {last['val_loss_full']:.4f}")
+        ax.plot(
+            [last["elapsed_s"]],
+            [last["val_loss_full"]],
+            "k*",
+            ms=10,
+            label=f"whole val split: {last['val_loss_full']:.4f}",
+        )
     if target is not None:
         ax.axhline(target, color="gray", ls="--", lw=1, label=f"target {target}")
     ax.set_xlabel("training time (s)")

@@ -7,7 +7,7 @@ sinks collapse, as StreamingLLM reports, and do 4 sinks hold it?
         --sliding_window=32 --sink_tokens=4 --n_layer=4 --max_iters=180 --lr_decay_iters=180 --muon_ns_steps=5
 
 (docs/long_context.md's figures: the CPU recipe as it was then, 4 layers and 180 iters.)
-    python docs/long_context.py --dense=out-shakespeare-char-cpu --windowed=out-shakespeare-char-cpu-window
+    python -m experiments.long_context --dense=out-shakespeare-char-cpu --windowed=out-shakespeare-char-cpu-window
 
 Every val token from the start of the split is scored one at a time, as
 generation would see it, through:
@@ -21,25 +21,22 @@ generation would see it, through:
 and docs/long_context.json.
 """
 
+import support.before_torch  # bfloat16 tried in a child process, before torch loads
+
 import json
 import math
 import os
 import sys
 import time
 
+import torch
+import torch.nn.functional as F
+
+from support.configurator import describe, parse_args
+from support.head_measures import ablated, patterns, val_tokens, windows
+from support.loading import load_model
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-import hardware  # noqa: E402
-
-hardware.check_bf16()  # before torch loads: whether bfloat16 runs here, and its fix (hardware.py)
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from configurator import describe, parse_args  # noqa: E402
-from heads import ablated, patterns, val_tokens, windows  # noqa: E402
-from sample import load_model  # noqa: E402
 
 DEFAULTS = dict(
     dense="out-shakespeare-char-cpu",  # the CPU recipe's checkpoint folder
@@ -65,13 +62,15 @@ def score(model, tokens, window=None, sinks=0, slide=False):
     t0 = time.perf_counter()
     for t in range(len(tokens) - 1):
         new_start = model.context_start(t + 1, start) if slide else start
-        if t == 0 or new_start != start:  # the prompt, or a slide: rebuild the cache from the window
+        if (
+            t == 0 or new_start != start
+        ):  # the prompt, or a slide: rebuild the cache from the window
             start = new_start
             cache.reset()
-            logits = model(tokens[None, start:t + 1], kv_cache=cache, last_only=True)[0]
+            logits = model(tokens[None, start : t + 1], kv_cache=cache, last_only=True)[0]
         else:
-            logits = model(tokens[None, t:t + 1], kv_cache=cache)[0]
-        nll.append(F.cross_entropy(logits[0, -1:].float(), tokens[t + 1:t + 2]).item())
+            logits = model(tokens[None, t : t + 1], kv_cache=cache)[0]
+        nll.append(F.cross_entropy(logits[0, -1:].float(), tokens[t + 1 : t + 2]).item())
     return torch.tensor(nll), (len(tokens) - 1) / (time.perf_counter() - t0), cache.nbytes
 
 
@@ -81,7 +80,9 @@ def sink_heads(model, tok, data, k):
     spans = windows(len(data), model.config.block_size, max_windows=200)
     pats = patterns(model, tok, data, spans, batch_size=32)
     shares = [[p["scores"]["first"] for p in layer] for layer in pats]
-    ranked = sorted(((s, i, h) for i, row in enumerate(shares) for h, s in enumerate(row)), reverse=True)
+    ranked = sorted(
+        ((s, i, h) for i, row in enumerate(shares) for h, s in enumerate(row)), reverse=True
+    )
     return [(i, h) for _, i, h in ranked[:k]], shares
 
 
@@ -99,13 +100,15 @@ def main(argv):
     trained, _ = load(cfg["windowed"])
     data, _ = val_tokens(dict(dataset="", data_root=None), cfg["dense"], tok)
     block = dense.config.block_size
-    tokens = torch.from_numpy(data[:cfg["blocks"] * block + 1].astype("int64"))
+    tokens = torch.from_numpy(data[: cfg["blocks"] * block + 1].astype("int64"))
     W, S = trained.config.sliding_window, cfg["sinks"]
     runs = {
         "(a) dense, slides": lambda: score(dense, tokens, slide=True),
         f"(b) window {S + W}, no sinks": lambda: score(dense, tokens, window=S + W, sinks=0),
         f"(c) window {W} + {S} sinks": lambda: score(dense, tokens, window=W, sinks=S),
-        f"(d) trained with window {W} + {trained.config.sink_tokens} sinks": lambda: score(trained, tokens),
+        f"(d) trained with window {W} + {trained.config.sink_tokens} sinks": lambda: score(
+            trained, tokens
+        ),
     }
     results = {}
     for name, fn in runs.items():
@@ -124,28 +127,45 @@ def main(argv):
 
     # the table
     n = len(tokens) - 1
-    lines = [f"{n} val tokens ({cfg['blocks']} x block_size {block}), scored one at a time; "
-             f"perplexity over all of them, and over the first and last {block}:", "",
-             "| run | perplexity | first block | last block | tokens/s | cache bytes |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"{n} val tokens ({cfg['blocks']} x block_size {block}), scored one at a time; "
+        f"perplexity over all of them, and over the first and last {block}:",
+        "",
+        "| run | perplexity | first block | last block | tokens/s | cache bytes |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, r in results.items():
         nll = r["nll"]
-        lines.append(f"| {name} | {ppl(nll):.3f} | {ppl(nll[:block]):.3f} | {ppl(nll[-block:]):.3f} | "
-                     f"{r['tokens_per_s']:.0f} | {r['cache_bytes']:,} |")
-    lines += ["", "Share of each head's attention on the first token (heads.py, val windows; even "
-              "attention over a window gives it about 1 / position), layer by layer:", ""]
+        lines.append(
+            f"| {name} | {ppl(nll):.3f} | {ppl(nll[:block]):.3f} | {ppl(nll[-block:]):.3f} | "
+            f"{r['tokens_per_s']:.0f} | {r['cache_bytes']:,} |"
+        )
+    lines += [
+        "",
+        "Share of each head's attention on the first token (heads.py, val windows; even "
+        "attention over a window gives it about 1 / position), layer by layer:",
+        "",
+    ]
     lines += [f"- layer {i}: " + ", ".join(f"{s:.2f}" for s in row) for i, row in enumerate(shares)]
     if heads:
-        lines += ["", f"Ablating the {len(heads)} heads with the largest first-token share, (layer, head) "
-                  f"{heads}:", "",
-                  "| run | perplexity intact | ablated |", "|---|---|---|"]
+        lines += [
+            "",
+            f"Ablating the {len(heads)} heads with the largest first-token share, (layer, head) "
+            f"{heads}:",
+            "",
+            "| run | perplexity intact | ablated |",
+            "|---|---|---|",
+        ]
         for name, nll in ablations.items():
             lines.append(f"| {name} | {ppl(results[name]['nll']):.3f} | {ppl(nll):.3f} |")
     print("\n".join(lines))
 
     # the picture: running perplexity in windows of block_size tokens against position
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(8, 4.5))
     pos = torch.arange(n // block) * block + block // 2
     for name, r in results.items():
@@ -160,10 +180,25 @@ def main(argv):
     fig.tight_layout()
     fig.savefig(cfg["out"] + ".png", dpi=110)
     with open(cfg["out"] + ".json", "w") as f:
-        json.dump(dict(tokens=n, block_size=block, sink_heads=heads, first_share=shares,
-                       runs={k: dict(perplexity=ppl(v["nll"]), tokens_per_s=v["tokens_per_s"],
-                                     cache_bytes=v["cache_bytes"]) for k, v in results.items()},
-                       ablated={k: ppl(v) for k, v in ablations.items()}), f, indent=1)
+        json.dump(
+            dict(
+                tokens=n,
+                block_size=block,
+                sink_heads=heads,
+                first_share=shares,
+                runs={
+                    k: dict(
+                        perplexity=ppl(v["nll"]),
+                        tokens_per_s=v["tokens_per_s"],
+                        cache_bytes=v["cache_bytes"],
+                    )
+                    for k, v in results.items()
+                },
+                ablated={k: ppl(v) for k, v in ablations.items()},
+            ),
+            f,
+            indent=1,
+        )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ child tries oneDNN capped at AVX512-BF16 (ONEDNN_MAX_CPU_ISA, which oneDNN reads
 when torch loads); where that lives, this process sets the same cap before
 torch loads, and says so. The verdict is cached per CPU model, flags, torch
 version and cap, in the user's cache folder, so later runs pay nothing;
-`python hardware.py` prints it (and probes again with --again).
+`python -m support.hardware` prints it (and probes again with --again).
 
 On a CPU that runs bfloat16 natively, dtype='auto' still trains in it only if a
 forward and backward pass of the run's own model is faster than in float32
@@ -45,7 +45,15 @@ AMX_FREE_ISA = "AVX512_CORE_BF16"  # oneDNN's highest level with bfloat16 but wi
 SIMULATE = "GPT_SIMULATE_SIGILL"
 # oneDNN's ISA levels (its "CPU dispatcher control" docs): those below AMX, and
 # those below its native bfloat16 kernels
-ISAS_WITHOUT_BF16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}
+ISAS_WITHOUT_BF16 = {
+    "SSE41",
+    "AVX",
+    "AVX2",
+    "AVX2_VNNI",
+    "AVX2_VNNI_2",
+    "AVX512_CORE",
+    "AVX512_CORE_VNNI",
+}
 ISAS_WITHOUT_AMX = ISAS_WITHOUT_BF16 | {"AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16"}
 NATIVE_SLOWDOWN = 1.5  # a bfloat16 matmul taking more than this x float32's time is emulated
 
@@ -76,8 +84,13 @@ def machine_key():
         torch_version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         torch_version = "none"
-    parts = [model, hashlib.sha256(flags.encode()).hexdigest()[:16], torch_version,
-             os.environ.get(ISA, "").upper(), os.environ.get(SIMULATE, "")]
+    parts = [
+        model,
+        hashlib.sha256(flags.encode()).hexdigest()[:16],
+        torch_version,
+        os.environ.get(ISA, "").upper(),
+        os.environ.get(SIMULATE, ""),
+    ]
     return "|".join(parts)
 
 
@@ -111,8 +124,13 @@ def probe(extra_env=None):
     env = dict(os.environ, **(extra_env or {}))
     t0 = time.perf_counter()
     try:
-        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"], env=env,
-                           capture_output=True, text=True, timeout=600)
+        r = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--child"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return dict(failed=str(e).splitlines()[0])
     if r.returncode < 0:
@@ -124,7 +142,9 @@ def probe(extra_env=None):
     if r.returncode != 0 or not r.stdout.strip():
         lines = (r.stderr or "no output").strip().splitlines()
         return dict(failed=lines[-1] if lines else f"exit {r.returncode}")
-    return dict(json.loads(r.stdout.strip().splitlines()[-1]), probe_s=round(time.perf_counter() - t0, 2))
+    return dict(
+        json.loads(r.stdout.strip().splitlines()[-1]), probe_s=round(time.perf_counter() - t0, 2)
+    )
 
 
 def new_verdict():
@@ -134,14 +154,22 @@ def new_verdict():
         return dict(first, runs="failed" not in first, env={})
     user_isa = os.environ.get(ISA)
     if user_isa:
-        return dict(runs=False, env={}, why=f"bfloat16 crashes on this CPU ({first['crashed']} in a test run, "
-                                             f"with {ISA}={user_isa})")
+        return dict(
+            runs=False,
+            env={},
+            why=f"bfloat16 crashes on this CPU ({first['crashed']} in a test run, "
+            f"with {ISA}={user_isa})",
+        )
     second = probe({ISA: AMX_FREE_ISA})
     if "failed" in second:  # not a verdict: not cached, tried again next time
         return dict(second, runs=False, env={})
     if "crashed" in second:
-        return dict(runs=False, env={}, why=f"bfloat16 crashes on this CPU ({first['crashed']} in a test run, "
-                                             f"also with {ISA}={AMX_FREE_ISA})")
+        return dict(
+            runs=False,
+            env={},
+            why=f"bfloat16 crashes on this CPU ({first['crashed']} in a test run, "
+            f"also with {ISA}={AMX_FREE_ISA})",
+        )
     return dict(second, runs=True, env={ISA: AMX_FREE_ISA}, amx_crashed=first["crashed"])
 
 
@@ -165,8 +193,13 @@ def check_bf16(again=False):
         if os.environ.get(name) == value:
             continue
         if "torch" in sys.modules:  # oneDNN has read its settings: too late for the fix
-            verdict.update(runs=False, why=(f"bf16 crashes in oneDNN's AMX kernels on this CPU; set "
-                                            f"{name}={value} to use AVX512-BF16"))
+            verdict.update(
+                runs=False,
+                why=(
+                    f"bf16 crashes in oneDNN's AMX kernels on this CPU; set "
+                    f"{name}={value} to use AVX512-BF16"
+                ),
+            )
         else:
             os.environ[name] = value
     if os.environ.get(SIMULATE) and not verdict["runs"] and "torch" not in sys.modules:
@@ -183,12 +216,19 @@ def simulate_crash():
     from torch.utils._pytree import tree_leaves
 
     def cpu_bf16(x):
-        return x is torch.bfloat16 or isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16 and x.is_cpu
+        return (
+            x is torch.bfloat16
+            or isinstance(x, torch.Tensor)
+            and x.dtype == torch.bfloat16
+            and x.is_cpu
+        )
 
     class DieOnBf16(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             if any(cpu_bf16(x) for x in tree_leaves((args, kwargs or {}))):
-                sys.stderr.write(f"simulated SIGILL: {getattr(func, '__name__', func)} in bfloat16\n")
+                sys.stderr.write(
+                    f"simulated SIGILL: {getattr(func, '__name__', func)} in bfloat16\n"
+                )
                 os.kill(os.getpid(), signal.SIGILL)
             return func(*args, **(kwargs or {}))
 
@@ -202,7 +242,10 @@ def probe_child():
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    if fault == "always" or (fault == "amx" and os.environ.get(ISA, "").upper() not in ISAS_WITHOUT_AMX):
+
+    if fault == "always" or (
+        fault == "amx" and os.environ.get(ISA, "").upper() not in ISAS_WITHOUT_AMX
+    ):
         os.kill(os.getpid(), signal.SIGILL)
     torch.manual_seed(0)
     bf16 = torch.bfloat16
@@ -213,7 +256,10 @@ def probe_child():
     q, k, v = (torch.randn(32, 4, 64, 32, dtype=bf16, requires_grad=True) for _ in range(3))
     for backend in (SDPBackend.MATH, SDPBackend.FLASH_ATTENTION):
         with sdpa_kernel(backend):
-            loss = loss + F.scaled_dot_product_attention(q, k, v, is_causal=True).float().square().mean()
+            loss = (
+                loss
+                + F.scaled_dot_product_attention(q, k, v, is_causal=True).float().square().mean()
+            )
     loss.backward()
     g = torch.randn(128, 512).bfloat16()  # Muon's Newton-Schulz iteration multiplies in bfloat16
     gram = g @ g.T
@@ -225,6 +271,7 @@ def bf16_slowdown(n=256, repeats=5):
     """Time of a bfloat16 (n, n) matrix multiply over a float32 one, best of
     repeats, on one thread (other threads' load would blur the ratio)."""
     import torch
+
     threads, times = torch.get_num_threads(), {}
     torch.set_num_threads(1)
     try:
@@ -250,10 +297,15 @@ def cpu_bf16():
     if v["slowdown"] > NATIVE_SLOWDOWN:
         isa = os.environ.get(ISA, "").upper()
         cap = f"{ISA}={isa}, " if isa in ISAS_WITHOUT_BF16 else ""
-        return False, f"no native bfloat16: {cap}a matrix multiply takes {v['slowdown']:.0f}x float32's time"
+        return (
+            False,
+            f"no native bfloat16: {cap}a matrix multiply takes {v['slowdown']:.0f}x float32's time",
+        )
     if v["env"]:
-        return True, (f"native bfloat16, with {ISA}={AMX_FREE_ISA}: oneDNN's AMX kernels crash on this CPU "
-                      f"({v['amx_crashed']})")
+        return True, (
+            f"native bfloat16, with {ISA}={AMX_FREE_ISA}: oneDNN's AMX kernels crash on this CPU "
+            f"({v['amx_crashed']})"
+        )
     return True, "native bfloat16"
 
 
@@ -261,6 +313,7 @@ def native_bf16(device_type):
     """(True or False, why) for the device type ('cuda', 'cpu', 'mps')."""
     if device_type == "cuda":
         import torch
+
         # including_emulation=False: pre-Ampere GPUs (V100, T4) run bf16 emulated
         native = torch.cuda.is_bf16_supported(including_emulation=False)
         return native, "native bfloat16" if native else "no native bfloat16 on this GPU"
@@ -283,7 +336,9 @@ def bf16_error(device_type):
     if device_type != "cpu":
         return None
     v = check_bf16()
-    return None if v["runs"] else f"--dtype=bfloat16 cannot run here: {v['why']}; use --dtype=float32"
+    return (
+        None if v["runs"] else f"--dtype=bfloat16 cannot run here: {v['why']}; use --dtype=float32"
+    )
 
 
 def faster_cpu_dtype(key, seconds_per_pass):
@@ -292,17 +347,30 @@ def faster_cpu_dtype(key, seconds_per_pass):
     machine = machine_key()
     cached = read_cache().get(machine, {}).get("timed", {}).get(key)
     if cached is None:
-        print("timing bfloat16 against float32 on this model (once per model shape and machine)", flush=True)
+        print(
+            "timing bfloat16 against float32 on this model (once per model shape and machine)",
+            flush=True,
+        )
         cached = {dtype: seconds_per_pass(dtype) for dtype in ("bfloat16", "float32")}
-        timed = read_cache().get(machine, {}).get("timed", {})  # read again: other processes may have added
+        timed = (
+            read_cache().get(machine, {}).get("timed", {})
+        )  # read again: other processes may have added
         write_cache(machine, "timed", dict(timed, **{key: cached}))
     bf, fp = cached["bfloat16"] * 1e3, cached["float32"] * 1e3
     verdict = check_bf16()
-    fix = "".join(f"; {name}={value} set: oneDNN's AMX kernels crash on this CPU ({verdict['amx_crashed']})"
-                  for name, value in verdict["env"].items())
+    fix = "".join(
+        f"; {name}={value} set: oneDNN's AMX kernels crash on this CPU ({verdict['amx_crashed']})"
+        for name, value in verdict["env"].items()
+    )
     if bf < fp:
-        return "bfloat16", f"faster than float32 here: {bf:.0f} vs {fp:.0f} ms per forward and backward{fix}"
-    return "float32", f"faster than bf16 here: {fp:.0f} vs {bf:.0f} ms per forward and backward{fix}"
+        return (
+            "bfloat16",
+            f"faster than float32 here: {bf:.0f} vs {fp:.0f} ms per forward and backward{fix}",
+        )
+    return (
+        "float32",
+        f"faster than bf16 here: {fp:.0f} vs {bf:.0f} ms per forward and backward{fix}",
+    )
 
 
 if __name__ == "__main__":

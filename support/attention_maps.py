@@ -106,7 +106,9 @@ RUNNER_UP = 2.0  # ... and at least twice the share of the next preferred class
 PREFERRED = 1.5  # a class counts only when its lift is >= 1.5: half as much again as even attention gives it
 MIXED = (0.2, 0.5)  # else two preferred classes, each >= 0.2 and together >= 0.5: "mixed: A+B"
 SPARSE = (3, 0.9)  # sparse: a row's 3 largest weights hold >= 0.9 of it, on average
-BROAD = 0.8  # broad: a row's entropy is >= 0.8 of its largest possible, log(visible keys), on average
+BROAD = (
+    0.8  # broad: a row's entropy is >= 0.8 of its largest possible, log(visible keys), on average
+)
 LABEL_RULE = (
     f"keys fall in one class each: diagonal (the query and the {BAND} tokens before it), first (the "
     "window's first token), delimiter (newline, space or punctuation tokens), block (the rest of the "
@@ -117,7 +119,8 @@ LABEL_RULE = (
     f"else two such classes with shares >= {MIXED[0]:g} and together >= {MIXED[1]:g} give 'mixed: A+B'; "
     f"else 'broad' when the mean entropy is >= {BROAD:g} of its maximum, 'weak A' when a class is still "
     "preferred, 'other' when none is. Concentration: "
-    f"sparse when the {SPARSE[0]} largest weights of a row hold >= {SPARSE[1]:g}, broad as above, else focused")
+    f"sparse when the {SPARSE[0]} largest weights of a row hold >= {SPARSE[1]:g}, broad as above, else focused"
+)
 
 
 def token_kind(s):
@@ -141,12 +144,18 @@ def key_classes(tokens):
     kinds (T,) int: each token's index into DELIMITERS, -1 for other tokens).
     """
     T = len(tokens)
-    kinds = np.array([DELIMITERS.index(k) if (k := token_kind(t)) else -1 for t in tokens], dtype=int)
-    ends = np.array([k == 0 or (k == 2 and t.strip()[-1] in CLAUSE_END) for t, k in zip(tokens, kinds)],
-                    dtype=bool)
+    kinds = np.array(
+        [DELIMITERS.index(k) if (k := token_kind(t)) else -1 for t in tokens], dtype=int
+    )
+    ends = np.array(
+        [k == 0 or (k == 2 and t.strip()[-1] in CLAUSE_END) for t, k in zip(tokens, kinds)],
+        dtype=bool,
+    )
     pos = np.arange(T)
     last_end = np.maximum.accumulate(np.where(ends, pos, -1))  # the last end at or before p
-    block_start = np.concatenate([[0], last_end[:-1] + 1])  # query i's block starts after an end before i
+    block_start = np.concatenate(
+        [[0], last_end[:-1] + 1]
+    )  # query i's block starts after an end before i
     i, j = pos[:, None], pos[None, :]
     classes = np.full((T, T), CLASSES.index("earlier"))
     classes[j >= block_start[:, None]] = CLASSES.index("block")  # the later classes win
@@ -173,7 +182,9 @@ def pattern_sums(maps, tokens):
     a, classes = a[:, rows], classes[rows]  # (H, R, T), (R, T)
     onehot = (classes[..., None] == np.arange(len(CLASSES))).astype(np.float64)  # (R, T, C)
     delimiter = classes == CLASSES.index("delimiter")
-    kind_hot = (delimiter[..., None] & (kinds[None, :, None] == np.arange(len(DELIMITERS)))).astype(np.float64)
+    kind_hot = (delimiter[..., None] & (kinds[None, :, None] == np.arange(len(DELIMITERS)))).astype(
+        np.float64
+    )
     n_keys = rows + 1.0
     with np.errstate(divide="ignore", invalid="ignore"):
         entropy = -np.where(a > 0, a * np.log(a), 0.0).sum(-1)  # (H, R)
@@ -189,7 +200,7 @@ def pattern_sums(maps, tokens):
         "previous": np.where(rows > 0, a[:, r, np.maximum(rows - 1, 0)], 0.0).sum(-1),
         "entropy": entropy.sum(-1),
         "spread": np.clip(spread, 0.0, 1.0).sum(-1),
-        "top": np.sort(a, axis=-1)[..., -SPARSE[0]:].sum(-1).sum(-1),
+        "top": np.sort(a, axis=-1)[..., -SPARSE[0] :].sum(-1).sum(-1),
     }
 
 
@@ -207,10 +218,21 @@ def describe(sums, head):
     fraction = dict(zip(CLASSES, sums["fraction"] / n))
     lift = {c: shares[c] / fraction[c] if fraction[c] > 0 else None for c in CLASSES}
     self_, previous = sums["self"][head] / n, sums["previous"][head] / n
-    concentration = ("sparse" if sums["top"][head] / n >= SPARSE[1] else
-                     "broad" if sums["spread"][head] / n >= BROAD else "focused")
-    names = {"diagonal": "previous" if previous >= max(ONE_KEY, self_) else "self" if self_ >= ONE_KEY else "band",
-             "delimiter": DELIMITERS[int(np.argmax(sums["kind"][head]))]}
+    concentration = (
+        "sparse"
+        if sums["top"][head] / n >= SPARSE[1]
+        else "broad"
+        if sums["spread"][head] / n >= BROAD
+        else "focused"
+    )
+    names = {
+        "diagonal": "previous"
+        if previous >= max(ONE_KEY, self_)
+        else "self"
+        if self_ >= ONE_KEY
+        else "band",
+        "delimiter": DELIMITERS[int(np.argmax(sums["kind"][head]))],
+    }
     return {
         "label": label(shares, lift, names, concentration),
         "scores": {c: round(float(v), 4) for c, v in shares.items()},
@@ -225,8 +247,10 @@ def describe(sums, head):
 def label(shares, lift, names, concentration):
     """The rule of LABEL_RULE. names: what to call a class that wins (the
     diagonal and delimiter classes are named by their kind)."""
-    preferred = sorted((c for c in CLASSES if lift[c] is not None and lift[c] >= PREFERRED),
-                       key=lambda c: -shares[c])
+    preferred = sorted(
+        (c for c in CLASSES if lift[c] is not None and lift[c] >= PREFERRED),
+        key=lambda c: -shares[c],
+    )
     name = [names.get(c, c) for c in preferred]
     top = [shares[c] for c in preferred] + [0.0, 0.0]
     if preferred and top[0] >= DOMINANT and top[0] >= RUNNER_UP * top[1]:
@@ -258,7 +282,9 @@ def format_table(stats):
     lines = ["layer  head  label                     concentration  " + "  ".join(CLASSES)]
     for s in stats:
         shares = "  ".join(f"{s['scores'][c]:>{len(c)}.2f}" for c in CLASSES)
-        lines.append(f"{s['layer']:>5}  {s['head']:>4}  {s['label']:<24}  {s['concentration']:<13}  {shares}")
+        lines.append(
+            f"{s['layer']:>5}  {s['head']:>4}  {s['label']:<24}  {s['concentration']:<13}  {shares}"
+        )
     return "\n".join(lines)
 
 
@@ -284,6 +310,7 @@ def save_pngs(folder, layers, tokens, window_start=0):
     """One PNG per layer: its heads' heatmaps in a grid, the axes in absolute
     positions (the window starts at window_start). Returns the paths."""
     import matplotlib
+
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
     from matplotlib.colors import PowerNorm
@@ -301,15 +328,25 @@ def save_pngs(folder, layers, tokens, window_start=0):
         n_head = maps.shape[0]
         cols = math.ceil(math.sqrt(n_head))
         rows = math.ceil(n_head / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(panel * cols + 1.2, panel * rows + 0.5),
-                                 squeeze=False, layout="constrained")
+        fig, axes = plt.subplots(
+            rows,
+            cols,
+            figsize=(panel * cols + 1.2, panel * rows + 0.5),
+            squeeze=False,
+            layout="constrained",
+        )
         for head, ax in enumerate(axes.flat):
             if head >= n_head:
                 ax.axis("off")
                 continue
             # a square-root colour scale, so weak but spread-out attention still shows
-            im = ax.imshow(np.ma.masked_where(future, maps[head]), cmap=cmap, extent=extent,
-                           norm=PowerNorm(0.5, vmin=0.0, vmax=1.0), interpolation="nearest")
+            im = ax.imshow(
+                np.ma.masked_where(future, maps[head]),
+                cmap=cmap,
+                extent=extent,
+                norm=PowerNorm(0.5, vmin=0.0, vmax=1.0),
+                interpolation="nearest",
+            )
             ax.set_title(f"layer {layer}, head {head}", fontsize=10)
             if labels:
                 ticks = range(window_start, window_start + T)
@@ -318,8 +355,9 @@ def save_pngs(folder, layers, tokens, window_start=0):
                 ax.tick_params(length=0)
             else:
                 ax.tick_params(labelsize=7)
-        fig.suptitle(f"Layer {layer}: attention weights (rows: query token, columns: key token)",
-                     fontsize=11)
+        fig.suptitle(
+            f"Layer {layer}: attention weights (rows: query token, columns: key token)", fontsize=11
+        )
         fig.colorbar(im, ax=axes, shrink=0.5, label="weight")
         path = os.path.join(folder, f"layer_{layer}.png")
         fig.savefig(path, dpi=100)
@@ -345,10 +383,12 @@ def save_html(path, layers, tokens, window_start=0, stats=None):
     T = len(tokens)
     keep = min(T, HTML_MAX_TOKENS)
     data = {
-        "tokens": [display_token(t) for t in tokens[T - keep:]],
+        "tokens": [display_token(t) for t in tokens[T - keep :]],
         "first_position": window_start + T - keep,
         "total_tokens": T,
-        "maps": [[_encode_head(m[h, T - keep:, T - keep:]) for h in range(m.shape[0])] for m in layers],
+        "maps": [
+            [_encode_head(m[h, T - keep :, T - keep :]) for h in range(m.shape[0])] for m in layers
+        ],
         "stats": stats or [],
     }
     # inside <script>, "<" could close the tag early: escape it (and friends)
@@ -368,8 +408,11 @@ def write_all(folder, layers, tokens, token_ids=None, window_start=0):
     save_pngs(folder, layers, tokens, window_start)
     save_html(os.path.join(folder, "index.html"), layers, tokens, window_start, stats)
     with open(os.path.join(folder, "heads.json"), "w", encoding="utf-8") as f:
-        json.dump({"rule": LABEL_RULE, "classes": list(CLASSES),
-                   "tokens": len(tokens), "heads": stats}, f, indent=1)
+        json.dump(
+            {"rule": LABEL_RULE, "classes": list(CLASSES), "tokens": len(tokens), "heads": stats},
+            f,
+            indent=1,
+        )
     return stats
 
 

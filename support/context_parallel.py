@@ -18,7 +18,13 @@ over the whole world is its gradient.
 
 import torch.distributed as dist
 
-from ring_attention import Ring, check_length, ring_attention, sequence_positions, split_sequence
+from support.ring_attention import (
+    Ring,
+    check_length,
+    ring_attention,
+    sequence_positions,
+    split_sequence,
+)
 
 LAYOUTS = ("zigzag", "contiguous")
 
@@ -29,16 +35,20 @@ def check(cfg, world):
     if layout not in LAYOUTS:
         raise ValueError(f"unknown context_parallel_layout {layout!r}; use zigzag or contiguous")
     if world % p:
-        raise ValueError(f"context_parallel={p} does not divide the {world} process(es); run a multiple "
-                         f"of {p} processes (torchrun --nproc_per_node=N)")
+        raise ValueError(
+            f"context_parallel={p} does not divide the {world} process(es); run a multiple "
+            f"of {p} processes (torchrun --nproc_per_node=N)"
+        )
     if p == 1:
         return
     check_length(cfg["block_size"], p, layout == "zigzag")
     if cfg["dropout"] > 0:
         raise ValueError("context parallelism has no attention dropout; use --dropout=0")
     if cfg["compile"]:
-        raise ValueError("context parallelism runs uncompiled (the ring's transfers are not traced); "
-                         "use --compile=False")
+        raise ValueError(
+            "context parallelism runs uncompiled (the ring's transfers are not traced); "
+            "use --compile=False"
+        )
 
 
 class ContextParallel:
@@ -51,7 +61,9 @@ class ContextParallel:
         self.rank = rank % size  # in its ring
         self.dp_rank, self.dp_world = rank // size, world // size
         # every rank must create every group, in the same order
-        groups = [dist.new_group(list(range(d * size, (d + 1) * size))) for d in range(self.dp_world)]
+        groups = [
+            dist.new_group(list(range(d * size, (d + 1) * size))) for d in range(self.dp_world)
+        ]
         self.ring = Ring(groups[self.dp_rank], zigzag)
 
     def split(self, x):
@@ -61,7 +73,9 @@ class ContextParallel:
     def sdpa(self, q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0, enable_gqa=False):
         """What MultiHeadAttention calls in place of F.scaled_dot_product_attention."""
         if attn_mask is not None or not is_causal or dropout_p > 0:
-            raise ValueError("context parallelism computes plain causal attention: no mask, cache or dropout")
+            raise ValueError(
+                "context parallelism computes plain causal attention: no mask, cache or dropout"
+            )
         return ring_attention(q, k, v, ring=self.ring)
 
     def attach(self, model):
@@ -72,13 +86,19 @@ class ContextParallel:
         embed, forward = model.embed, model.forward
 
         def embed_here(idx, pos):  # pos: 0 .. T/size - 1, in this rank's part
-            whole = sequence_positions(idx.size(1) * self.size, self.rank, self.size, self.zigzag, pos.device)
+            whole = sequence_positions(
+                idx.size(1) * self.size, self.rank, self.size, self.zigzag, pos.device
+            )
             return embed(idx, whole[pos])
 
-        def forward_split(idx, targets=None, kv_cache=None, return_attention=False, last_only=False):
+        def forward_split(
+            idx, targets=None, kv_cache=None, return_attention=False, last_only=False
+        ):
             if return_attention or kv_cache is not None:
-                raise ValueError("a model split by context parallelism returns no attention maps and keeps "
-                                 "no KV cache; load the checkpoint in one process for that")
+                raise ValueError(
+                    "a model split by context parallelism returns no attention maps and keeps "
+                    "no KV cache; load the checkpoint in one process for that"
+                )
             return forward(idx, targets, last_only=last_only)
 
         model.embed, model.forward = embed_here, forward_split

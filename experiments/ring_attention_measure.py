@@ -1,14 +1,16 @@
 """
 The figures of docs/ring_attention.md, on the CPU in float32:
 
-    python docs/ring_attention_measure.py memory   # blockwise vs explicit attention, T = 1024 ... 16384
-    python docs/ring_attention_measure.py idle     # contiguous vs zigzag ring of 4: work per step and rank
-    python docs/ring_attention_measure.py ranks    # a training step of T = 4096 split over P = 1, 2, 4
+    python -m experiments.ring_attention_measure memory   # blockwise vs explicit attention, T = 1024 ... 16384
+    python -m experiments.ring_attention_measure idle     # contiguous vs zigzag ring of 4: work per step and rank
+    python -m experiments.ring_attention_measure ranks    # a training step of T = 4096 split over P = 1, 2, 4
 
 Memory is the peak resident memory of the process above what it held before
 the measured call (Linux's VmHWM, reset through /proc/self/clear_refs), so it
 counts every tensor the call allocates, PyTorch's and the allocator's alike.
 """
+
+import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import ctypes
 import datetime
@@ -16,20 +18,15 @@ import os
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import hardware  # noqa: E402
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
-hardware.check_bf16()  # before torch loads: whether bfloat16 runs here, and its fix (hardware.py)
+from model import GPT, GPTConfig, attention, causal_mask
+from support.context_parallel import ContextParallel
+from support.ring_attention import Ring, blockwise_attention, ring_attention, split_sequence
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-
-from context_parallel import ContextParallel  # noqa: E402
-from model import GPT, GPTConfig, attention, causal_mask  # noqa: E402
-from ring_attention import Ring, blockwise_attention, ring_attention, split_sequence  # noqa: E402
-
-MiB = 2 ** 20
+MiB = 2**20
 
 # Tensors above 64 KiB get pages of their own from the kernel, returned when
 # freed: otherwise glibc raises this threshold as tensors come and go, keeps
@@ -54,12 +51,17 @@ def peak_above_now(fn):
 def memory():
     torch.set_num_threads(1)
     B, nh, hs = 1, 1, 64
-    print(f"CPU {torch.backends.cpu.get_cpu_capability()}, float32, B={B}, heads={nh}, head size {hs}, forward")
+    print(
+        f"CPU {torch.backends.cpu.get_cpu_capability()}, float32, B={B}, heads={nh}, head size {hs}, forward"
+    )
     print("| T | explicit (model.attention) | blockwise, block 256 | T x T scores alone |")
     print("|---|---|---|---|")
     warm = torch.randn(1, 1, 512, hs)
     with torch.no_grad():  # the first calls set up the allocator and the kernels
-        blockwise_attention(warm, warm, warm, 256), attention(warm, warm, warm, causal_mask(512, 512))
+        (
+            blockwise_attention(warm, warm, warm, 256),
+            attention(warm, warm, warm, causal_mask(512, 512)),
+        )
     for T in (1024, 2048, 4096, 8192, 16384):
         gen = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(B, nh, T, hs, generator=gen) for _ in range(3))
@@ -68,14 +70,21 @@ def memory():
             theirs, theirs_mem = peak_above_now(lambda: attention(q, k, v, causal_mask(T, T))[0])
         assert (ours - theirs).abs().max() < 1e-5
         del ours, theirs
-        print(f"| {T} | {theirs_mem / MiB:,.0f} MiB | {ours_mem / MiB:,.1f} MiB | {T * T * 4 / MiB:,.0f} MiB |",
-              flush=True)
+        print(
+            f"| {T} | {theirs_mem / MiB:,.0f} MiB | {ours_mem / MiB:,.1f} MiB | {T * T * 4 / MiB:,.0f} MiB |",
+            flush=True,
+        )
 
 
 def join(rank, size, init):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=size,
-                            timeout=datetime.timedelta(seconds=300))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init}",
+        rank=rank,
+        world_size=size,
+        timeout=datetime.timedelta(seconds=300),
+    )
 
 
 def idle_worker(rank, size, init, T, out):
@@ -97,24 +106,39 @@ def idle_worker(rank, size, init, T, out):
 
 def idle(size=4, T=4096):
     with tempfile.TemporaryDirectory() as out:
-        mp.start_processes(idle_worker, args=(size, os.path.join(out, "init"), T, out), nprocs=size,
-                           start_method="fork")
+        mp.start_processes(
+            idle_worker,
+            args=(size, os.path.join(out, "init"), T, out),
+            nprocs=size,
+            start_method="fork",
+        )
         times = [torch.load(os.path.join(out, f"{rank}.pt")) for rank in range(size)]
-    print(f"CPU {torch.backends.cpu.get_cpu_capability()}, float32, ring of {size} gloo processes, T = {T}, "
-          "4 heads of 64, forward + backward; CPU seconds of compute per ring step")
+    print(
+        f"CPU {torch.backends.cpu.get_cpu_capability()}, float32, ring of {size} gloo processes, T = {T}, "
+        "4 heads of 64, forward + backward; CPU seconds of compute per ring step"
+    )
     for zigzag in (False, True):
         t = torch.tensor([times[rank][zigzag] for rank in range(size)])  # (rank, step)
         critical = t.max(dim=0).values.sum().item()  # every step waits for its slowest rank
         busy = t.sum().item()
         idle_share = 1 - busy / (critical * size)
-        print(f"\n{'zigzag' if zigzag else 'contiguous'}: steps take {critical:.3f} s in all (sum of the slowest "
-              f"rank's time per step); ranks compute {busy:.3f} s of the {critical * size:.3f} rank-seconds "
-              f"available, idle {idle_share:.0%}")
-        print("| rank | " + " | ".join(f"fwd {s}" for s in range(size)) + " | "
-              + " | ".join(f"bwd {s}" for s in range(size)) + " |")
+        print(
+            f"\n{'zigzag' if zigzag else 'contiguous'}: steps take {critical:.3f} s in all (sum of the slowest "
+            f"rank's time per step); ranks compute {busy:.3f} s of the {critical * size:.3f} rank-seconds "
+            f"available, idle {idle_share:.0%}"
+        )
+        print(
+            "| rank | "
+            + " | ".join(f"fwd {s}" for s in range(size))
+            + " | "
+            + " | ".join(f"bwd {s}" for s in range(size))
+            + " |"
+        )
         print("|---" * (2 * size + 1) + "|")
         for rank in range(size):
-            print(f"| {rank} | " + " | ".join(f"{x * 1000:.0f} ms" for x in t[rank].tolist()) + " |")
+            print(
+                f"| {rank} | " + " | ".join(f"{x * 1000:.0f} ms" for x in t[rank].tolist()) + " |"
+            )
 
 
 def ranks_worker(rank, size, init, T, out):
@@ -124,7 +148,7 @@ def ranks_worker(rank, size, init, T, out):
     idx = torch.randint(0, 65, (1, T + 1), generator=torch.Generator().manual_seed(1))
     x, y = idx[:, :-1], idx[:, 1:]
     results = {}
-    for kind in (["sdpa", "ring"] if size == 1 else ["ring"]):
+    for kind in ["sdpa", "ring"] if size == 1 else ["ring"]:
         model = GPT(config)
         if kind == "ring":
             cp = ContextParallel(size, zigzag=True)
@@ -135,6 +159,7 @@ def ranks_worker(rank, size, init, T, out):
 
         def step():
             model(xs, ys)[1].backward()
+
         step()  # the first step allocates the gradients, which every rank holds whole
         dist.barrier()
         results[kind] = peak_above_now(step)[1]
@@ -143,18 +168,28 @@ def ranks_worker(rank, size, init, T, out):
 
 
 def ranks(T=4096):
-    print(f"CPU {torch.backends.cpu.get_cpu_capability()}, float32, GPT of 4 layers, 4 heads, n_embd 128, rope, "
-          f"batch 1 x {T} tokens: peak memory of a forward and backward per rank, above the model and its "
-          "gradients")
+    print(
+        f"CPU {torch.backends.cpu.get_cpu_capability()}, float32, GPT of 4 layers, 4 heads, n_embd 128, rope, "
+        f"batch 1 x {T} tokens: peak memory of a forward and backward per rank, above the model and its "
+        "gradients"
+    )
     print("| P | attention | tokens per rank | peak per rank |")
     print("|---|---|---|---|")
     for size in (1, 2, 4):
         with tempfile.TemporaryDirectory() as out:
-            mp.start_processes(ranks_worker, args=(size, os.path.join(out, "init"), T, out), nprocs=size,
-                               start_method="fork")
+            mp.start_processes(
+                ranks_worker,
+                args=(size, os.path.join(out, "init"), T, out),
+                nprocs=size,
+                start_method="fork",
+            )
             res = [torch.load(os.path.join(out, f"{rank}.pt")) for rank in range(size)]
         for kind in res[0]:
-            name = "SDPA (the model unchanged)" if kind == "sdpa" else ("blockwise" if size == 1 else "ring, zigzag")
+            name = (
+                "SDPA (the model unchanged)"
+                if kind == "sdpa"
+                else ("blockwise" if size == 1 else "ring, zigzag")
+            )
             peak = max(r[kind] for r in res)
             print(f"| {size} | {name} | {T // size} | {peak / MiB:,.1f} MiB |", flush=True)
 

@@ -98,8 +98,10 @@ def pairs(q_pieces, k_pieces, c, block, device=None):
                 cols = slice(kj * c + j0, kj * c + j1)
                 mask = None
                 if kp == qp:
-                    mask = (torch.arange(first, c, device=device)[:, None]
-                            >= torch.arange(j0, j1, device=device)[None, :])
+                    mask = (
+                        torch.arange(first, c, device=device)[:, None]
+                        >= torch.arange(j0, j1, device=device)[None, :]
+                    )
                 yield rows, cols, mask
 
 
@@ -125,9 +127,11 @@ def check_length(length, size, zigzag):
     """A sequence of length tokens must split into equal pieces."""
     n = 2 * size if zigzag else size
     if length % n:
-        raise ValueError(f"a sequence of {length} tokens does not split into {n} equal pieces for "
-                         f"{size} processes{' in the zigzag layout' if zigzag else ''}; use a length "
-                         f"divisible by {n}")
+        raise ValueError(
+            f"a sequence of {length} tokens does not split into {n} equal pieces for "
+            f"{size} processes{' in the zigzag layout' if zigzag else ''}; use a length "
+            f"divisible by {n}"
+        )
 
 
 # The ring ----------
@@ -158,6 +162,7 @@ class Ring:
                 request.wait()
             del tensors[:]  # sent: no longer needed
             return received
+
         return wait
 
     def turn(self, *tensors):
@@ -173,8 +178,13 @@ class Ring:
                 tensors = tuple(pending())
 
     def work(self, source, c, block, device):
-        return pairs(pieces_of(self.rank, self.size, self.zigzag),
-                     pieces_of(source, self.size, self.zigzag), c, block, device)
+        return pairs(
+            pieces_of(self.rank, self.size, self.zigzag),
+            pieces_of(source, self.size, self.zigzag),
+            c,
+            block,
+            device,
+        )
 
 
 def grouped(q, n_kv_head):
@@ -194,8 +204,16 @@ def ring_forward(ring, q, k, v, block):
     for source, (k_, v_) in ring.turn(k, v):
         k_, v_ = k_.unsqueeze(2), v_.unsqueeze(2)  # (B, nkv, 1, T, hs)
         for rows, cols, mask in ring.work(source, c, block, q.device):
-            attend_block(q5[..., rows, :], k_[..., cols, :], v_[..., cols, :], mask, scale,
-                         m[..., rows], l[..., rows], acc[..., rows, :])
+            attend_block(
+                q5[..., rows, :],
+                k_[..., cols, :],
+                v_[..., cols, :],
+                mask,
+                scale,
+                m[..., rows],
+                l[..., rows],
+                acc[..., rows, :],
+            )
     out = (acc / l[..., None]).to(q.dtype).flatten(1, 2)
     return out, m + l.log()
 
@@ -216,15 +234,26 @@ def ring_backward(ring, q, k, v, out, lse, dout, block):
         dv = torch.zeros(v5.shape, device=v.device)
         for rows, cols, mask in ring.work(source, c, block, q.device):
             dq_b, dk_b, dv_b = attend_block_backward(
-                q5[..., rows, :], k5[..., cols, :], v5[..., cols, :], mask, scale,
-                dout5[..., rows, :], lse[..., rows], delta[..., rows])
+                q5[..., rows, :],
+                k5[..., cols, :],
+                v5[..., cols, :],
+                mask,
+                scale,
+                dout5[..., rows, :],
+                lse[..., rows],
+                delta[..., rows],
+            )
             dq[..., rows, :] += dq_b
-            dk[..., cols, :] += dk_b.float().sum(2, keepdim=True)  # summed over the heads of a group
+            dk[..., cols, :] += dk_b.float().sum(
+                2, keepdim=True
+            )  # summed over the heads of a group
             dv[..., cols, :] += dv_b.float().sum(2, keepdim=True)
         if grads_in_flight is not None:  # the previous ranks' shares for the same chunk
             dk_in, dv_in = grads_in_flight()
             dk, dv = dk + dk_in, dv + dv_in
-        grads_in_flight = ring.exchange([dk, dv], tag=1) if ring.size > 1 else (lambda dk=dk, dv=dv: (dk, dv))
+        grads_in_flight = (
+            ring.exchange([dk, dv], tag=1) if ring.size > 1 else (lambda dk=dk, dv=dv: (dk, dv))
+        )
     dk, dv = grads_in_flight()  # after the last step: this rank's own chunk
     return dq.flatten(1, 2).to(q.dtype), dk.squeeze(2).to(k.dtype), dv.squeeze(2).to(v.dtype)
 
@@ -246,8 +275,10 @@ class RingAttention(torch.autograd.Function):
 
 def check_shapes(q, k, v):
     if q.dim() != 4 or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
-        raise ValueError(f"expected q (B, nh, T, hs) and k, v (B, n_kv_head, T, hs), got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"expected q (B, nh, T, hs) and k, v (B, n_kv_head, T, hs), got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     if q.size(1) % k.size(1):
         raise ValueError(f"{q.size(1)} query heads do not share {k.size(1)} key/value heads evenly")
 
@@ -267,5 +298,7 @@ def ring_attention(q, k, v, group=None, zigzag=False, block=BLOCK, ring=None):
     check_shapes(q, k, v)
     ring = ring or Ring(group, zigzag)
     if q.size(2) % len(pieces_of(0, ring.size, ring.zigzag)):
-        raise ValueError(f"the zigzag layout needs an even number of tokens per rank, got {q.size(2)}")
+        raise ValueError(
+            f"the zigzag layout needs an even number of tokens per rank, got {q.size(2)}"
+        )
     return RingAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), ring, block)

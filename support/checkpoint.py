@@ -50,7 +50,11 @@ def save_checkpoint(obj, path):
     except (OSError, RuntimeError) as e:
         if os.path.exists(tmp):
             os.remove(tmp)
-        kept = "the previous checkpoint is kept" if os.path.exists(path) else "no checkpoint was written"
+        kept = (
+            "the previous checkpoint is kept"
+            if os.path.exists(path)
+            else "no checkpoint was written"
+        )
         raise CheckpointError(f"could not write checkpoint {path}: {e}; {kept}") from None
 
 
@@ -60,13 +64,17 @@ def load_checkpoint(path, map_location="cpu"):
     if os.path.isdir(path):
         path = checkpoint_path(path)
     if not os.path.exists(path):
-        raise CheckpointError(f"no checkpoint at {path}; train one with "
-                              "`python train.py config/shakespeare.py` or point --out_dir at one")
+        raise CheckpointError(
+            f"no checkpoint at {path}; train one with "
+            "`python train.py config/shakespeare.py` or point --out_dir at one"
+        )
     # torch.save writes a zip archive; anything else (random bytes, a cut-off
     # file whose central directory is gone) is not worth unpickling at all
     if not zipfile.is_zipfile(path):
-        raise CheckpointError(f"{path} is truncated or not a checkpoint (not a PyTorch zip archive); "
-                              "delete it and train again or resume from another copy")
+        raise CheckpointError(
+            f"{path} is truncated or not a checkpoint (not a PyTorch zip archive); "
+            "delete it and train again or resume from another copy"
+        )
     # torch.load does not check the CRC-32 each member carries, so flipped
     # bytes in the weights would load silently: check them first (one more read)
     try:
@@ -76,20 +84,28 @@ def load_checkpoint(path, map_location="cpu"):
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, zlib.error) as e:
         problem = type(e).__name__
     if problem:
-        raise CheckpointError(f"{path} is truncated or corrupt ({problem}); "
-                              "delete it and train again or resume from another copy")
+        raise CheckpointError(
+            f"{path} is truncated or corrupt ({problem}); "
+            "delete it and train again or resume from another copy"
+        )
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         found = re.search(r"(?:unsupported|Unsupported global:) (?:GLOBAL )?([\w.]+)", str(e))
         what = found.group(1) if found else "a non-data object"
-        raise CheckpointError(f"refused to load {path}: it holds {what}, which could run code when "
-                              "unpickled; only load checkpoints you trust, made by this project") from None
+        raise CheckpointError(
+            f"refused to load {path}: it holds {what}, which could run code when "
+            "unpickled; only load checkpoints you trust, made by this project"
+        ) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, KeyError) as e:
-        raise CheckpointError(f"{path} is truncated or not a checkpoint ({type(e).__name__}); "
-                              "delete it and train again or resume from another copy") from None
+        raise CheckpointError(
+            f"{path} is truncated or not a checkpoint ({type(e).__name__}); "
+            "delete it and train again or resume from another copy"
+        ) from None
     if not isinstance(ckpt, dict) or not {"model", "model_args"} <= set(ckpt):
-        raise CheckpointError(f"{path} is not a checkpoint of this project (missing 'model' or 'model_args')")
+        raise CheckpointError(
+            f"{path} is not a checkpoint of this project (missing 'model' or 'model_args')"
+        )
     return ckpt
 
 
@@ -123,33 +139,49 @@ def read_gpt2_files(path_or_name):
     if not os.path.isdir(folder):
         try:
             from huggingface_hub import snapshot_download
-            folder = snapshot_download(path_or_name, allow_patterns=["config.json", "*.safetensors"])
+
+            folder = snapshot_download(
+                path_or_name, allow_patterns=["config.json", "*.safetensors"]
+            )
         except Exception as e:  # ImportError, or any failure to download
-            raise ValueError(f"{path_or_name!r} is not a folder and could not be downloaded ({type(e).__name__}); "
-                             "pass a local folder with config.json and model.safetensors") from None
+            raise ValueError(
+                f"{path_or_name!r} is not a folder and could not be downloaded ({type(e).__name__}); "
+                "pass a local folder with config.json and model.safetensors"
+            ) from None
     path = os.path.join(folder, "config.json")
     try:
         with open(path) as f:
             hf = json.load(f)
-        hf = {key: int(hf[key]) for key in ("n_positions", "vocab_size", "n_layer", "n_head", "n_embd")} | {
-            "activation_function": hf.get("activation_function", "gelu_new")}
+        hf = {
+            key: int(hf[key])
+            for key in ("n_positions", "vocab_size", "n_layer", "n_head", "n_embd")
+        } | {"activation_function": hf.get("activation_function", "gelu_new")}
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path} is missing or not a GPT-2 config ({type(e).__name__}: {e})") from None
+        raise ValueError(
+            f"{path} is missing or not a GPT-2 config ({type(e).__name__}: {e})"
+        ) from None
     path = os.path.join(folder, "model.safetensors")
     if os.path.exists(path):
         from safetensors import SafetensorError
         from safetensors.torch import load_file
+
         try:
             return hf, load_file(path)
         except (SafetensorError, OSError) as e:
-            raise ValueError(f"{path} is truncated or not a safetensors file ({type(e).__name__})") from None
+            raise ValueError(
+                f"{path} is truncated or not a safetensors file ({type(e).__name__})"
+            ) from None
     path = os.path.join(folder, "pytorch_model.bin")
     if not os.path.exists(path):
         raise ValueError(f"{folder} has neither model.safetensors nor pytorch_model.bin")
     try:
         return hf, torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
-        raise ValueError(f"refused to load {path}: it holds objects that could run code when "
-                         "unpickled; use model.safetensors or a file you trust") from None
+        raise ValueError(
+            f"refused to load {path}: it holds objects that could run code when "
+            "unpickled; use model.safetensors or a file you trust"
+        ) from None
     except (RuntimeError, EOFError, OSError) as e:
-        raise ValueError(f"{path} is truncated or not a PyTorch file ({type(e).__name__})") from None
+        raise ValueError(
+            f"{path} is truncated or not a PyTorch file ({type(e).__name__})"
+        ) from None

@@ -27,9 +27,16 @@ _GPT2_FILES = {
 
 # Typographic characters that plain-text corpora usually spell in ASCII.
 _ASCII_LOOKALIKES = {
-    "\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"',
-    "\u2013": "-", "\u2014": "-", "\u2026": ".", "\u00a0": " ",
-    "\t": " ", "\r": "\n",
+    "\u2018": "'",
+    "\u2019": "'",
+    "\u201c": '"',
+    "\u201d": '"',
+    "\u2013": "-",
+    "\u2014": "-",
+    "\u2026": ".",
+    "\u00a0": " ",
+    "\t": " ",
+    "\r": "\n",
 }
 
 
@@ -84,8 +91,12 @@ def nearest_char(char, vocab):
     folded = unicodedata.normalize("NFKD", char)
     stripped = "".join(c for c in folded if not unicodedata.combining(c))
     candidates = [
-        char.lower(), char.upper(), char.swapcase(),
-        stripped, stripped.lower(), stripped.upper(),
+        char.lower(),
+        char.upper(),
+        char.swapcase(),
+        stripped,
+        stripped.lower(),
+        stripped.upper(),
         _ASCII_LOOKALIKES.get(char, ""),
     ]
     for candidate in candidates:
@@ -195,7 +206,9 @@ def _encoding_from_files(vocab_bpe, encoder_json):
 def get_tokenizer(desc):
     """Rebuild a tokenizer from its ``describe()`` dict."""
     if not isinstance(desc, dict) or not isinstance(desc.get("kind"), str):
-        raise TokenizerError(f"a tokenizer description must be a dict with a 'kind', got {desc!r:.80}")
+        raise TokenizerError(
+            f"a tokenizer description must be a dict with a 'kind', got {desc!r:.80}"
+        )
     kind = desc["kind"]
     if kind == "char":
         if not isinstance(desc.get("chars"), str):

@@ -22,15 +22,19 @@ def load_split(dataset_dir, split, block_size, vocab_size, device):
     gather there; a large one stays a memmap, read batch by batch."""
     tokens = load_tokens(dataset_dir, split)
     if len(tokens) < block_size + 1:
-        raise ValueError(f"the {split} split of {dataset_dir} has {len(tokens)} tokens, fewer than "
-                         f"block_size + 1 = {block_size + 1}; use a smaller --block_size")
+        raise ValueError(
+            f"the {split} split of {dataset_dir} has {len(tokens)} tokens, fewer than "
+            f"block_size + 1 = {block_size + 1}; use a smaller --block_size"
+        )
     if len(tokens) < SMALL_DATASET:
         # a damaged file can hold ids past the vocabulary, which would crash a
         # later step; a large split is not scanned (that would read all of it)
         top = int(tokens.max())
         if top >= vocab_size:
-            raise DataError(f"{os.path.join(dataset_dir, split + '.bin')} holds token id {top}, outside "
-                            f"the vocabulary of {vocab_size}; prepare the dataset again")
+            raise DataError(
+                f"{os.path.join(dataset_dir, split + '.bin')} holds token id {top}, outside "
+                f"the vocabulary of {vocab_size}; prepare the dataset again"
+            )
         return torch.from_numpy(tokens.astype(np.int64)).to(device)
     return tokens
 

@@ -1,7 +1,7 @@
 """
 Induction heads forming in a 2-layer model, on a CPU in a few minutes.
 
-    python docs/induction_experiment.py
+    python -m experiments.induction_experiment
 
 The data is the classic setting for induction heads: sequences that repeat.
 Each 64-letter sequence is a random string x of 4 to 32 letters (out of 52)
@@ -15,6 +15,8 @@ Writes out-induction/ (the dataset, ckpt.pt, curve.json, heads/) and
 docs/induction_curve.png, docs/induction_heads.png. docs/heads.md discusses them.
 """
 
+import support.before_torch  # bfloat16 tried in a child process, before torch loads
+
 import dataclasses
 import json
 import os
@@ -22,22 +24,16 @@ import shutil
 import string
 import sys
 
+import numpy as np
+import torch
+
+from data.prepare import load_tokens, prepare_text
+from model import GPT, GPTConfig
+from support import head_measures as heads
+from support.checkpoint import checkpoint_path, save_checkpoint
+from support.tokenizer import build_tokenizer
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-import hardware  # noqa: E402
-
-hardware.check_bf16()  # before torch loads: whether bfloat16 runs here, and its fix (hardware.py)
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-import heads  # noqa: E402
-from checkpoint import checkpoint_path, save_checkpoint  # noqa: E402
-from data.prepare import load_tokens, prepare_text  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
-from tokenizer import build_tokenizer  # noqa: E402
 
 OUT = os.path.join(ROOT, "out-induction")
 DOCS = os.path.join(ROOT, "docs")
@@ -79,11 +75,18 @@ def train(model, val, gen):
         if step % EVERY == 0:
             model.eval()
             probe = heads.induction_scores(model, SEED)
-            curve.append({"step": step, "val_loss": heads.val_loss(model, val, spans, 64),
-                          **{k: v.round(4).tolist() for k, v in probe.items()}})
+            curve.append(
+                {
+                    "step": step,
+                    "val_loss": heads.val_loss(model, val, spans, 64),
+                    **{k: v.round(4).tolist() for k, v in probe.items()},
+                }
+            )
             model.train()
-            print(f"step {step}: val loss {curve[-1]['val_loss']:.3f}, induction (layer 1) "
-                  f"{probe['induction'][1].round(2)}, previous (layer 0) {probe['previous'][0].round(2)}")
+            print(
+                f"step {step}: val loss {curve[-1]['val_loss']:.3f}, induction (layer 1) "
+                f"{probe['induction'][1].round(2)}, previous (layer 0) {probe['previous'][0].round(2)}"
+            )
         if step == STEPS:
             return curve
         for group in opt.param_groups:
@@ -103,6 +106,7 @@ def jump(curve):
 
 def plot(curve, path):
     import matplotlib
+
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
 
@@ -110,25 +114,53 @@ def plot(curve, path):
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5.2), sharex=True, layout="constrained")
     top.plot(steps, [c["val_loss"] for c in curve], color="black")
     top.axhline(np.log(len(LETTERS)), color="grey", ls=":", lw=1)
-    top.text(steps[-1], np.log(len(LETTERS)), "ln 52: guessing ", ha="right", va="top", fontsize=8, color="grey")
+    top.text(
+        steps[-1],
+        np.log(len(LETTERS)),
+        "ln 52: guessing ",
+        ha="right",
+        va="top",
+        fontsize=8,
+        color="grey",
+    )
     top.set_ylabel("val loss (nats)")
     n_head = len(curve[0]["induction"][1])
     for h in range(n_head):
-        bottom.plot(steps, [c["induction"][1][h] for c in curve], color="C3", alpha=1 - 0.4 * h,
-                    label=f"layer 1 head {h}: induction score")
-        bottom.plot(steps, [c["previous"][0][h] for c in curve], color="C0", alpha=1 - 0.4 * h,
-                    label=f"layer 0 head {h}: previous-token score")
+        bottom.plot(
+            steps,
+            [c["induction"][1][h] for c in curve],
+            color="C3",
+            alpha=1 - 0.4 * h,
+            label=f"layer 1 head {h}: induction score",
+        )
+        bottom.plot(
+            steps,
+            [c["previous"][0][h] for c in curve],
+            color="C0",
+            alpha=1 - 0.4 * h,
+            label=f"layer 0 head {h}: previous-token score",
+        )
     bottom.axhline(heads.INDUCTION, color="grey", ls=":", lw=1)
     at = jump(curve)
     if at is not None:
         for ax in (top, bottom):
             ax.axvline(at, color="C3", ls="--", lw=1)
-        bottom.text(at, 0.95, f" step {at}: induction >= {heads.INDUCTION}", color="C3", fontsize=8, va="top")
+        bottom.text(
+            at,
+            0.95,
+            f" step {at}: induction >= {heads.INDUCTION}",
+            color="C3",
+            fontsize=8,
+            va="top",
+        )
     bottom.set_ylim(0, 1)
     bottom.set_xlabel("training step (32 sequences of 64 letters each)")
     bottom.set_ylabel("probe score")
     bottom.legend(fontsize=7.5, loc="center right")
-    fig.suptitle("A 2-layer model on repeating sequences: the loss drops when induction heads form", fontsize=10)
+    fig.suptitle(
+        "A 2-layer model on repeating sequences: the loss drops when induction heads form",
+        fontsize=10,
+    )
     fig.savefig(path, dpi=90)
     plt.close(fig)
 
@@ -143,16 +175,35 @@ def main():
         shutil.rmtree(OUT)  # a fresh run each time: the dataset, the checkpoint and the report
     tok = make_dataset(gen)
     val = load_tokens(os.path.join(OUT, "data", "induction"), "val")
-    config = GPTConfig(block_size=BLOCK, vocab_size=tok.vocab_size, n_layer=2, n_head=2, n_embd=64,
-                       bias=False, rope=True)
+    config = GPTConfig(
+        block_size=BLOCK,
+        vocab_size=tok.vocab_size,
+        n_layer=2,
+        n_head=2,
+        n_embd=64,
+        bias=False,
+        rope=True,
+    )
     model = GPT(config)
     curve = train(model, val, gen)
     with open(os.path.join(OUT, "curve.json"), "w") as f:
         json.dump(curve, f)
-    save_checkpoint({"model": model.state_dict(), "model_args": dataclasses.asdict(config), "iter_num": STEPS,
-                     "best_val_loss": curve[-1]["val_loss"], "tokenizer": tok.describe(), "dataset": "induction",
-                     "config": {"data_root": os.path.join(OUT, "data"), "learning_rate": LR, "batch_size": BATCH}},
-                    checkpoint_path(OUT))
+    save_checkpoint(
+        {
+            "model": model.state_dict(),
+            "model_args": dataclasses.asdict(config),
+            "iter_num": STEPS,
+            "best_val_loss": curve[-1]["val_loss"],
+            "tokenizer": tok.describe(),
+            "dataset": "induction",
+            "config": {
+                "data_root": os.path.join(OUT, "data"),
+                "learning_rate": LR,
+                "batch_size": BATCH,
+            },
+        },
+        checkpoint_path(OUT),
+    )
     plot(curve, os.path.join(DOCS, "induction_curve.png"))
     print(f"induction score >= {heads.INDUCTION} first at step {jump(curve)}")
     if heads.run([f"--out_dir={OUT}", f"--seed={SEED}"]):

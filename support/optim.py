@@ -25,7 +25,10 @@ class Muon(torch.optim.Muon):
             return super().step(closure)
         # torch.optim._muon looks its iteration up at every step: lend it ours
         module = torch.optim._muon
-        bf16_iteration, module._zeropower_via_newtonschulz = module._zeropower_via_newtonschulz, newton_schulz
+        bf16_iteration, module._zeropower_via_newtonschulz = (
+            module._zeropower_via_newtonschulz,
+            newton_schulz,
+        )
         try:
             return super().step(closure)
         finally:
@@ -44,7 +47,9 @@ def newton_schulz(g, ns_coefficients, ns_steps, eps):
     x = x / x.norm().clamp(min=eps)  # Frobenius norm 1 bounds the spectral norm by 1
     for _ in range(ns_steps):
         gram = x @ x.T
-        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)  # a x + (b G + c G^2) x
+        x = torch.addmm(
+            x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a
+        )  # a x + (b G + c G^2) x
     return x.T if tall else x
 
 
@@ -61,17 +66,34 @@ def make_optimizers(model, cfg, device_type, dtype):
     hidden = [p for p in model.transformer.h.parameters() if p.dim() == 2]
     hidden_ids = {id(p) for p in hidden}
     rest = [p for p in model.parameters() if id(p) not in hidden_ids]
-    muon = Muon(hidden, lr=lr, weight_decay=wd, adjust_lr_fn="match_rms_adamw", ns_steps=cfg["muon_ns_steps"],
-                float32=dtype != "bfloat16")
-    adamw = torch.optim.AdamW([{"params": [p for p in rest if p.dim() >= 2], "weight_decay": wd},
-                               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}],
-                              lr=lr, betas=betas, fused=device_type in ("cuda", "cpu"))
+    muon = Muon(
+        hidden,
+        lr=lr,
+        weight_decay=wd,
+        adjust_lr_fn="match_rms_adamw",
+        ns_steps=cfg["muon_ns_steps"],
+        float32=dtype != "bfloat16",
+    )
+    adamw = torch.optim.AdamW(
+        [
+            {"params": [p for p in rest if p.dim() >= 2], "weight_decay": wd},
+            {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        lr=lr,
+        betas=betas,
+        fused=device_type in ("cuda", "cpu"),
+    )
     return [muon, adamw]
 
 
 def get_lr(it, cfg):
     """Linear warmup, cosine decay to min_lr at lr_decay_iters, then min_lr."""
-    lr, warmup, end, min_lr = cfg["learning_rate"], cfg["warmup_iters"], cfg["lr_decay_iters"], cfg["min_lr"]
+    lr, warmup, end, min_lr = (
+        cfg["learning_rate"],
+        cfg["warmup_iters"],
+        cfg["lr_decay_iters"],
+        cfg["min_lr"],
+    )
     if not cfg["decay_lr"]:
         return lr
     if it < warmup:

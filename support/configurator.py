@@ -75,7 +75,9 @@ def run_config_file(path, config):
         exec(code, namespace)
     except Exception as e:  # a config file is user code: report, don't crash
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise ConfigError(f"error in config file {path}: {type(e).__name__}: {first_line}") from None
+        raise ConfigError(
+            f"error in config file {path}: {type(e).__name__}: {first_line}"
+        ) from None
     updates = {}
     for key, value in namespace.items():
         if key.startswith("_") or isinstance(value, (types.ModuleType, types.FunctionType, type)):

@@ -1,0 +1,208 @@
+"""
+The measurements behind heads.py, for every command that looks at heads.
+
+What a head attends to over real text (patterns, in the classes of
+attention_maps), whether it is an induction head (the repeated-random-tokens
+probe of Olsson et al. 2022), and what the val loss loses without it (ablation:
+its slice of the attention output zeroed before W_O). heads.py reports them;
+the explorer and the experiments use the same definitions from here.
+"""
+
+import contextlib
+import os
+import sys
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from data.prepare import ensure_dataset, load_meta, load_tokens
+from support import attention_maps
+from support.checkpoint import checkpoint_path
+
+INDUCTION = (
+    0.4  # a head with an induction score >= 0.4 is labelled induction (as for previous-token heads)
+)
+
+
+PROBE_SEQUENCES = 8
+
+
+BATCH_TOKENS = 8192
+
+
+class HeadsError(Exception):
+    """A problem with the user's input; the message is one line saying what to do."""
+
+
+def val_tokens(cfg, source, tok):
+    """The val split's token ids (a uint16 memmap) and the dataset folder."""
+    name, root = cfg["dataset"], cfg["data_root"]
+    path = checkpoint_path(source) if os.path.isdir(source) else source
+    if os.path.isfile(
+        path
+    ):  # a checkpoint of this project says what it read (mmap: no weights are read)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        name = name or ckpt.get("dataset", "")
+        root = root or ckpt.get("config", {}).get("data_root")
+    if not name:
+        raise HeadsError(
+            f"{source} does not say which dataset it was trained on; pass --dataset=NAME "
+            "(a prepared folder under data/ or --data_root)"
+        )
+    folder = ensure_dataset(name, root)
+    if load_meta(folder)["tokenizer"] != tok.describe():
+        raise HeadsError(
+            f"the dataset in {folder} was encoded with another tokenizer than the model's; "
+            "pass the --dataset it was trained on"
+        )
+    return load_tokens(folder, "val"), folder
+
+
+def windows(n_tokens, block_size, max_windows=0):
+    """(start, length) of the windows the val loss of record reads: every token
+    that has a next one, in non-overlapping block_size windows, the last one
+    shorter. max_windows > 0 keeps that many, spread evenly over the split."""
+    n = n_tokens - 1
+    spans = [(s, min(block_size, n - s)) for s in range(0, n, block_size)]
+    if 0 < max_windows < len(spans):
+        keep = np.unique(np.linspace(0, len(spans) - 1, max_windows).round().astype(int))
+        spans = [spans[k] for k in keep]
+    return spans
+
+
+def batches(data, spans, batch_size, device):
+    """x, y (B, T) batches of equal-length windows, in order."""
+    by_length = {}
+    for start, length in spans:
+        by_length.setdefault(length, []).append(start)
+    for length, starts in by_length.items():
+        for k in range(0, len(starts), batch_size):
+            rows = np.array(starts[k : k + batch_size])[:, None] + np.arange(
+                length + 1
+            )  # (B, T + 1)
+            chunk = torch.from_numpy(data[rows].astype(np.int64)).to(device)
+            yield chunk[:, :-1], chunk[:, 1:]
+
+
+@torch.no_grad()
+def val_loss(model, data, spans, batch_size):
+    """Mean loss per token over the windows: with every window, train.py's full_val_loss."""
+    device = model.lm_head.weight.device
+    total, count = 0.0, 0
+    for x, y in batches(data, spans, batch_size, device):
+        total += model(x, y)[1].item() * y.numel()
+        count += y.numel()
+    return total / count
+
+
+@torch.no_grad()
+def patterns(model, tok, data, spans, batch_size):
+    """attention_maps.describe() of every head, over the windows: a list of
+    (n_layer) lists of (n_head) dicts."""
+    device = model.lm_head.weight.device
+    sums = [None] * model.config.n_layer
+    for x, _ in batches(data, spans, batch_size, device):
+        _, _, maps = model(x, return_attention=True)
+        for b, ids in enumerate(x.tolist()):
+            tokens = tok.token_strings(ids)
+            for layer, m in enumerate(maps):
+                sums[layer] = attention_maps.add_sums(
+                    sums[layer], attention_maps.pattern_sums(m[b].float().cpu().numpy(), tokens)
+                )
+    return [[attention_maps.describe(s, h) for h in range(model.config.n_head)] for s in sums]
+
+
+def probe_tokens(config, seed, n_seq=PROBE_SEQUENCES):
+    """(n_seq, 2L) token ids x || x, each x L distinct random tokens, and L."""
+    L = min(32, config.block_size // 2, config.vocab_size - 1)
+    if L < 2:
+        raise HeadsError(
+            f"the induction probe needs block_size >= 4 and vocab_size >= 3 (this model has "
+            f"{config.block_size} and {config.vocab_size})"
+        )
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.stack(
+        [torch.randperm(config.vocab_size, generator=gen)[:L] for _ in range(n_seq)]
+    )  # (n_seq, L)
+    return torch.cat([x, x], dim=1), L
+
+
+def probe_scores(maps, L):
+    """Scores (n_layer, n_head) of attention maps (B, n_head, 2L, 2L) per layer on
+    x || x, for each position i of the second copy, averaged over i and the batch:
+      induction  weight on i - L + 1, the token after the earlier occurrence of i's token
+      duplicate  weight on i - L, that earlier occurrence
+      previous   weight on i - 1
+    Returns a dict of those three numpy arrays."""
+    i = torch.arange(L, 2 * L)
+    keys = {"induction": i - L + 1, "duplicate": i - L, "previous": i - 1}
+    return {
+        name: torch.stack(
+            [torch.as_tensor(m)[:, :, i, k].double().mean(dim=(0, 2)) for m in maps]
+        ).numpy()
+        for name, k in keys.items()
+    }
+
+
+@torch.no_grad()
+def induction_scores(model, seed):
+    """probe_scores of the model's attention on probe_tokens."""
+    idx, L = probe_tokens(model.config, seed)
+    _, _, maps = model(idx.to(model.lm_head.weight.device), return_attention=True)
+    return probe_scores([m.cpu() for m in maps], L)
+
+
+@contextlib.contextmanager
+def ablated(model, heads):
+    """Inside, the given (layer, head) pairs add nothing: their slice of the
+    attention output is zeroed on its way into c_proj (c_proj's bias stays)."""
+    hs = model.config.n_embd // model.config.n_head
+    keep = {}
+    for layer, head in heads:
+        w = model.lm_head.weight
+        mask = keep.setdefault(
+            layer, torch.ones(model.config.n_embd, device=w.device, dtype=w.dtype)
+        )
+        mask[head * hs : (head + 1) * hs] = 0
+
+    def hook(mask):
+        return lambda module, args: (args[0] * mask,)
+
+    handles = [
+        model.transformer.h[layer].attn.c_proj.register_forward_pre_hook(hook(mask))
+        for layer, mask in keep.items()
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def ablation(model, data, spans, batch_size, prune_below):
+    """The val loss with nothing removed, with each head, each layer's
+    attention, and every head cheaper than prune_below removed."""
+    n_layer, n_head = model.config.n_layer, model.config.n_head
+    every = [(layer, head) for layer in range(n_layer) for head in range(n_head)]
+    runs = (
+        [[]]
+        + [[lh] for lh in every]
+        + [[(layer, h) for h in range(n_head)] for layer in range(n_layer)]
+    )
+    losses = []
+    for removed in tqdm(runs, desc="ablation", file=sys.stderr, leave=False):
+        with ablated(model, removed):
+            losses.append(val_loss(model, data, spans, batch_size))
+    base = losses[0]
+    head_nats = np.array(losses[1 : 1 + len(every)]).reshape(n_layer, n_head) - base
+    pruned = [lh for lh in every if head_nats[lh] < prune_below]
+    with ablated(model, pruned):
+        pruned_loss = val_loss(model, data, spans, batch_size) if pruned else base
+    return {
+        "baseline_loss": base,
+        "head_nats": head_nats,
+        "layer_nats": np.array(losses[1 + len(every) :]) - base,
+        "pruned": pruned,
+        "pruned_loss": pruned_loss,
+    }
