@@ -1,8 +1,11 @@
-"""bench.py keeps running: a --quick run end to end, checked for structure and for
-the figures that have an exact answer (byte counts), never for speed."""
+"""The benchmarks keep running: `python -m bench --quick` end to end, checked for
+structure and for the figures that have an exact answer (byte counts), never for
+speed; each benchmark module alone; the recipe and long-context parts on small
+shapes."""
 
 import json
 import os
+import runpy
 import statistics
 import subprocess
 import sys
@@ -10,16 +13,16 @@ import sys
 import pytest
 import torch
 
-import bench
+from bench import attention, common, long_context, recipes
 from model import GPT, GPTConfig
 
 
-def run_bench(repo_root, *args, timeout=240):
+def run_bench(repo_root, *args, timeout=240, module="bench"):
     # one thread: on a busy machine, OpenMP threads waiting on each other make the
     # run many times slower, and this test checks structure, not speed
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.run(
-        [sys.executable, "bench.py", *args],
+        [sys.executable, "-m", module, *args],
         cwd=repo_root,
         env=env,
         capture_output=True,
@@ -35,7 +38,7 @@ def quick(repo_root, tmp_path_factory):
     assert proc.returncode == 0, proc.stderr[-2000:]
     with open(out) as f:
         result = json.load(f)
-    assert result["command"] == f"python bench.py --quick --device=cpu --out={out}"
+    assert result["command"] == f"python -m bench --quick --device=cpu --out={out}"
     return result, proc.stdout
 
 
@@ -99,7 +102,7 @@ def test_attention_section(quick):
         assert positive(r["explicit"]["ms"]) and positive(r["sdpa"]["ms"])
         assert r["max_abs_diff"] < 1e-4
         for path in ("explicit", "sdpa"):  # against a float64 reference, in float32 ulps
-            assert 0 <= r[path]["error_ulps"] <= bench.ATTENTION_TOLERANCE_ULPS
+            assert 0 <= r[path]["error_ulps"] <= attention.ATTENTION_TOLERANCE_ULPS
     assert "| 512 |" in stdout
 
 
@@ -121,7 +124,7 @@ def test_converted_weights_give_hugging_face_the_same_logits():
     ours = GPT(
         GPTConfig(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
     ).eval()
-    hf = bench.to_hf(ours).eval()
+    hf = common.to_hf(ours).eval()
     assert isinstance(hf, GPT2LMHeadModel) and hf.config._attn_implementation == "sdpa"
     idx = torch.randint(0, 37, (2, 16))
     with torch.no_grad():
@@ -136,7 +139,7 @@ def test_converted_weights_give_hugging_face_the_same_logits():
 def test_alternate_rotates_the_order():
     calls = []
     fns = {name: (lambda name=name: calls.append(name)) for name in "abc"}
-    times = bench.alternate(fns, repeats=3, calls=2, device="cpu")
+    times = common.alternate(fns, repeats=3, calls=2, device="cpu")
     assert calls == list("aabbccbbccaaccaabb")
     assert all(len(ts) == 3 and all(t >= 0 for t in ts) for ts in times.values())
 
@@ -172,6 +175,52 @@ def test_help(repo_root):
     )
 
 
+MODULES = ["train_step", "generate", "attention", "decode", "recipes", "long_context"]
+
+
+def run_module(name, argv, monkeypatch):
+    """`python -m bench.NAME argv` in this process (its __main__ block run as the
+    command line runs it): the exit code."""
+    monkeypatch.setattr(sys, "argv", [f"bench/{name}.py", *argv])
+    # runpy runs a fresh copy; the one this file imported comes back afterwards
+    monkeypatch.delitem(sys.modules, f"bench.{name}", raising=False)
+    with pytest.raises(SystemExit) as stop:
+        runpy.run_module(f"bench.{name}", run_name="__main__")
+    return stop.value.code
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_each_benchmark_has_its_own_help(name, monkeypatch, capsys):
+    assert run_module(name, ["--help"], monkeypatch) == 0
+    out = capsys.readouterr().out
+    assert f"python -m bench.{name}" in out and "--out='bench.json'" in out
+    assert ("--compile=False" in out) == (name == "train_step")
+    assert ("--nanogpt=''" in out) == (name == "recipes")
+
+
+def test_decode_alone_on_a_cpu_says_what_to_do(monkeypatch, capsys):
+    assert run_module("decode", [], monkeypatch) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("bench.decode: ") and "--device=cuda" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_benchmark_runs_alone(repo_root, tmp_path):
+    """`python -m bench.attention` measures attention and nothing else, with the
+    same header, table and JSON as in the whole run."""
+    out = tmp_path / "attention.json"
+    proc = run_bench(repo_root, "--quick", f"--out={out}", module="bench.attention")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with open(out) as f:
+        result = json.load(f)
+    assert result["command"] == f"python -m bench.attention --quick --out={out}"
+    assert [r["T"] for r in result["attention"]] == [64, 128, 256, 512]
+    assert "train" not in result and "generate" not in result and result["targets"] == []
+    assert result["markdown"] == proc.stdout.strip()
+    assert proc.stdout.startswith(result["device"]["name"])
+    assert "## Attention alone" in proc.stdout and "## Targets" not in proc.stdout
+
+
 def test_recipe_race_on_both_cpu_classes(tmp_path, corpus_path, monkeypatch):
     """--recipes with two tiny configs: each CPU class runs both, in order, through train.py."""
     from data.prepare import ensure_dataset
@@ -187,9 +236,9 @@ def test_recipe_race_on_both_cpu_classes(tmp_path, corpus_path, monkeypatch):
         path.write_text(tiny + f"max_iters = {iters}\neval_interval = {iters}\n")
         configs.append((name, str(path)))
     monkeypatch.setattr(
-        bench, "cpu_classes", lambda: [("as it is", {}, []), ("capped", bench.AVX2_CAP, [])]
+        recipes, "cpu_classes", lambda: [("as it is", {}, []), ("capped", recipes.AVX2_CAP, [])]
     )
-    rows = bench.bench_recipes(lambda msg: None, configs, str(tmp_path / "data"))
+    rows = recipes.bench_recipes(lambda msg: None, configs, str(tmp_path / "data"))
     assert [(r["cpu"], r["recipe"], r["iters"]) for r in rows] == [
         ("as it is", "slow", 6),
         ("as it is", "fast", 3),
@@ -204,7 +253,7 @@ def test_recipe_race_on_both_cpu_classes(tmp_path, corpus_path, monkeypatch):
         rows[2]["device"].startswith("cpu, float32 (")
         and "ONEDNN_MAX_CPU_ISA=AVX2" in rows[2]["device"]
     )
-    classes = bench.cpu_classes()  # the real ones: each named, the first as it is
+    classes = recipes.cpu_classes()  # the real ones: each named, the first as it is
     assert classes[0][1:] == ({}, []) and all(name for name, _, _ in classes)
     assert all(r["val_loss_full"] > 0 and r["training_s"] > 0 for r in rows)
     for r in rows:  # the phases add up to the wall time, each measured
@@ -213,40 +262,44 @@ def test_recipe_race_on_both_cpu_classes(tmp_path, corpus_path, monkeypatch):
             abs(r["startup_s"] + r["training_s"] + r["evaluations_s"] + r["exit_s"] - r["wall_s"])
             < 1e-6
         )
-    targets = bench.recipe_targets(rows)
+    targets = recipes.recipe_targets(rows)
     assert len(targets) == 2 and all(t["met"] is False for t in targets)  # 3 iters reach no 1.88
-    assert "| capped | `" in bench.recipes_table(rows)
+    assert "| capped | `" in recipes.recipes_table(rows)
 
 
 def test_long_context_rolling_cache_figures_small(monkeypatch):
     """The rolling-cache half on a small model: its byte counts have exact answers,
     and the windowed and dense models decode the same number of tokens."""
     monkeypatch.setattr(
-        bench,
+        long_context,
         "DECODE_SHAPE",
         dict(n_layer=1, n_head=2, n_embd=32, block_size=32, vocab_size=65, rope=True),
     )
-    monkeypatch.setattr(bench, "DECODE_W", 8)
-    roll = bench.bench_rolling_cache(dict(quick=False), lambda msg: None)
+    monkeypatch.setattr(long_context, "DECODE_W", 8)
+    roll = long_context.bench_rolling_cache(dict(quick=False), lambda msg: None)
     assert roll["tokens"] == 20 * 32 and len(roll["tokens_per_s_by_tenth"]) == 10
     assert (
         roll["cache_bytes_dense"] == 2 * 1 * 2 * 32 * 16 * 4
     )  # k and v, 1 layer, 2 heads, 32 slots, hs 16
-    assert roll["cache_bytes_window"] * 32 == roll["cache_bytes_dense"] * (8 + bench.DECODE_S)
-    targets = bench.long_context_targets([], roll, quick=False)
+    assert roll["cache_bytes_window"] * 32 == roll["cache_bytes_dense"] * (
+        8 + long_context.DECODE_S
+    )
+    targets = long_context.long_context_targets([], roll, quick=False)
     assert [t["met"] for t in targets][0] is True  # the byte fraction is exact
     assert len(roll["tokens_per_s_by_tenth_median_step"]) == 10 and len(targets) == 4
     assert set(roll["step_ms"]) == {"window", "dense, S + W cached", "dense, 3/4 block_size cached"}
-    table, cache = bench.long_context_tables([], roll)
+    table, cache = long_context.long_context_tables([], roll)
     assert "(S + W) / block_size = 0.3750" in cache
 
 
 def test_long_context_attention_rows_check_the_window(monkeypatch):
-    monkeypatch.setattr(bench, "LONG_QUICK", [100, 333])
-    monkeypatch.setattr(bench, "LONG_W", 16)
-    rows = bench.bench_window_attention(dict(quick=True), lambda msg: None)
+    monkeypatch.setattr(long_context, "LONG_QUICK", [100, 333])
+    monkeypatch.setattr(long_context, "LONG_W", 16)
+    rows = long_context.bench_window_attention(dict(quick=True), lambda msg: None)
     assert [r["T"] for r in rows] == [100, 333]
     assert all(r["max_abs_error"] < 1e-5 and r["attention_dense"] > 0 for r in rows)
-    monkeypatch.setattr(bench, "windowed_attention", lambda q, k, v, w: q)  # a wrong path is caught
-    with pytest.raises(bench.BenchError, match="explicit path"):
-        bench.bench_window_attention(dict(quick=True), lambda msg: None)
+    monkeypatch.setattr(
+        long_context, "windowed_attention", lambda q, k, v, w: q
+    )  # a wrong path is caught
+    with pytest.raises(common.BenchError, match="explicit path"):
+        long_context.bench_window_attention(dict(quick=True), lambda msg: None)

@@ -2,7 +2,7 @@
 steps on the meta device (with every op refused that mixes devices), the CUDA
 branch of the compiled decode step forced on a CPU, faked GPU names and compute
 capabilities, NCCL's settings, DDP around the compiled model under gloo, and
-smoke_gpu.py. Tests marked cuda run only on a GPU (python smoke_gpu.py)."""
+bench/smoke_gpu.py. Tests marked cuda run only on a GPU (python -m bench.smoke_gpu)."""
 
 import datetime
 import functools
@@ -19,12 +19,15 @@ import torch.distributed as dist
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import bench
+import bench.__main__
+import bench.attention
 import sample
-import smoke_gpu
 import train
-from model import GPT, GPTConfig
+from bench import smoke_gpu
+from bench.common import BenchError
+from model import GPT, GPTConfig, attention, causal_mask
 from support import batches, loading
+from support.configurator import parse_args
 
 REPO = os.path.dirname(os.path.abspath(train.__file__))
 META = torch.device("meta")
@@ -367,13 +370,13 @@ def test_a_cpu_run_shows_no_mfu_on_a_machine_with_a_gpu(fake_gpus, data_root, tm
 
 
 # -----------------------------------------------------------------------------
-# bench.py's attention check, in bfloat16 as on a GPU
+# The attention benchmark's check (bench/attention.py), in bfloat16 as on a GPU
 
 
 def attention_inputs(T, dtype, v_scale=1.0):
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 12, T, 64) for _ in range(3))
-    return q.to(dtype), k.to(dtype), (v * v_scale).to(dtype), bench.causal_mask(T, T)
+    return q.to(dtype), k.to(dtype), (v * v_scale).to(dtype), causal_mask(T, T)
 
 
 @pytest.mark.parametrize(
@@ -384,12 +387,12 @@ def test_attention_check_allows_rounding_at_any_magnitude(dtype):
         256, dtype, v_scale=8.0
     )  # outputs near 28, where a bf16 ulp is 0.125
     outputs = {
-        "explicit": bench.attention(q, k, v, mask)[0],
+        "explicit": attention(q, k, v, mask)[0],
         "sdpa": torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
     }
-    errors = bench.check_attention(q, k, v, mask, outputs, 256)
+    errors = bench.attention.check_attention(q, k, v, mask, outputs, 256)
     assert set(errors) == {"explicit", "sdpa"} and all(
-        0 <= e <= bench.ATTENTION_TOLERANCE_ULPS for e in errors.values()
+        0 <= e <= bench.attention.ATTENTION_TOLERANCE_ULPS for e in errors.values()
     )
     if dtype == torch.bfloat16:  # the absolute 0.02 this replaces would have stopped the benchmark
         assert (outputs["explicit"].float() - outputs["sdpa"].float()).abs().max() > 0.02
@@ -401,8 +404,8 @@ def test_attention_check_allows_rounding_at_any_magnitude(dtype):
 def test_attention_check_catches_a_wrong_mask(dtype):
     q, k, v, mask = attention_inputs(128, dtype)
     outputs = {"sdpa": torch.nn.functional.scaled_dot_product_attention(q, k, v)}  # no causal mask
-    with pytest.raises(bench.BenchError, match="sdpa path is .* ulps"):
-        bench.check_attention(q, k, v, mask, outputs, 128)
+    with pytest.raises(BenchError, match="sdpa path is .* ulps"):
+        bench.attention.check_attention(q, k, v, mask, outputs, 128)
 
 
 # -----------------------------------------------------------------------------
@@ -515,15 +518,15 @@ def test_ddp_compiled_with_no_sync_matches_one_process(data_root, tmp_path):
 
 
 # -----------------------------------------------------------------------------
-# smoke_gpu.py
+# bench/smoke_gpu.py
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_smoke_test_without_cuda_says_so_and_does_nothing(tmp_path):
     proc = subprocess.run(
-        [sys.executable, os.path.join(REPO, "smoke_gpu.py")],
+        [sys.executable, "-m", "bench.smoke_gpu"],
         cwd=tmp_path,
-        env=child_env(),
+        env=dict(child_env(), PYTHONPATH=REPO),
         capture_output=True,
         text=True,
         timeout=120,
@@ -534,11 +537,12 @@ def test_smoke_test_without_cuda_says_so_and_does_nothing(tmp_path):
 
 
 def test_smoke_test_commands_are_valid_settings(tmp_path, monkeypatch):
-    monkeypatch.chdir(REPO)  # config/shakespeare.py is found from the repo root, as smoke_gpu runs
+    # config/shakespeare.py is found from the repo root, where bench.smoke_gpu runs
+    monkeypatch.chdir(REPO)
     parsers = {
         "train.py": train.get_config,
         "sample.py": sample.parse_options,
-        "bench.py": lambda argv: bench.parse_args(bench.DEFAULTS, argv, allow_files=False),
+        "bench": lambda argv: parse_args(bench.__main__.DEFAULTS, argv, allow_files=False),
     }
     seen = set()
     for name, command in smoke_gpu.steps(str(tmp_path), gpus=2):
@@ -611,7 +615,7 @@ def test_smoke_test_reads_the_figures_of_real_runs(data_root, tmp_path):
 
 
 # -----------------------------------------------------------------------------
-# On a GPU only (python smoke_gpu.py runs these)
+# On a GPU only (python -m bench.smoke_gpu runs these)
 
 
 @pytest.mark.cuda

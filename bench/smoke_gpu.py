@@ -2,14 +2,14 @@
 The first run on a machine with a GPU: one command that exercises every CUDA
 path of this project and says, step by step, what works.
 
-    python smoke_gpu.py        # a few minutes on one GPU
+    python -m bench.smoke_gpu        # a few minutes on one GPU, from the repository root
 
 Steps: the CUDA tests (pytest -m cuda; among them blockwise attention, and the
 model through the context-parallel hooks in a one-process NCCL group), 20
 iters of config/shakespeare.py and a resume to 40, on two GPUs or more 20
 iters with each sequence split over two (--context_parallel=2), sample.py in
 the default dtype with and without --compile, the same greedy sample in
-float32 with and without --compile (which must agree), and bench.py
+float32 with and without --compile (which must agree), and python -m bench
 --device=cuda --quick. It prints one line per step, ok or FAIL with the error,
 and writes the figures to out-smoke-gpu/smoke.json and every step's whole
 output to out-smoke-gpu/<step>.log. Without CUDA it says so and does nothing.
@@ -88,7 +88,8 @@ def steps(out, gpus=None):
             "bench --quick",
             [
                 python,
-                "bench.py",
+                "-m",
+                "bench",
                 "--device=cuda",
                 "--quick",
                 f"--out={os.path.join(out, 'bench.json')}",
@@ -184,7 +185,7 @@ def compare(records):
 def main(out=OUT):
     if not torch.cuda.is_available():
         print(
-            f"smoke_gpu.py: no CUDA GPU here (torch {torch.__version__}); nothing to do, "
+            f"bench.smoke_gpu: no CUDA GPU here (torch {torch.__version__}); nothing to do, "
             "run it on a machine with an NVIDIA GPU"
         )
         return 0

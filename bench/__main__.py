@@ -1,0 +1,62 @@
+"""
+How fast is model.py, against Hugging Face's GPT-2 on the same machine in the same run?
+
+    python -m bench [--device=cpu|cuda] [--quick] [--compile] [--threads=N] [--out=bench.json]
+
+Each section is printed as a markdown table and written to --out as JSON:
+  1. train      one optimizer step (forward, backward, AdamW) for three model sizes,
+                ours against transformers' GPT2LMHeadModel with the same weights
+  2. generate   greedy decoding to the full context on the baby model: ours with the
+                KV cache (eager, and compiled unless --quick), ours recomputing the
+                window, and Hugging Face's generate
+  3. attention  model.attention (explicit, materialises the (T, T) weights) against
+                F.scaled_dot_product_attention as the context grows
+  4. decode     CUDA only: GPT-2 124M, batch 1, the compiled decode step (CUDA graphs)
+                as a fraction of the memory-bandwidth limit
+  --recipes     instead of those: config/shakespeare_cpu.py against nanoGPT's CPU
+                settings (config/shakespeare_cpu_classic.py), each trained to the end
+                by train.py, on this CPU as it is and capped at AVX2 (no AVX-512, no
+                native bfloat16, like most laptops): whole-val loss and wall time
+  --long_context  instead of those: sliding-window attention (W = 256, float32) against
+                dense causal attention, the attention alone and a whole attention layer,
+                fwd + bwd, T = 1024 .. 16384; then the rolling KV cache: its bytes, its
+                tokens/s early and late in a 20 x block_size generation, and against a
+                dense model that slides and recomputes past block_size
+                (--long_context_part=attention or =cache: that half alone)
+
+Each also runs alone: python -m bench.train_step, bench.generate, bench.attention,
+bench.decode, bench.recipes, bench.long_context.
+
+Timings alternate between the contenders in the same process (rotating which goes
+first) and report medians, so a busy machine slows all of them alike.
+transformers is a test-only dependency (requirements-dev.txt).
+"""
+
+import support.before_torch  # bfloat16 tried in a child process, before torch loads
+
+import sys
+
+from bench import attention, common, decode, generate, long_context, recipes, train_step
+
+DEFAULTS = dict(
+    train_step.DEFAULTS,  # device, quick, threads, out and compile
+    # instead: train the CPU recipe against nanoGPT's CPU settings, on this CPU and capped at AVX2
+    recipes=False,
+    # with --recipes: a nanoGPT checkout (its data prepared) whose own train.py runs beside ours
+    nanogpt="",
+    long_context=False,  # instead: sliding-window attention and the rolling KV cache against dense
+    long_context_part="all",  # with --long_context: all, attention or cache
+)
+
+
+def sections(args):
+    """The default set, or --recipes or --long_context instead of it."""
+    if args["recipes"]:
+        return [recipes.section]
+    if args["long_context"]:
+        return [long_context.section]
+    return [train_step.section, generate.section, attention.section, decode.section]
+
+
+if __name__ == "__main__":
+    sys.exit(common.main("bench", __doc__, DEFAULTS, sections, sys.argv[1:]))

@@ -1,0 +1,266 @@
+"""
+The CPU recipe against nanoGPT's: config/shakespeare_cpu.py against nanoGPT's CPU
+settings (config/shakespeare_cpu_classic.py), each trained to the end by train.py,
+on this CPU as it is and capped at AVX2 (no AVX-512, no native bfloat16, like most
+laptops): whole-val loss and wall time. With --nanogpt=PATH, a nanoGPT checkout
+(its data prepared) whose own train.py runs beside ours.
+
+    python -m bench.recipes [--nanogpt=PATH] [--threads=N] [--out=bench.json]
+"""
+
+import support.before_torch  # bfloat16 tried in a child process, before torch loads
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+from bench import common
+
+DEFAULTS = dict(
+    common.DEFAULTS,
+    nanogpt="",  # a nanoGPT checkout (its data prepared) whose own train.py runs beside ours
+)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The CPU recipe's targets (docs/benchmarks.md): the val loss nanoGPT's CPU settings
+# reach, in at most this fraction of their wall time, on the same machine.
+TARGET_RECIPE_LOSS = 1.88
+TARGET_RECIPE_WALL = 0.30
+RECIPES = [
+    ("nanoGPT CPU settings", "config/shakespeare_cpu_classic.py"),
+    ("ours", "config/shakespeare_cpu.py"),
+]
+# ATen, oneDNN and MKL each cap the instructions they use at these settings, so a
+# CPU with AVX-512 and native bfloat16 runs like one with AVX2 alone.
+AVX2_CAP = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+}
+
+# nanoGPT's README command for a CPU (its train.py trains in float32 there)
+NANOGPT_CPU = [
+    "config/train_shakespeare_char.py",
+    "--device=cpu",
+    "--compile=False",
+    "--eval_iters=20",
+    "--log_interval=1",
+    "--block_size=64",
+    "--batch_size=12",
+    "--n_layer=4",
+    "--n_head=4",
+    "--n_embd=128",
+    "--max_iters=2000",
+    "--lr_decay_iters=2000",
+    "--dropout=0.0",
+]
+
+
+def cpu_classes():
+    """[(name, environment, train.py arguments)]: this CPU as it is; where it runs
+    bfloat16 natively, the same in float32 (the class whose bfloat16 crashes or
+    is slower, like a VM that advertises AMX it does not allow); then capped at
+    AVX2 if it has more."""
+    from support.hardware import native_bf16
+
+    native, why = native_bf16("cpu")
+    capability = torch.backends.cpu.get_cpu_capability()
+    classes = [(f"this CPU ({capability}, {why})", {}, [])]
+    if native:
+        classes.append(
+            (f"this CPU in float32 ({capability}, bfloat16 not used)", {}, ["--dtype=float32"])
+        )
+    if capability != "AVX2" or native:
+        classes.append(("capped at AVX2 (no native bfloat16)", AVX2_CAP, []))
+    return classes
+
+
+def train_run(config, env, out_dir, data_root=None, args=()):
+    """Run train.py on a config to the end: (wall seconds, its last log record, device
+    and dtype, phases). Phases split the wall time by when train.py's lines appear:
+    start-up (to the line naming the device), training (train.py's own clock),
+    evaluations and saving (the rest until its last line), exit (after it)."""
+    command = [
+        sys.executable,
+        "train.py",
+        config,
+        f"--out_dir={out_dir}",
+        "--eval_full_val=True",
+    ]
+    if data_root:
+        command.append(f"--data_root={data_root}")
+    command += list(args)
+    stamps = {}
+    stdout = []
+    # the progress bar's stderr goes to a file: a pipe left unread would fill
+    with tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(
+            command,
+            cwd=REPO,
+            env=dict(os.environ, **env),
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+        for line in proc.stdout:
+            stdout.append(line)
+            for key, mark in (("start", "parameters |"), ("done", "done at iter")):
+                if mark in line:
+                    stamps[key] = time.perf_counter() - t0
+        proc.wait()
+        wall = time.perf_counter() - t0
+        err.seek(0)
+        stderr = err.read()
+    if proc.returncode != 0 or len(stamps) < 2:
+        raise common.BenchError(f"train.py {config} failed: {stderr.strip().splitlines()[-1:]}")
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        last = json.loads(f.read().splitlines()[-1])
+    start = next(line for line in stdout if "parameters |" in line)
+    phases = dict(
+        startup_s=stamps["start"],
+        training_s=last["elapsed_s"],
+        evaluations_s=stamps["done"] - stamps["start"] - last["elapsed_s"],
+        exit_s=wall - stamps["done"],
+    )
+    return wall, last, start.split("|")[1].strip(), phases
+
+
+def nanogpt_run(path, env, out_dir):
+    """nanoGPT's own train.py, as its README runs it on a CPU: (wall seconds, its
+    last val loss, an estimate over eval_iters batches)."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "train.py", *NANOGPT_CPU, f"--out_dir={out_dir}"],
+        cwd=path,
+        env=dict(os.environ, **env),
+        capture_output=True,
+        text=True,
+    )
+    wall = time.perf_counter() - t0
+    losses = re.findall(r"step \d+: train loss [\d.]+, val loss ([\d.]+)", proc.stdout)
+    if proc.returncode != 0 or not losses:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise common.BenchError(f"nanoGPT's train.py failed: {last}")
+    return wall, float(losses[-1])
+
+
+def bench_recipes(log, recipes=RECIPES, data_root=None, nanogpt=""):
+    """Each recipe trained to the end on each CPU class, the first recipe (nanoGPT's
+    settings) first: the others' wall times are given as fractions of its, and of
+    nanoGPT's own train.py's when a checkout is given."""
+    from data.prepare import ensure_dataset
+
+    ensure_dataset("shakespeare_char", data_root)  # prepared before the clocks start
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for cpu, env, args in cpu_classes():
+            walls = {}
+            if nanogpt:
+                log(f"recipes: nanoGPT's own train.py on {cpu} ...")
+                out_dir = os.path.join(tmp, f"nanogpt{len(rows)}")
+                walls["nanoGPT"], val = nanogpt_run(nanogpt, env, out_dir)
+                rows.append(
+                    dict(
+                        cpu=cpu,
+                        recipe="nanoGPT itself",
+                        config="nanoGPT train.py",
+                        reference=True,
+                        device="cpu, float32",
+                        iters=2000,
+                        val_loss=val,
+                        wall_s=walls["nanoGPT"],
+                    )
+                )
+            for i, (name, config) in enumerate(recipes):
+                log(f"recipes: {config} on {cpu} ...")
+                # the reference keeps its own settings: nanoGPT trains in float32 on a CPU anyway
+                recipe_args = args
+                if i == 0:
+                    recipe_args = ()
+                out_dir = os.path.join(tmp, f"{len(rows)}")
+                wall, last, device, phases = train_run(config, env, out_dir, data_root, recipe_args)
+                walls[name] = wall
+                rows.append(
+                    dict(
+                        cpu=cpu,
+                        recipe=name,
+                        config=config,
+                        reference=i == 0,
+                        device=device,
+                        iters=last["iter"],
+                        val_loss_full=last["val_loss_full"],
+                        wall_s=wall,
+                        wall_over_classic=wall / walls[recipes[0][0]],
+                        **phases,
+                    )
+                )
+                if nanogpt:
+                    rows[-1]["wall_over_nanogpt"] = wall / walls["nanoGPT"]
+    return rows
+
+
+def cell(row, key, form):
+    """row[key] formatted, or '-' where the row has no such figure."""
+    if key not in row:
+        return "-"
+    return format(row[key], form)
+
+
+def recipes_table(rows):
+    lines = [
+        "| CPU | recipe | device, dtype | iters | val loss | start-up s | training s "
+        "| evaluations s | exit s | wall s | wall / nanoGPT's settings "
+        "| wall / nanoGPT itself |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        loss = f"{r['val_loss']:.4f} (estimate)"
+        if "val_loss_full" in r:
+            loss = f"{r['val_loss_full']:.4f} (whole split)"
+        phases = [cell(r, k, ".1f") for k in ("startup_s", "training_s", "evaluations_s", "exit_s")]
+        lines.append(
+            f"| {r['cpu']} | `{r['config']}` | {r['device']} | {r['iters']} | {loss} | "
+            + " | ".join(phases)
+            + f" | {r['wall_s']:.1f} | {cell(r, 'wall_over_classic', '.2f')} | "
+            f"{cell(r, 'wall_over_nanogpt', '.2f')} |"
+        )
+    return "\n".join(lines)
+
+
+def recipe_targets(rows):
+    return [
+        dict(
+            target=f"{r['cpu']}: whole-val loss <= {TARGET_RECIPE_LOSS} in <= "
+            f"{TARGET_RECIPE_WALL}x the wall time of nanoGPT's CPU settings",
+            measured=r["wall_over_classic"],
+            met=r["val_loss_full"] <= TARGET_RECIPE_LOSS
+            and r["wall_over_classic"] <= TARGET_RECIPE_WALL,
+        )
+        for r in rows
+        if "wall_over_classic" in r and not r["reference"]
+    ]
+
+
+def section(args, log):
+    """The figures, the table and the targets, for common.run."""
+    if args["device"] == "cuda":
+        raise common.BenchError("--recipes compares CPU training recipes; drop --device=cuda")
+    rows = bench_recipes(log, nanogpt=args["nanogpt"])
+    table = "## Training to the target loss\n\n" + recipes_table(rows)
+    return dict(recipes=rows), [table], recipe_targets(rows)
+
+
+def sections(args):
+    return [section]
+
+
+if __name__ == "__main__":
+    sys.exit(common.main("bench.recipes", __doc__, DEFAULTS, sections, sys.argv[1:]))
