@@ -383,7 +383,7 @@ key and value. In `model.py` this is `linear_attention`, beside the softmax
   memory grow as T·64 rather than T².
 - **Generation** keeps a `LinearState` where softmax keeps a `KVCache`: per layer
   S (B, nh, hs, hs) and z (B, nh, hs), the same size at every position, with the
-  interface the generation loop, `sample.py` and `bench.py` use (`make_kv_cache`
+  interface the generation loop, `sample.py` and `bench/` use (`make_kv_cache`
   returns it). With rope, positions have no end, so generation never slides a
   window: the state goes on past `block_size`, the rotary angles of positions
   past the table computed when first needed. With learned positions the window
