@@ -222,9 +222,10 @@ def recipes_table(rows):
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        loss = f"{r['val_loss']:.4f} (estimate)"
         if "val_loss_full" in r:
             loss = f"{r['val_loss_full']:.4f} (whole split)"
+        else:
+            loss = f"{r['val_loss']:.4f} (estimate)"
         phases = [cell(r, k, ".1f") for k in ("startup_s", "training_s", "evaluations_s", "exit_s")]
         lines.append(
             f"| {r['cpu']} | `{r['config']}` | {r['device']} | {r['iters']} | {loss} | "

@@ -303,3 +303,44 @@ def test_long_context_attention_rows_check_the_window(monkeypatch):
     )  # a wrong path is caught
     with pytest.raises(common.BenchError, match="explicit path"):
         long_context.bench_window_attention(dict(quick=True), lambda msg: None)
+
+
+def test_recipes_table_gives_nanogpt_its_estimate_and_ours_the_whole_split():
+    """With --nanogpt, nanoGPT's own run reports an estimated val loss and no phases;
+    the table says which loss is which and leaves the missing figures as '-'."""
+    nanogpt = dict(
+        cpu="as it is",
+        recipe="nanoGPT itself",
+        config="nanoGPT train.py",
+        reference=True,
+        device="cpu, float32",
+        iters=2000,
+        val_loss=1.8765,
+        wall_s=100.0,
+    )
+    ours = dict(
+        cpu="as it is",
+        recipe="ours",
+        config="config/shakespeare_cpu.py",
+        reference=False,
+        device="cpu, bfloat16",
+        iters=500,
+        val_loss_full=1.8312,
+        wall_s=25.0,
+        wall_over_classic=0.5,
+        wall_over_nanogpt=0.25,
+        startup_s=1.0,
+        training_s=20.0,
+        evaluations_s=3.0,
+        exit_s=1.0,
+    )
+    lines = recipes.recipes_table([nanogpt, ours]).splitlines()
+    assert lines[2] == (
+        "| as it is | `nanoGPT train.py` | cpu, float32 | 2000 | 1.8765 (estimate) "
+        "| - | - | - | - | 100.0 | - | - |"
+    )
+    assert lines[3].endswith(
+        "| 1.8312 (whole split) | 1.0 | 20.0 | 3.0 | 1.0 | 25.0 | 0.50 | 0.25 |"
+    )
+    (target,) = recipes.recipe_targets([nanogpt, ours])
+    assert target["measured"] == 0.5 and target["met"] is False  # 0.50x is over 0.30x
