@@ -102,26 +102,33 @@ DELIMITERS = ("newline", "space", "punct")
 NAMES = ("previous", "self", "band", "first", *DELIMITERS, "block", "earlier")
 BAND = 3  # the diagonal holds the query and the 3 tokens before it
 CLAUSE_END = ".,;:!?"  # punctuation that ends a clause, and so a block
-ONE_KEY = 0.4  # a previous- or self-token head puts >= 0.4 on that key (the TransformerLens tutorials' detectors)
-DOMINANT = 0.4  # a class names the head when it holds >= 0.4 of the weight (the same bar, for every class) ...
+# a previous- or self-token head puts >= 0.4 on that key (the TransformerLens tutorials' detectors)
+ONE_KEY = 0.4
+# a class names the head when it holds >= 0.4 of the weight (the same bar, for every class) ...
+DOMINANT = 0.4
 RUNNER_UP = 2.0  # ... and at least twice the share of the next preferred class
-PREFERRED = 1.5  # a class counts only when its lift is >= 1.5: half as much again as even attention gives it
+# a class counts only when its lift is >= 1.5: half as much again as even attention gives it
+PREFERRED = 1.5
 MIXED = (0.2, 0.5)  # else two preferred classes, each >= 0.2 and together >= 0.5: "mixed: A+B"
 SPARSE = (3, 0.9)  # sparse: a row's 3 largest weights hold >= 0.9 of it, on average
-BROAD = (
-    0.8  # broad: a row's entropy is >= 0.8 of its largest possible, log(visible keys), on average
-)
+# broad: a row's entropy is >= 0.8 of its largest possible, log(visible keys), on average
+BROAD = 0.8
 LABEL_RULE = (
-    f"keys fall in one class each: diagonal (the query and the {BAND} tokens before it), first (the "
-    "window's first token), delimiter (newline, space or punctuation tokens), block (the rest of the "
-    "query's line or clause), earlier (the rest); shares are mean weights over query rows i > "
-    f"{BAND}, lift = share / fraction of the visible keys in the class. A class with lift >= {PREFERRED:g} "
-    f"and share >= {DOMINANT:g}, at least {RUNNER_UP:g}x any other such class, names the head (diagonal as "
-    f"previous or self when that one key has >= {ONE_KEY:g}, else band; delimiter by the kind with most weight); "
-    f"else two such classes with shares >= {MIXED[0]:g} and together >= {MIXED[1]:g} give 'mixed: A+B'; "
-    f"else 'broad' when the mean entropy is >= {BROAD:g} of its maximum, 'weak A' when a class is still "
-    "preferred, 'other' when none is. Concentration: "
-    f"sparse when the {SPARSE[0]} largest weights of a row hold >= {SPARSE[1]:g}, broad as above, else focused"
+    f"keys fall in one class each: diagonal (the query and the {BAND} tokens before it), "
+    "first (the window's first token), delimiter (newline, space or punctuation tokens), "
+    "block (the rest of the query's line or clause), earlier (the rest); "
+    f"shares are mean weights over query rows i > {BAND}, "
+    "lift = share / fraction of the visible keys in the class. "
+    f"A class with lift >= {PREFERRED:g} and share >= {DOMINANT:g}, "
+    f"at least {RUNNER_UP:g}x any other such class, names the head "
+    f"(diagonal as previous or self when that one key has >= {ONE_KEY:g}, else band; "
+    "delimiter by the kind with most weight); "
+    f"else two such classes with shares >= {MIXED[0]:g} and together >= {MIXED[1]:g} "
+    "give 'mixed: A+B'; "
+    f"else 'broad' when the mean entropy is >= {BROAD:g} of its maximum, "
+    "'weak A' when a class is still preferred, 'other' when none is. "
+    f"Concentration: sparse when the {SPARSE[0]} largest weights of a row hold >= {SPARSE[1]:g}, "
+    "broad as above, else focused"
 )
 
 
