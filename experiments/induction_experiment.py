@@ -84,8 +84,9 @@ def train(model, val, gen):
             )
             model.train()
             print(
-                f"step {step}: val loss {curve[-1]['val_loss']:.3f}, induction (layer 1) "
-                f"{probe['induction'][1].round(2)}, previous (layer 0) {probe['previous'][0].round(2)}"
+                f"step {step}: val loss {curve[-1]['val_loss']:.3f}, "
+                f"induction (layer 1) {probe['induction'][1].round(2)}, "
+                f"previous (layer 0) {probe['previous'][0].round(2)}"
             )
         if step == STEPS:
             return curve
