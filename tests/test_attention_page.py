@@ -111,28 +111,55 @@ def test_a_page_file_that_would_break_the_page_is_refused():
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no chromium to open the page in")
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="no chromium to open the page in")
-def test_a_browser_runs_the_page(written):
+def browser_dom(path, profile):
+    """The page's document after its scripts ran in headless Chromium."""
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
+    flags += ["--disable-background-networking", "--disable-component-update", "--disable-sync"]
+    flags += [f"--user-data-dir={profile}", "--dump-dom", path.as_uri()]
+    done = subprocess.run([CHROMIUM, *flags], capture_output=True, text=True, timeout=120)
+    return done.stdout
+
+
+def query_title(position, token):
+    """The heading over the list of keys, as the browser writes it out."""
+    return html.escape(f'token {position} "{am.display_token(token)}" attends to:', quote=False)
+
+
+@needs_chromium
+def test_a_browser_runs_the_page(written, tmp_path):
     """The script ran: the head buttons carry the labels, the last token is the query."""
-    dom = subprocess.run(
-        [
-            CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--dump-dom",
-            written["path"].as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    ).stdout
+    dom = browser_dom(written["path"], tmp_path / "profile")
     labels = [s["label"] for s in am.all_head_stats(written["layers"], written["tokens"])]
     buttons = re.findall(r"<button[^>]*>(.*?)</button>", dom)
     assert buttons == [f"{h}: {labels[h]}" for h in range(N_HEAD)]
     T = len(written["tokens"])
-    last = am.display_token(written["tokens"][-1])
-    assert html.escape(f'token {5 + T - 1} "{last}" attends to:', quote=False) in dom
+    assert query_title(5 + T - 1, written["tokens"][-1]) in dom
     assert dom.count('<option value="') == N_LAYER
+
+
+# picks layer 1 and head 2 as a reader would, then points at token 20
+PICK_AND_HOVER = """<script>
+$("layer").value = "1";
+$("layer").dispatchEvent(new Event("change"));
+$("heads").querySelectorAll("button")[2].click();
+document.querySelectorAll("#tokens span")[20].dispatchEvent(new MouseEvent("mouseenter"));
+</script>
+</body>"""
+
+
+@needs_chromium
+def test_picking_a_head_and_hovering_a_token_shows_its_weights(written, tmp_path):
+    page = tmp_path / "index.html"
+    page.write_text(written["html"].replace("</body>", PICK_AND_HOVER), encoding="utf-8")
+    dom = browser_dom(page, tmp_path / "profile")
+    assert query_title(5 + 20, written["tokens"][20]) in dom
+    assert re.search(r'<button[^>]*class="on"[^>]*>2: ', dom)
+    # the heaviest key comes first, with the weight the page holds: the byte squared back,
+    # kept in a Float32Array
+    row = written["layers"][1][2][20, :21]
+    stored = ((np.rint(255 * np.sqrt(row)) / 255.0) ** 2).astype(np.float32)
+    first = re.search(r'<div id="top"><div>([0-9.]+)<span', dom).group(1)
+    assert first == f"{float(stored.max()):.3f}"
