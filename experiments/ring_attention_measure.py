@@ -193,11 +193,12 @@ def ranks(T=4096):
             )
             res = [torch.load(os.path.join(out, f"{rank}.pt")) for rank in range(size)]
         for kind in res[0]:
-            name = (
-                "SDPA (the model unchanged)"
-                if kind == "sdpa"
-                else ("blockwise" if size == 1 else "ring, zigzag")
-            )
+            if kind == "sdpa":
+                name = "SDPA (the model unchanged)"
+            elif size == 1:
+                name = "blockwise"
+            else:
+                name = "ring, zigzag"
             peak = max(r[kind] for r in res)
             print(f"| {size} | {name} | {T // size} | {peak / MiB:,.1f} MiB |", flush=True)
 

@@ -146,6 +146,14 @@ def token_kind(s):
     return None
 
 
+def delimiter_index(s):
+    """A token's index into DELIMITERS, or -1 when it is not a delimiter."""
+    kind = token_kind(s)
+    if kind is None:
+        return -1
+    return DELIMITERS.index(kind)
+
+
 def key_classes(tokens):
     """The class of every (query, key) pair of a window of tokens (strings).
 
@@ -153,18 +161,15 @@ def key_classes(tokens):
     kinds (T,) int: each token's index into DELIMITERS, -1 for other tokens).
     """
     T = len(tokens)
-    kinds = np.array(
-        [DELIMITERS.index(k) if (k := token_kind(t)) else -1 for t in tokens], dtype=int
-    )
+    kinds = np.array([delimiter_index(t) for t in tokens], dtype=int)
     ends = np.array(
         [k == 0 or (k == 2 and t.strip()[-1] in CLAUSE_END) for t, k in zip(tokens, kinds)],
         dtype=bool,
     )
     pos = np.arange(T)
     last_end = np.maximum.accumulate(np.where(ends, pos, -1))  # the last end at or before p
-    block_start = np.concatenate(
-        [[0], last_end[:-1] + 1]
-    )  # query i's block starts after an end before i
+    # query i's block starts after an end before i
+    block_start = np.concatenate([[0], last_end[:-1] + 1])
     i, j = pos[:, None], pos[None, :]
     classes = np.full((T, T), CLASSES.index("earlier"))
     classes[j >= block_start[:, None]] = CLASSES.index("block")  # the later classes win
@@ -227,19 +232,21 @@ def describe(sums, head):
     fraction = dict(zip(CLASSES, sums["fraction"] / n))
     lift = {c: shares[c] / fraction[c] if fraction[c] > 0 else None for c in CLASSES}
     self_, previous = sums["self"][head] / n, sums["previous"][head] / n
-    concentration = (
-        "sparse"
-        if sums["top"][head] / n >= SPARSE[1]
-        else "broad"
-        if sums["spread"][head] / n >= BROAD
-        else "focused"
-    )
+    if sums["top"][head] / n >= SPARSE[1]:
+        concentration = "sparse"
+    elif sums["spread"][head] / n >= BROAD:
+        concentration = "broad"
+    else:
+        concentration = "focused"
+    # a head that wins on the diagonal is named after the one key it prefers, if any
+    if previous >= max(ONE_KEY, self_):
+        diagonal = "previous"
+    elif self_ >= ONE_KEY:
+        diagonal = "self"
+    else:
+        diagonal = "band"
     names = {
-        "diagonal": "previous"
-        if previous >= max(ONE_KEY, self_)
-        else "self"
-        if self_ >= ONE_KEY
-        else "band",
+        "diagonal": diagonal,
         "delimiter": DELIMITERS[int(np.argmax(sums["kind"][head]))],
     }
     return {

@@ -352,9 +352,8 @@ def faster_cpu_dtype(key, seconds_per_pass):
             flush=True,
         )
         cached = {dtype: seconds_per_pass(dtype) for dtype in ("bfloat16", "float32")}
-        timed = (
-            read_cache().get(machine, {}).get("timed", {})
-        )  # read again: other processes may have added
+        # read again: other processes may have added
+        timed = read_cache().get(machine, {}).get("timed", {})
         write_cache(machine, "timed", dict(timed, **{key: cached}))
     bf, fp = cached["bfloat16"] * 1e3, cached["float32"] * 1e3
     verdict = check_bf16()

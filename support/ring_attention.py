@@ -244,9 +244,8 @@ def ring_backward(ring, q, k, v, out, lse, dout, block):
                 delta[..., rows],
             )
             dq[..., rows, :] += dq_b
-            dk[..., cols, :] += dk_b.float().sum(
-                2, keepdim=True
-            )  # summed over the heads of a group
+            # summed over the heads of a group
+            dk[..., cols, :] += dk_b.float().sum(2, keepdim=True)
             dv[..., cols, :] += dv_b.float().sum(2, keepdim=True)
         if grads_in_flight is not None:  # the previous ranks' shares for the same chunk
             dk_in, dv_in = grads_in_flight()
