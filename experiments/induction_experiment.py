@@ -38,8 +38,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "out-induction")
 DOCS = os.path.join(ROOT, "docs")
 LETTERS = "".join(sorted(string.ascii_letters))  # the char tokenizer's order: id i is LETTERS[i]
-BLOCK, SHORTEST, LONGEST = 64, 4, 32  # sequence length, and the lengths of the repeated string
-STEPS, BATCH, LR, EVERY, SEED = 2000, 32, 2e-3, 25, 1337
+BLOCK = 64  # sequence length
+SHORTEST = 4  # the shortest repeated string
+LONGEST = 32  # the longest repeated string
+STEPS = 2000
+BATCH = 32
+LR = 2e-3
+EVERY = 25  # steps between measurements
+SEED = 1337
 VAL_SEQUENCES = 200
 
 

@@ -129,7 +129,8 @@ def layer_child(T, repeats, memory_of=None):
     their median times. memory_of: run that kind once instead and print the peak
     resident memory the step added."""
     torch.set_num_threads(1)
-    blocks, x = {}, torch.randn(1, T, 128, requires_grad=True)
+    blocks = {}
+    x = torch.randn(1, T, 128, requires_grad=True)
     for kind in ("softmax", "linear"):
         torch.manual_seed(0)
         model = GPT(GPTConfig(block_size=T, vocab_size=65, attention=kind, **LAYER_SHAPE))

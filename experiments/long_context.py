@@ -64,7 +64,8 @@ def score(model, tokens, window=None, sinks=0, slide=False):
     """(nll per token (n - 1,), tokens/s, cache bytes): each next token's loss given
     what the cache holds, fed one token at a time."""
     cache = model.make_kv_cache(1, window=window, sinks=sinks)
-    nll, start = [], 0
+    nll = []
+    start = 0
     t0 = time.perf_counter()
     for t in range(len(tokens) - 1):
         new_start = model.context_start(t + 1, start) if slide else start

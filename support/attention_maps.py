@@ -61,7 +61,8 @@ def assemble(steps):
     rows = {}  # absolute position -> per-layer list of (n_head, p - start + 1) rows
     for maps, window_start in steps:
         if window_start != start:
-            start, rows = window_start, {}
+            start = window_start
+            rows = {}
         n_q, n_k = maps[0].shape[-2:]
         for i in range(n_q):
             pos = start + n_k - n_q + i
@@ -231,7 +232,8 @@ def describe(sums, head):
     shares = dict(zip(CLASSES, sums["share"][head] / n))
     fraction = dict(zip(CLASSES, sums["fraction"] / n))
     lift = {c: shares[c] / fraction[c] if fraction[c] > 0 else None for c in CLASSES}
-    self_, previous = sums["self"][head] / n, sums["previous"][head] / n
+    self_ = sums["self"][head] / n
+    previous = sums["previous"][head] / n
     if sums["top"][head] / n >= SPARSE[1]:
         concentration = "sparse"
     elif sums["spread"][head] / n >= BROAD:

@@ -140,14 +140,24 @@ class Ring:
     from the previous. size 1 (no group) is one process: blockwise attention."""
 
     def __init__(self, group=None, zigzag=False, single=False):
-        self.group, self.zigzag, self.times = group, zigzag, None
+        self.group = group
+        self.zigzag = zigzag
+        self.times = None
         if single:
-            self.size, self.rank = 1, 0
+            self.size = 1
+            self.rank = 0
             return
-        self.size, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        # point-to-point ops name their peer by its rank in the whole world
-        peer = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
-        self.next, self.prev = peer((self.rank + 1) % self.size), peer((self.rank - 1) % self.size)
+        self.size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+
+        def peer(r):
+            """Point-to-point ops name their peer by its rank in the whole world."""
+            if group is None:
+                return r
+            return dist.get_global_rank(group, r)
+
+        self.next = peer((self.rank + 1) % self.size)
+        self.prev = peer((self.rank - 1) % self.size)
 
     def exchange(self, tensors, tag=0):
         """Start sending tensors to the next process while receiving the previous
@@ -196,7 +206,8 @@ def grouped(q, n_kv_head):
 def ring_forward(ring, q, k, v, block):
     """(out (B, nh, T, hs), lse (B, nkv, g, T) float32) for this rank's queries."""
     q5 = grouped(q, k.size(1))
-    scale, pieces = 1.0 / math.sqrt(q.size(-1)), len(pieces_of(0, ring.size, ring.zigzag))
+    scale = 1.0 / math.sqrt(q.size(-1))
+    pieces = len(pieces_of(0, ring.size, ring.zigzag))
     c = q.size(2) // pieces  # tokens per piece
     m = torch.full(q5.shape[:-1], float("-inf"), device=q.device)
     denom = torch.zeros(q5.shape[:-1], device=q.device)
@@ -224,7 +235,8 @@ def ring_backward(ring, q, k, v, out, lse, dout, block):
     n_kv = k.size(1)
     q5, dout5 = grouped(q, n_kv), grouped(dout, n_kv)
     delta = (dout5.float() * grouped(out, n_kv).float()).sum(-1)  # (B, nkv, g, T)
-    scale, pieces = 1.0 / math.sqrt(q.size(-1)), len(pieces_of(0, ring.size, ring.zigzag))
+    scale = 1.0 / math.sqrt(q.size(-1))
+    pieces = len(pieces_of(0, ring.size, ring.zigzag))
     c = q.size(2) // pieces
     dq = torch.zeros(q5.shape, device=q.device)
     grads_in_flight = None
