@@ -12,6 +12,8 @@ write_all() saves them in four forms:
                   are, so the maps can be recomputed with one forward
   layer_N.png     one picture per layer, a grid of its heads' heatmaps
   index.html      a self-contained viewer: pick a layer and head, hover a token
+                  (its HTML, CSS and JavaScript are the files in attention_page/,
+                  inlined with the maps into this one file, which opens offline)
   heads.json      per head: what share of its attention each class of keys gets,
                   and the label that names its pattern (head_stats; heads.py
                   measures the same over the val split, with importance)
