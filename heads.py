@@ -55,9 +55,11 @@ from support.tokenizer import TokenizerError
 
 DEFAULTS = dict(
     out_dir="out-shakespeare-char",  # the checkpoint's folder; the results go to <out_dir>/heads
-    init_from="",  # "" = out_dir's checkpoint; or a checkpoint folder, or a Hugging Face GPT-2 folder
+    # "" = out_dir's checkpoint; or a checkpoint folder, or a Hugging Face GPT-2 folder
+    init_from="",
     dataset="",  # "" = the one the checkpoint was trained on; else a prepared dataset's name
-    data_root=None,  # the folder of dataset folders; None: the checkpoint's, else data/ in this repo
+    # the folder of dataset folders; None: the checkpoint's, else data/ in this repo
+    data_root=None,
     max_windows=0,  # 0 = every window of the val split; N: N windows spread evenly over it
     batch_size=0,  # windows per forward; 0: as many as hold BATCH_TOKENS tokens
     prune_below=0.01,  # nats: heads whose ablation costs less are pruning candidates
@@ -173,12 +175,13 @@ def markdown(rep):
     layers = ", ".join(f"layer {i} {v:+.3f}" for i, v in enumerate(rep["layer_ablation_nats"]))
     lines += [
         "",
-        f"Val loss of record {rep['baseline_loss']:.4f} ({rep['tokens']:,} tokens in {rep['windows']} "
-        f"windows, {rep['dtype']}). Class columns: share of each head's attention; ablation: the rise "
-        "of that loss with the head's output zeroed.",
+        f"Val loss of record {rep['baseline_loss']:.4f} "
+        f"({rep['tokens']:,} tokens in {rep['windows']} windows, {rep['dtype']}). "
+        "Class columns: share of each head's attention; "
+        "ablation: the rise of that loss with the head's output zeroed.",
         f"Whole layer's attention removed: {layers} nats.",
-        f"Pruning the {n_pruned} heads whose ablation costs < {rep['prune_below']} nats, all at once: "
-        f"loss {rep['pruned_loss']:.4f} ({rep['pruned_nats']:+.4f} nats).",
+        f"Pruning the {n_pruned} heads whose ablation costs < {rep['prune_below']} nats, "
+        f"all at once: loss {rep['pruned_loss']:.4f} ({rep['pruned_nats']:+.4f} nats).",
     ]
     return "\n".join(lines)
 

@@ -38,8 +38,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "out-induction")
 DOCS = os.path.join(ROOT, "docs")
 LETTERS = "".join(sorted(string.ascii_letters))  # the char tokenizer's order: id i is LETTERS[i]
-BLOCK, SHORTEST, LONGEST = 64, 4, 32  # sequence length, and the lengths of the repeated string
-STEPS, BATCH, LR, EVERY, SEED = 2000, 32, 2e-3, 25, 1337
+BLOCK = 64  # sequence length
+SHORTEST = 4  # the shortest repeated string
+LONGEST = 32  # the longest repeated string
+STEPS = 2000
+BATCH = 32
+LR = 2e-3
+EVERY = 25  # steps between measurements
+SEED = 1337
 VAL_SEQUENCES = 200
 
 
@@ -84,8 +90,9 @@ def train(model, val, gen):
             )
             model.train()
             print(
-                f"step {step}: val loss {curve[-1]['val_loss']:.3f}, induction (layer 1) "
-                f"{probe['induction'][1].round(2)}, previous (layer 0) {probe['previous'][0].round(2)}"
+                f"step {step}: val loss {curve[-1]['val_loss']:.3f}, "
+                f"induction (layer 1) {probe['induction'][1].round(2)}, "
+                f"previous (layer 0) {probe['previous'][0].round(2)}"
             )
         if step == STEPS:
             return curve

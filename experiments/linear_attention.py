@@ -5,10 +5,14 @@ turns that file into docs/linear_attention.md. Run the timed parts one at a
 time on an otherwise quiet machine (the figures are ratios against softmax
 measured in the same run, but a busy machine still moves them):
 
-    python -m experiments.linear_attention train      # config/shakespeare_cpu.py, both kinds (~2 min)
-    python -m experiments.linear_attention layer      # one layer, forward + backward, T = 1024 .. 16384
-    python -m experiments.linear_attention decode     # generating 10 x block_size tokens
-    python -m experiments.linear_attention context    # decoding speed after 1k .. 16k tokens of context
+    # config/shakespeare_cpu.py, both kinds (~2 min)
+    python -m experiments.linear_attention train
+    # one layer, forward + backward, T = 1024 .. 16384
+    python -m experiments.linear_attention layer
+    # generating 10 x block_size tokens
+    python -m experiments.linear_attention decode
+    # decoding speed after 1k .. 16k tokens of context
+    python -m experiments.linear_attention context
     python -m experiments.linear_attention heads      # heads.py on both trained models
     python -m experiments.linear_attention report     # writes docs/linear_attention.md
 
@@ -125,7 +129,8 @@ def layer_child(T, repeats, memory_of=None):
     their median times. memory_of: run that kind once instead and print the peak
     resident memory the step added."""
     torch.set_num_threads(1)
-    blocks, x = {}, torch.randn(1, T, 128, requires_grad=True)
+    blocks = {}
+    x = torch.randn(1, T, 128, requires_grad=True)
     for kind in ("softmax", "linear"):
         torch.manual_seed(0)
         model = GPT(GPTConfig(block_size=T, vocab_size=65, attention=kind, **LAYER_SHAPE))
@@ -311,36 +316,53 @@ def heads_table(rep):
 
 def part_report(results):
     tr, lay, dec, hd = (results[k] for k in ("train", "layer", "decode", "heads"))
-    s, l = tr["softmax"], tr["linear"]
-    gap = l["val_loss_full"] - s["val_loss_full"]
-    ppl_s, ppl_l = math.exp(s["val_loss_full"]), math.exp(l["val_loss_full"])
+    soft, lin = tr["softmax"], tr["linear"]
+    gap = lin["val_loss_full"] - soft["val_loss_full"]
+    ppl_s, ppl_l = math.exp(soft["val_loss_full"]), math.exp(lin["val_loss_full"])
     layer_rows = "\n".join(
         f"| {r['T']:,} | {r['softmax']['ms']:,.0f} | {r['linear']['ms']:,.0f} | "
         f"**{r['softmax']['ms'] / r['linear']['ms']:.2f}x** | {r['softmax']['peak_mb']:.0f} | "
         f"{r['linear']['peak_mb']:.0f} |"
         for r in lay["rows"]
     )
-    growth = lambda kind: " and ".join(
-        f"{b[kind]['ms'] / a[kind]['ms']:.1f}x" for a, b in zip(lay["rows"], lay["rows"][1:])
-    )
+
+    def growth(kind):
+        pairs = zip(lay["rows"], lay["rows"][1:])
+        return " and ".join(f"{b[kind]['ms'] / a[kind]['ms']:.1f}x" for a, b in pairs)
+
     by = {(r["block_size"], r["kind"]): r for r in dec["rows"]}
     decode_rows = "\n".join(
         f"| {r['block_size']:,} | {r['kind']} | {r['new_tokens']:,} | {r['tokens_per_s']:,.0f} | "
         f"{min(r['tenths']):,}-{max(r['tenths']):,} | {r['cache_bytes']:,} |"
         for r in dec["rows"]
     )
-    ratio = lambda bs: by[(bs, "linear")]["tokens_per_s"] / by[(bs, "softmax")]["tokens_per_s"]
-    mem = lambda bs: by[(bs, "softmax")]["cache_bytes"] / by[(bs, "linear")]["cache_bytes"]
+
+    def ratio(bs):
+        return by[(bs, "linear")]["tokens_per_s"] / by[(bs, "softmax")]["tokens_per_s"]
+
+    def mem(bs):
+        return by[(bs, "softmax")]["cache_bytes"] / by[(bs, "linear")]["cache_bytes"]
+
     m = tr["machine"]
     ctx = results["context"]
     context_rows = "\n".join(
-        f"| {r['P']:,} | {r['softmax']:.0f} | {r['linear']:.0f} | **{r['linear'] / r['softmax']:.1f}x** |"
+        f"| {r['P']:,} | {r['softmax']:.0f} | {r['linear']:.0f} "
+        f"| **{r['linear'] / r['softmax']:.1f}x** |"
         for r in ctx["rows"]
     )
-    mean = lambda kind, key: sum(h[key] for h in hd[kind]["heads"]) / len(hd[kind]["heads"])
-    top = lambda kind, key: max(h[key] for h in hd[kind]["heads"])
-    total = lambda kind: sum(h["cost"] for h in hd[kind]["heads"])
-    maxcost = lambda kind: top(kind, "cost")
+
+    def mean(kind, key):
+        return sum(h[key] for h in hd[kind]["heads"]) / len(hd[kind]["heads"])
+
+    def top(kind, key):
+        return max(h[key] for h in hd[kind]["heads"])
+
+    def total(kind):
+        return sum(h["cost"] for h in hd[kind]["heads"])
+
+    def maxcost(kind):
+        return top(kind, "cost")
+
     from support.attention_maps import BAND
 
     rows = range(BAND + 1, 64)  # the rows heads.py scores, in windows of 64
@@ -421,13 +443,16 @@ writing a checkpoint that `sample.py` (with maps) and `heads.py` load.
 4 heads, 128 wide, context 64, rope, QK-norm, ReLU², Muon, 180 iters, bfloat16
 autocast), and the same with `--attention=linear`. CPU: `{m["cpu_capability"]}`
 (AMD EPYC Zen 5, 2 cores, avx512_bf16, no AMX), torch {m["torch"]}, {m["date"]};
-the machine was shared with other work, so the times are good to about 10%. The same 180 iterations took the same training time, so
+the machine was shared with other work, so the times are good to about 10%. \
+The same 180 iterations took the same training time, so
 this is also the comparison at equal wall time.
 
 | attention | iters | training s | wall s | whole-val loss | perplexity (per character) |
 |---|---|---|---|---|---|
-| softmax | {s["iters"]} | {s["train_s"]:.1f} | {s["wall_s"]:.1f} | {s["val_loss_full"]:.4f} | {ppl_s:.2f} |
-| linear | {l["iters"]} | {l["train_s"]:.1f} | {l["wall_s"]:.1f} | {l["val_loss_full"]:.4f} | {ppl_l:.2f} |
+| softmax | {soft["iters"]} | {soft["train_s"]:.1f} | {soft["wall_s"]:.1f} \
+| {soft["val_loss_full"]:.4f} | {ppl_s:.2f} |
+| linear | {lin["iters"]} | {lin["train_s"]:.1f} | {lin["wall_s"]:.1f} \
+| {lin["val_loss_full"]:.4f} | {ppl_l:.2f} |
 
 The linear model trails by **{gap:.3f} nats** per character ({ppl_l - ppl_s:.2f}
 perplexity points per character, {100 * (ppl_l / ppl_s - 1):.0f}% higher). The
@@ -445,13 +470,13 @@ window, so it does the same quadratic work as softmax, unfused.
 softmax:
 
 ```
-{s["sample"]}
+{soft["sample"]}
 ```
 
 linear:
 
 ```
-{l["sample"]}
+{lin["sample"]}
 ```
 
 ## One layer, forward + backward, T = 1,024 to 16,384
@@ -530,9 +555,13 @@ linear (whole-val loss {hd["linear"]["baseline_loss"]:.3f}):
 
 | over all 16 heads | softmax | linear | even attention |
 |---|---|---|---|
-| mean entropy of a row (nats) | {mean("softmax", "entropy"):.2f} | {mean("linear", "entropy"):.2f} | {even["entropy"]:.2f} |
-| mean weight on the diagonal (the query and the 3 keys before it) | {mean("softmax", "diagonal"):.3f} | {mean("linear", "diagonal"):.3f} | {even["diagonal"]:.3f} |
-| largest weight on the previous token, any head | {top("softmax", "previous"):.3f} | {top("linear", "previous"):.3f} | {even["previous"]:.3f} |
+| mean entropy of a row (nats) \
+| {mean("softmax", "entropy"):.2f} | {mean("linear", "entropy"):.2f} | {even["entropy"]:.2f} |
+| mean weight on the diagonal (the query and the 3 keys before it) \
+| {mean("softmax", "diagonal"):.3f} | {mean("linear", "diagonal"):.3f} \
+| {even["diagonal"]:.3f} |
+| largest weight on the previous token, any head \
+| {top("softmax", "previous"):.3f} | {top("linear", "previous"):.3f} | {even["previous"]:.3f} |
 | all 16 ablation costs added (nats) | {total("softmax"):.3f} | {total("linear"):.3f} | |
 
 Every linear head is `broad`: its rows are about as flat as even attention over
@@ -554,7 +583,8 @@ layer 0, with its bright diagonals, is [attention_layer_0.png](attention_layer_0
 
 ```sh
 export TINYSHAKESPEARE_PATH=/path/to/input.txt
-python -m experiments.linear_attention train    # trains both models into out-la-softmax/ and out-la-linear/
+python -m experiments.linear_attention train    \
+# trains both models into out-la-softmax/ and out-la-linear/
 python -m experiments.linear_attention layer
 python -m experiments.linear_attention decode
 python -m experiments.linear_attention context

@@ -2,23 +2,27 @@
 Long context on the CPU recipe's rope model: does a window without attention
 sinks collapse, as StreamingLLM reports, and do 4 sinks hold it?
 
-    python train.py config/shakespeare_cpu.py --out_dir=out-shakespeare-char-cpu --n_layer=4 --max_iters=180 --lr_decay_iters=180 --muon_ns_steps=5
+    python train.py config/shakespeare_cpu.py --out_dir=out-shakespeare-char-cpu \\
+        --n_layer=4 --max_iters=180 --lr_decay_iters=180 --muon_ns_steps=5
     python train.py config/shakespeare_cpu.py --out_dir=out-shakespeare-char-cpu-window \\
-        --sliding_window=32 --sink_tokens=4 --n_layer=4 --max_iters=180 --lr_decay_iters=180 --muon_ns_steps=5
+        --sliding_window=32 --sink_tokens=4 \\
+        --n_layer=4 --max_iters=180 --lr_decay_iters=180 --muon_ns_steps=5
 
 (docs/long_context.md's figures: the CPU recipe as it was then, 4 layers and 180 iters.)
-    python -m experiments.long_context --dense=out-shakespeare-char-cpu --windowed=out-shakespeare-char-cpu-window
+    python -m experiments.long_context --dense=out-shakespeare-char-cpu \\
+        --windowed=out-shakespeare-char-cpu-window
 
 Every val token from the start of the split is scored one at a time, as
 generation would see it, through:
   (a) dense       the full-attention model with generate's rule: the window of
                   block_size tokens slides by a quarter and the cache is rebuilt
-  (b) window      the same model, a StreamingLLM cache of the last S + W tokens, no sinks
+  (b) window      the same model, a StreamingLLM cache of the last S + W tokens,
+                  no sinks
   (c) sinks       the same cache size, the first S tokens kept as sinks
   (d) trained     the model trained with sliding_window and sink_tokens, rolling cache
 (b) and (c) are repeated with the heads that put most weight on the first token
-(heads.py's "first" class, the attention sinks if the model has any) ablated. Prints markdown, writes docs/long_context.png
-and docs/long_context.json.
+(heads.py's "first" class, the attention sinks if the model has any) ablated.
+Prints markdown, writes docs/long_context.png and docs/long_context.json.
 """
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
@@ -40,10 +44,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DEFAULTS = dict(
     dense="out-shakespeare-char-cpu",  # the CPU recipe's checkpoint folder
-    windowed="out-shakespeare-char-cpu-window",  # the same recipe with --sliding_window --sink_tokens
+    # the same recipe with --sliding_window --sink_tokens
+    windowed="out-shakespeare-char-cpu-window",
     blocks=80,  # tokens scored: this many times block_size
     sinks=4,  # StreamingLLM's sinks for (c); (b) has the same cache size with none
-    ablate=3,  # how many heads to ablate: those with the largest share of attention on the first token
+    # how many heads to ablate: those with the largest share of attention on the first token
+    ablate=3,
     out=os.path.join(ROOT, "docs", "long_context"),  # .png and .json
 )
 
@@ -58,7 +64,8 @@ def score(model, tokens, window=None, sinks=0, slide=False):
     """(nll per token (n - 1,), tokens/s, cache bytes): each next token's loss given
     what the cache holds, fed one token at a time."""
     cache = model.make_kv_cache(1, window=window, sinks=sinks)
-    nll, start = [], 0
+    nll = []
+    start = 0
     t0 = time.perf_counter()
     for t in range(len(tokens) - 1):
         new_start = model.context_start(t + 1, start) if slide else start

@@ -1,7 +1,8 @@
 """
 Plot train and val loss against training time from a run's log.jsonl.
 
-    python -m experiments.plot_loss out-shakespeare-char-cpu/log.jsonl docs/loss_cpu.png --target=1.88
+    python -m experiments.plot_loss out-shakespeare-char-cpu/log.jsonl docs/loss_cpu.png \\
+        --target=1.88
 """
 
 import argparse

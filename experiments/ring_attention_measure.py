@@ -1,9 +1,12 @@
 """
 The figures of docs/ring_attention.md, on the CPU in float32:
 
-    python -m experiments.ring_attention_measure memory   # blockwise vs explicit attention, T = 1024 ... 16384
-    python -m experiments.ring_attention_measure idle     # contiguous vs zigzag ring of 4: work per step and rank
-    python -m experiments.ring_attention_measure ranks    # a training step of T = 4096 split over P = 1, 2, 4
+    # blockwise vs explicit attention, T = 1024 ... 16384
+    python -m experiments.ring_attention_measure memory
+    # contiguous vs zigzag ring of 4: work per step and rank
+    python -m experiments.ring_attention_measure idle
+    # a training step of T = 4096 split over P = 1, 2, 4
+    python -m experiments.ring_attention_measure ranks
 
 Memory is the peak resident memory of the process above what it held before
 the measured call (Linux's VmHWM, reset through /proc/self/clear_refs), so it
@@ -52,7 +55,8 @@ def memory():
     torch.set_num_threads(1)
     B, nh, hs = 1, 1, 64
     print(
-        f"CPU {torch.backends.cpu.get_cpu_capability()}, float32, B={B}, heads={nh}, head size {hs}, forward"
+        f"CPU {torch.backends.cpu.get_cpu_capability()}, float32, "
+        f"B={B}, heads={nh}, head size {hs}, forward"
     )
     print("| T | explicit (model.attention) | blockwise, block 256 | T x T scores alone |")
     print("|---|---|---|---|")
@@ -71,7 +75,8 @@ def memory():
         assert (ours - theirs).abs().max() < 1e-5
         del ours, theirs
         print(
-            f"| {T} | {theirs_mem / MiB:,.0f} MiB | {ours_mem / MiB:,.1f} MiB | {T * T * 4 / MiB:,.0f} MiB |",
+            f"| {T} | {theirs_mem / MiB:,.0f} MiB | {ours_mem / MiB:,.1f} MiB "
+            f"| {T * T * 4 / MiB:,.0f} MiB |",
             flush=True,
         )
 
@@ -114,7 +119,8 @@ def idle(size=4, T=4096):
         )
         times = [torch.load(os.path.join(out, f"{rank}.pt")) for rank in range(size)]
     print(
-        f"CPU {torch.backends.cpu.get_cpu_capability()}, float32, ring of {size} gloo processes, T = {T}, "
+        f"CPU {torch.backends.cpu.get_cpu_capability()}, float32, "
+        f"ring of {size} gloo processes, T = {T}, "
         "4 heads of 64, forward + backward; CPU seconds of compute per ring step"
     )
     for zigzag in (False, True):
@@ -123,9 +129,10 @@ def idle(size=4, T=4096):
         busy = t.sum().item()
         idle_share = 1 - busy / (critical * size)
         print(
-            f"\n{'zigzag' if zigzag else 'contiguous'}: steps take {critical:.3f} s in all (sum of the slowest "
-            f"rank's time per step); ranks compute {busy:.3f} s of the {critical * size:.3f} rank-seconds "
-            f"available, idle {idle_share:.0%}"
+            f"\n{'zigzag' if zigzag else 'contiguous'}: steps take {critical:.3f} s in all "
+            f"(sum of the slowest rank's time per step); "
+            f"ranks compute {busy:.3f} s of the {critical * size:.3f} rank-seconds available, "
+            f"idle {idle_share:.0%}"
         )
         print(
             "| rank | "
@@ -169,9 +176,10 @@ def ranks_worker(rank, size, init, T, out):
 
 def ranks(T=4096):
     print(
-        f"CPU {torch.backends.cpu.get_cpu_capability()}, float32, GPT of 4 layers, 4 heads, n_embd 128, rope, "
-        f"batch 1 x {T} tokens: peak memory of a forward and backward per rank, above the model and its "
-        "gradients"
+        f"CPU {torch.backends.cpu.get_cpu_capability()}, float32, "
+        "GPT of 4 layers, 4 heads, n_embd 128, rope, "
+        f"batch 1 x {T} tokens: peak memory of a forward and backward per rank, "
+        "above the model and its gradients"
     )
     print("| P | attention | tokens per rank | peak per rank |")
     print("|---|---|---|---|")
@@ -185,11 +193,12 @@ def ranks(T=4096):
             )
             res = [torch.load(os.path.join(out, f"{rank}.pt")) for rank in range(size)]
         for kind in res[0]:
-            name = (
-                "SDPA (the model unchanged)"
-                if kind == "sdpa"
-                else ("blockwise" if size == 1 else "ring, zigzag")
-            )
+            if kind == "sdpa":
+                name = "SDPA (the model unchanged)"
+            elif size == 1:
+                name = "blockwise"
+            else:
+                name = "ring, zigzag"
             peak = max(r[kind] for r in res)
             print(f"| {size} | {name} | {T // size} | {peak / MiB:,.1f} MiB |", flush=True)
 

@@ -12,6 +12,8 @@ write_all() saves them in four forms:
                   are, so the maps can be recomputed with one forward
   layer_N.png     one picture per layer, a grid of its heads' heatmaps
   index.html      a self-contained viewer: pick a layer and head, hover a token
+                  (its HTML, CSS and JavaScript are the files in attention_page/,
+                  inlined with the maps into this one file, which opens offline)
   heads.json      per head: what share of its attention each class of keys gets,
                   and the label that names its pattern (head_stats; heads.py
                   measures the same over the val split, with importance)
@@ -29,6 +31,8 @@ import numpy as np
 
 LABEL_MAX_TOKENS = 48  # above this, token labels on the picture axes are unreadable
 HTML_MAX_TOKENS = 256  # the page embeds at most the last this many tokens
+# the viewer page's HTML, CSS and JavaScript, found beside this file wherever the project runs from
+PAGE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attention_page")
 
 # -----------------------------------------------------------------------------
 # Stitching the generation's steps into full maps
@@ -59,7 +63,8 @@ def assemble(steps):
     rows = {}  # absolute position -> per-layer list of (n_head, p - start + 1) rows
     for maps, window_start in steps:
         if window_start != start:
-            start, rows = window_start, {}
+            start = window_start
+            rows = {}
         n_q, n_k = maps[0].shape[-2:]
         for i in range(n_q):
             pos = start + n_k - n_q + i
@@ -100,26 +105,33 @@ DELIMITERS = ("newline", "space", "punct")
 NAMES = ("previous", "self", "band", "first", *DELIMITERS, "block", "earlier")
 BAND = 3  # the diagonal holds the query and the 3 tokens before it
 CLAUSE_END = ".,;:!?"  # punctuation that ends a clause, and so a block
-ONE_KEY = 0.4  # a previous- or self-token head puts >= 0.4 on that key (the TransformerLens tutorials' detectors)
-DOMINANT = 0.4  # a class names the head when it holds >= 0.4 of the weight (the same bar, for every class) ...
+# a previous- or self-token head puts >= 0.4 on that key (the TransformerLens tutorials' detectors)
+ONE_KEY = 0.4
+# a class names the head when it holds >= 0.4 of the weight (the same bar, for every class) ...
+DOMINANT = 0.4
 RUNNER_UP = 2.0  # ... and at least twice the share of the next preferred class
-PREFERRED = 1.5  # a class counts only when its lift is >= 1.5: half as much again as even attention gives it
+# a class counts only when its lift is >= 1.5: half as much again as even attention gives it
+PREFERRED = 1.5
 MIXED = (0.2, 0.5)  # else two preferred classes, each >= 0.2 and together >= 0.5: "mixed: A+B"
 SPARSE = (3, 0.9)  # sparse: a row's 3 largest weights hold >= 0.9 of it, on average
-BROAD = (
-    0.8  # broad: a row's entropy is >= 0.8 of its largest possible, log(visible keys), on average
-)
+# broad: a row's entropy is >= 0.8 of its largest possible, log(visible keys), on average
+BROAD = 0.8
 LABEL_RULE = (
-    f"keys fall in one class each: diagonal (the query and the {BAND} tokens before it), first (the "
-    "window's first token), delimiter (newline, space or punctuation tokens), block (the rest of the "
-    "query's line or clause), earlier (the rest); shares are mean weights over query rows i > "
-    f"{BAND}, lift = share / fraction of the visible keys in the class. A class with lift >= {PREFERRED:g} "
-    f"and share >= {DOMINANT:g}, at least {RUNNER_UP:g}x any other such class, names the head (diagonal as "
-    f"previous or self when that one key has >= {ONE_KEY:g}, else band; delimiter by the kind with most weight); "
-    f"else two such classes with shares >= {MIXED[0]:g} and together >= {MIXED[1]:g} give 'mixed: A+B'; "
-    f"else 'broad' when the mean entropy is >= {BROAD:g} of its maximum, 'weak A' when a class is still "
-    "preferred, 'other' when none is. Concentration: "
-    f"sparse when the {SPARSE[0]} largest weights of a row hold >= {SPARSE[1]:g}, broad as above, else focused"
+    f"keys fall in one class each: diagonal (the query and the {BAND} tokens before it), "
+    "first (the window's first token), delimiter (newline, space or punctuation tokens), "
+    "block (the rest of the query's line or clause), earlier (the rest); "
+    f"shares are mean weights over query rows i > {BAND}, "
+    "lift = share / fraction of the visible keys in the class. "
+    f"A class with lift >= {PREFERRED:g} and share >= {DOMINANT:g}, "
+    f"at least {RUNNER_UP:g}x any other such class, names the head "
+    f"(diagonal as previous or self when that one key has >= {ONE_KEY:g}, else band; "
+    "delimiter by the kind with most weight); "
+    f"else two such classes with shares >= {MIXED[0]:g} and together >= {MIXED[1]:g} "
+    "give 'mixed: A+B'; "
+    f"else 'broad' when the mean entropy is >= {BROAD:g} of its maximum, "
+    "'weak A' when a class is still preferred, 'other' when none is. "
+    f"Concentration: sparse when the {SPARSE[0]} largest weights of a row hold >= {SPARSE[1]:g}, "
+    "broad as above, else focused"
 )
 
 
@@ -137,6 +149,14 @@ def token_kind(s):
     return None
 
 
+def delimiter_index(s):
+    """A token's index into DELIMITERS, or -1 when it is not a delimiter."""
+    kind = token_kind(s)
+    if kind is None:
+        return -1
+    return DELIMITERS.index(kind)
+
+
 def key_classes(tokens):
     """The class of every (query, key) pair of a window of tokens (strings).
 
@@ -144,18 +164,15 @@ def key_classes(tokens):
     kinds (T,) int: each token's index into DELIMITERS, -1 for other tokens).
     """
     T = len(tokens)
-    kinds = np.array(
-        [DELIMITERS.index(k) if (k := token_kind(t)) else -1 for t in tokens], dtype=int
-    )
+    kinds = np.array([delimiter_index(t) for t in tokens], dtype=int)
     ends = np.array(
         [k == 0 or (k == 2 and t.strip()[-1] in CLAUSE_END) for t, k in zip(tokens, kinds)],
         dtype=bool,
     )
     pos = np.arange(T)
     last_end = np.maximum.accumulate(np.where(ends, pos, -1))  # the last end at or before p
-    block_start = np.concatenate(
-        [[0], last_end[:-1] + 1]
-    )  # query i's block starts after an end before i
+    # query i's block starts after an end before i
+    block_start = np.concatenate([[0], last_end[:-1] + 1])
     i, j = pos[:, None], pos[None, :]
     classes = np.full((T, T), CLASSES.index("earlier"))
     classes[j >= block_start[:, None]] = CLASSES.index("block")  # the later classes win
@@ -217,20 +234,23 @@ def describe(sums, head):
     shares = dict(zip(CLASSES, sums["share"][head] / n))
     fraction = dict(zip(CLASSES, sums["fraction"] / n))
     lift = {c: shares[c] / fraction[c] if fraction[c] > 0 else None for c in CLASSES}
-    self_, previous = sums["self"][head] / n, sums["previous"][head] / n
-    concentration = (
-        "sparse"
-        if sums["top"][head] / n >= SPARSE[1]
-        else "broad"
-        if sums["spread"][head] / n >= BROAD
-        else "focused"
-    )
+    self_ = sums["self"][head] / n
+    previous = sums["previous"][head] / n
+    if sums["top"][head] / n >= SPARSE[1]:
+        concentration = "sparse"
+    elif sums["spread"][head] / n >= BROAD:
+        concentration = "broad"
+    else:
+        concentration = "focused"
+    # a head that wins on the diagonal is named after the one key it prefers, if any
+    if previous >= max(ONE_KEY, self_):
+        diagonal = "previous"
+    elif self_ >= ONE_KEY:
+        diagonal = "self"
+    else:
+        diagonal = "band"
     names = {
-        "diagonal": "previous"
-        if previous >= max(ONE_KEY, self_)
-        else "self"
-        if self_ >= ONE_KEY
-        else "band",
+        "diagonal": diagonal,
         "delimiter": DELIMITERS[int(np.argmax(sums["kind"][head]))],
     }
     return {
@@ -394,7 +414,37 @@ def save_html(path, layers, tokens, window_start=0, stats=None):
     # inside <script>, "<" could close the tag early: escape it (and friends)
     blob = json.dumps(data).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     with open(path, "w", encoding="utf-8") as f:
-        f.write(_PAGE.replace("__DATA__", blob))
+        f.write(page(blob))
+
+
+def page(blob):
+    """The page with its style, script and data inline: one file that opens offline.
+
+    page.html, page.css and page.js sit beside this module (attention_page/) so
+    that they can be read and edited as a web page; page.html links the other
+    two, and each link is replaced here by the file's text.
+    """
+    html = _read_page_file("page.html").replace("__DATA__", blob)
+    css = _read_page_file("page.css")
+    js = _read_page_file("page.js")
+    html = _inline(html, '<link rel="stylesheet" href="page.css">', "style", css)
+    html = _inline(html, '<script src="page.js"></script>', "script", js)
+    return html
+
+
+def _read_page_file(name):
+    with open(os.path.join(PAGE_DIR, name), encoding="utf-8") as f:
+        return f.read()
+
+
+def _inline(html, link, element, text):
+    """Replace the one link in html by the element holding text inline."""
+    if html.count(link) != 1:
+        raise ValueError(f"page.html must hold {link} exactly once")
+    # the browser ends the element at the first closing tag, wherever it is
+    if f"</{element}" in text.lower():
+        raise ValueError(f"the file behind {link} must not hold </{element}")
+    return html.replace(link, f"<{element}>\n{text}</{element}>")
 
 
 def write_all(folder, layers, tokens, token_ids=None, window_start=0):
@@ -414,176 +464,3 @@ def write_all(folder, layers, tokens, token_ids=None, window_start=0):
             indent=1,
         )
     return stats
-
-
-_PAGE = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>Attention maps</title>
-<style>
-body { font: 14px system-ui, sans-serif; margin: 20px; color: #222; }
-h1 { font-size: 18px; margin: 0 0 4px; }
-.note { color: #666; font-size: 12px; margin: 0 0 12px; max-width: 1100px; }
-.controls { margin-bottom: 12px; display: flex; flex-wrap: wrap; gap: 6px; align-items: center; }
-.controls select { margin-right: 10px; font-size: 14px; }
-.controls button { font: 12px system-ui, sans-serif; padding: 3px 8px; border: 1px solid #bbb;
-  background: #fafafa; border-radius: 4px; cursor: pointer; }
-.controls button.on { background: #2a6fb0; border-color: #2a6fb0; color: #fff; }
-.main { display: flex; gap: 28px; align-items: flex-start; }
-canvas { cursor: crosshair; }
-#hover { height: 18px; font: 12px monospace; color: #444; margin-top: 4px; }
-.side { min-width: 300px; }
-.side h2 { font-size: 14px; margin: 0 0 8px; }
-#top div { display: flex; align-items: center; gap: 6px; font: 12px monospace; margin: 3px 0; }
-#top .bar { display: inline-block; height: 10px; background: #2a6fb0; }
-#tokens { margin-top: 16px; display: flex; flex-wrap: wrap; gap: 2px; font-family: monospace; }
-#tokens span { display: inline-flex; flex-direction: column; align-items: center; min-width: 26px;
-  padding: 2px 2px 1px; border-radius: 3px; cursor: pointer; white-space: pre; }
-#tokens span.query { outline: 2px solid #d33; }
-#tokens span.future { color: #bbb; }
-#tokens small { font-size: 9px; height: 11px; opacity: 0.8; }
-</style>
-</head>
-<body>
-<h1>Attention maps</h1>
-<p class="note" id="note"></p>
-<div class="controls">layer <select id="layer"></select> head <span id="heads"></span></div>
-<div class="main">
-  <div><canvas id="map"></canvas><div id="hover"></div></div>
-  <div class="side"><h2 id="qtitle"></h2><div id="top"></div></div>
-</div>
-<div id="tokens"></div>
-<script id="data" type="application/json">__DATA__</script>
-<script>
-"use strict";
-const D = JSON.parse(document.getElementById("data").textContent);
-const T = D.tokens.length, nLayer = D.maps.length, nHead = D.maps[0].length;
-const $ = id => document.getElementById(id);
-const cell = Math.max(1, Math.min(28, Math.floor(560 / T)));
-const canvas = $("map"), ctx = canvas.getContext("2d");
-const font = "11px monospace";
-// token labels along the axes when the cells are big enough to point at
-const labels = cell >= 12;
-const label = t => t.length > 8 ? t.slice(0, 7) + "\u2026" : t;
-ctx.font = font;
-const margin = labels ? Math.ceil(Math.max(...D.tokens.map(t => ctx.measureText(label(t)).width))) + 8 : 0;
-canvas.width = canvas.height = margin + cell * T;
-let layer = 0, head = 0, query = T - 1, pinned = T - 1, weights = null;
-
-// bytes hold round(255 * sqrt(w)) of the lower triangle, row by row
-function decode(b64) {
-  const s = atob(b64), w = new Float32Array(s.length);
-  for (let i = 0; i < s.length; i++) { const v = s.charCodeAt(i) / 255; w[i] = v * v; }
-  return w;
-}
-const w = (i, j) => j > i ? 0 : weights[i * (i + 1) / 2 + j];
-function colour(x) {  // white to dark blue, on a square-root scale like the pictures
-  const v = Math.sqrt(x);
-  return `rgb(${Math.round(255 - 247 * v)},${Math.round(255 - 207 * v)},${Math.round(255 - 148 * v)})`;
-}
-const pos = i => D.first_position + i;
-const quote = i => `${pos(i)} "${D.tokens[i]}"`;
-
-function drawMap() {
-  ctx.clearRect(0, 0, canvas.width, canvas.height);
-  for (let i = 0; i < T; i++)
-    for (let j = 0; j < T; j++) {
-      ctx.fillStyle = j > i ? "#f4f4f4" : colour(w(i, j));
-      ctx.fillRect(margin + j * cell, margin + i * cell, cell, cell);
-    }
-  if (labels) {
-    ctx.font = font; ctx.textBaseline = "middle";
-    for (let i = 0; i < T; i++) {
-      ctx.fillStyle = i === query ? "#d33" : "#444";
-      ctx.textAlign = "right";
-      ctx.fillText(label(D.tokens[i]), margin - 4, margin + (i + 0.5) * cell);
-      ctx.save();  // column labels read bottom to top
-      ctx.translate(margin + (i + 0.5) * cell, margin - 4);
-      ctx.rotate(-Math.PI / 2);
-      ctx.textAlign = "left";
-      ctx.fillText(label(D.tokens[i]), 0, 0);
-      ctx.restore();
-    }
-  }
-  ctx.strokeStyle = "#d33"; ctx.lineWidth = Math.min(2, cell / 2);
-  ctx.strokeRect(margin, margin + query * cell, (query + 1) * cell, cell);
-}
-
-function showQuery() {
-  $("qtitle").textContent = `token ${quote(query)} attends to:`;
-  const keys = [...Array(query + 1).keys()].filter(j => w(query, j) >= 0.0005);
-  keys.sort((a, b) => w(query, b) - w(query, a));
-  $("top").replaceChildren(...keys.slice(0, 12).map(j => {
-    const row = document.createElement("div"), bar = document.createElement("span");
-    bar.className = "bar"; bar.style.width = Math.max(1, Math.round(140 * w(query, j))) + "px";
-    row.append(w(query, j).toFixed(3), bar, quote(j));
-    return row;
-  }));
-  document.querySelectorAll("#tokens span").forEach((el, j) => {
-    const x = w(query, j);
-    el.style.background = j <= query ? colour(x) : "";
-    el.style.color = x > 0.3 ? "#fff" : "";
-    el.className = j === query ? "query" : j > query ? "future" : "";
-    el.lastChild.textContent = j <= query && x >= 0.01 ? x.toFixed(2).replace(/^0/, "") : "";
-  });
-  drawMap();
-}
-
-function select() {
-  weights = decode(D.maps[layer][head]);
-  $("heads").querySelectorAll("button").forEach((b, h) => { b.className = h === head ? "on" : ""; });
-  showQuery();
-}
-
-function headButtons() {  // one button per head of this layer, named by its label
-  $("heads").replaceChildren(...[...Array(nHead).keys()].map(h => {
-    const s = D.stats.find(s => s.layer === layer && s.head === h);
-    const b = document.createElement("button");
-    b.textContent = s ? `${h}: ${s.label}` : String(h);
-    if (s) b.title = `${s.concentration}, mean entropy ${s.entropy.toFixed(2)} nats; share (lift): ` +
-      Object.entries(s.scores).map(([k, v]) =>
-        `${k} ${v.toFixed(2)}` + (s.lift[k] === null ? "" : ` (${s.lift[k].toFixed(1)}x)`)).join(", ");
-    b.onclick = () => { head = h; select(); };
-    return b;
-  }));
-}
-
-for (let l = 0; l < nLayer; l++) $("layer").add(new Option(String(l), String(l)));
-$("layer").onchange = () => { layer = Number($("layer").value); headButtons(); select(); };
-
-D.tokens.forEach((t, j) => {
-  const el = document.createElement("span");
-  el.append(t, document.createElement("small"));
-  el.title = `position ${pos(j)}`;
-  el.onmouseenter = () => { query = j; showQuery(); };
-  el.onclick = () => { pinned = j; };
-  $("tokens").append(el);
-});
-$("tokens").onmouseleave = () => { query = pinned; showQuery(); };
-
-function cellAt(e) {
-  const r = canvas.getBoundingClientRect();
-  return [Math.floor((e.clientY - r.top - margin) / cell), Math.floor((e.clientX - r.left - margin) / cell)];
-}
-canvas.onmousemove = e => {
-  const [i, j] = cellAt(e);
-  if (i < 0 || j < 0 || i >= T || j >= T) return;
-  $("hover").textContent = j > i ? `${pos(j)} comes after ${pos(i)}: masked` :
-    `${quote(i)} -> ${quote(j)}: ${w(i, j).toFixed(3)}`;
-};
-canvas.onclick = e => {
-  const [i] = cellAt(e);
-  if (i >= 0 && i < T) { query = pinned = i; showQuery(); }
-};
-
-$("note").textContent = `${T} tokens (positions ${pos(0)}..${pos(T - 1)}` +
-  (D.total_tokens > T ? `, the last ${T} of ${D.total_tokens}; weight on earlier ones is not shown` : "") +
-  `), ${nLayer} layers x ${nHead} heads. Each row of the map is a query token, each column a token ` +
-  `it can attend to; darker is more weight (square-root scale). Hover or click a token or a row.`;
-headButtons();
-select();
-</script>
-</body>
-</html>
-"""

@@ -145,7 +145,8 @@ def read_gpt2_files(path_or_name):
             )
         except Exception as e:  # ImportError, or any failure to download
             raise ValueError(
-                f"{path_or_name!r} is not a folder and could not be downloaded ({type(e).__name__}); "
+                f"{path_or_name!r} is not a folder and could not be downloaded "
+                f"({type(e).__name__}); "
                 "pass a local folder with config.json and model.safetensors"
             ) from None
     path = os.path.join(folder, "config.json")

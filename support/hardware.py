@@ -68,7 +68,8 @@ def cache_path():
 def machine_key():
     """What the verdict depends on: the CPU model and flags, torch's version, the
     oneDNN cap and a simulated fault."""
-    model, flags = "", ""
+    model = ""
+    flags = ""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -272,7 +273,8 @@ def bf16_slowdown(n=256, repeats=5):
     repeats, on one thread (other threads' load would blur the ratio)."""
     import torch
 
-    threads, times = torch.get_num_threads(), {}
+    threads = torch.get_num_threads()
+    times = {}
     torch.set_num_threads(1)
     try:
         for dtype in (torch.float32, torch.bfloat16):
@@ -352,9 +354,8 @@ def faster_cpu_dtype(key, seconds_per_pass):
             flush=True,
         )
         cached = {dtype: seconds_per_pass(dtype) for dtype in ("bfloat16", "float32")}
-        timed = (
-            read_cache().get(machine, {}).get("timed", {})
-        )  # read again: other processes may have added
+        # read again: other processes may have added
+        timed = read_cache().get(machine, {}).get("timed", {})
         write_cache(machine, "timed", dict(timed, **{key: cached}))
     bf, fp = cached["bfloat16"] * 1e3, cached["float32"] * 1e3
     verdict = check_bf16()

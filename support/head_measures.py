@@ -78,9 +78,8 @@ def batches(data, spans, batch_size, device):
         by_length.setdefault(length, []).append(start)
     for length, starts in by_length.items():
         for k in range(0, len(starts), batch_size):
-            rows = np.array(starts[k : k + batch_size])[:, None] + np.arange(
-                length + 1
-            )  # (B, T + 1)
+            first = np.array(starts[k : k + batch_size])
+            rows = first[:, None] + np.arange(length + 1)  # (B, T + 1)
             chunk = torch.from_numpy(data[rows].astype(np.int64)).to(device)
             yield chunk[:, :-1], chunk[:, 1:]
 
@@ -122,9 +121,8 @@ def probe_tokens(config, seed, n_seq=PROBE_SEQUENCES):
             f"{config.block_size} and {config.vocab_size})"
         )
     gen = torch.Generator().manual_seed(seed)
-    x = torch.stack(
-        [torch.randperm(config.vocab_size, generator=gen)[:L] for _ in range(n_seq)]
-    )  # (n_seq, L)
+    sequences = [torch.randperm(config.vocab_size, generator=gen)[:L] for _ in range(n_seq)]
+    x = torch.stack(sequences)  # (n_seq, L)
     return torch.cat([x, x], dim=1), L
 
 

@@ -35,10 +35,23 @@ DTYPES = {
 }
 
 
+def mps_available():
+    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+
+
+def auto_device():
+    """The first this machine has: a CUDA GPU, then Apple's MPS, then the CPU."""
+    if torch.cuda.is_available():
+        return "cuda"
+    if mps_available():
+        return "mps"
+    return "cpu"
+
+
 def pick_device(name):
-    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    mps = mps_available()
     if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
+        return auto_device()
     try:
         device = torch.device(name)
     except RuntimeError:

@@ -7,14 +7,14 @@ at once, a T x T matrix per head: at T = 16384 that is 268 million scores,
 all at once. This file computes the same output visiting the keys block by
 block, keeping per query only three running quantities:
 
-    m    the largest score seen so far         (the softmax's shift, for exp)
-    l    the sum of exp(score - m) so far     (the softmax's denominator)
-    acc  the sum of exp(score - m) * value    (the output before dividing by l)
+    m      the largest score seen so far       (the softmax's shift, for exp)
+    denom  the sum of exp(score - m) so far    (the softmax's denominator)
+    acc    the sum of exp(score - m) * value   (the output before dividing by denom)
 
 When a new block raises the maximum from m to m', everything summed so far was
-weighted against the old maximum: multiplying l and acc by exp(m - m') puts it
+weighted against the old maximum: multiplying denom and acc by exp(m - m') puts it
 on the new one, and the block's own terms are added. After the last block the
-output is acc / l, exactly softmax(scores) @ v, and m + log(l) is the
+output is acc / denom, exactly softmax(scores) @ v, and m + log(denom) is the
 log-sum-exp of the query's scores, all that the backward pass needs to
 recompute any block's weights. Memory goes from T x T scores to T x block.
 
@@ -23,7 +23,7 @@ on one GPU's on-chip memory, and of Ring attention (Liu et al. 2023), which
 runs it across devices: each of P processes holds 1/P of the sequence
 (its queries, keys and values); the key/value chunks travel round a ring of
 processes, and each process merges every chunk it receives into its queries'
-running m, l, acc. The transfer of the next chunk overlaps the compute on this
+running m, denom, acc. The transfer of the next chunk overlaps the compute on this
 one. The backward pass sends the chunks round again, now with their key/value
 gradients, which arrive home after a full turn.
 
@@ -51,9 +51,9 @@ BLOCK = 256  # keys per block: peak memory grows like T x BLOCK
 
 
 # The online softmax, written once ----------
-def attend_block(q, k, v, mask, scale, m, l, acc):
+def attend_block(q, k, v, mask, scale, m, denom, acc):
     """Merge one block of keys into the running state of the queries q.
-    q (..., Tq, hs); k, v (..., Tb, hs); mask (Tq, Tb) bool or None; m, l (..., Tq)
+    q (..., Tq, hs); k, v (..., Tb, hs); mask (Tq, Tb) bool or None; m, denom (..., Tq)
     and acc (..., Tq, hs) float32, updated in place. Every query must see at least
     one key of the block: then the new maximum is finite and exp() is never NaN."""
     s = (q @ k.transpose(-2, -1)).float() * scale  # (..., Tq, Tb)
@@ -62,7 +62,7 @@ def attend_block(q, k, v, mask, scale, m, l, acc):
     m_new = torch.maximum(m, s.amax(dim=-1))
     p = torch.exp(s - m_new[..., None])  # this block's weights, before normalising
     rescale = torch.exp(m - m_new)  # the earlier blocks were weighted against the old maximum
-    l.mul_(rescale).add_(p.sum(dim=-1))
+    denom.mul_(rescale).add_(p.sum(dim=-1))
     acc.mul_(rescale[..., None]).add_((p.to(v.dtype) @ v).float())
     m.copy_(m_new)
 
@@ -140,14 +140,24 @@ class Ring:
     from the previous. size 1 (no group) is one process: blockwise attention."""
 
     def __init__(self, group=None, zigzag=False, single=False):
-        self.group, self.zigzag, self.times = group, zigzag, None
+        self.group = group
+        self.zigzag = zigzag
+        self.times = None
         if single:
-            self.size, self.rank = 1, 0
+            self.size = 1
+            self.rank = 0
             return
-        self.size, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        # point-to-point ops name their peer by its rank in the whole world
-        peer = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
-        self.next, self.prev = peer((self.rank + 1) % self.size), peer((self.rank - 1) % self.size)
+        self.size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+
+        def peer(r):
+            """Point-to-point ops name their peer by its rank in the whole world."""
+            if group is None:
+                return r
+            return dist.get_global_rank(group, r)
+
+        self.next = peer((self.rank + 1) % self.size)
+        self.prev = peer((self.rank - 1) % self.size)
 
     def exchange(self, tensors, tag=0):
         """Start sending tensors to the next process while receiving the previous
@@ -196,10 +206,11 @@ def grouped(q, n_kv_head):
 def ring_forward(ring, q, k, v, block):
     """(out (B, nh, T, hs), lse (B, nkv, g, T) float32) for this rank's queries."""
     q5 = grouped(q, k.size(1))
-    scale, pieces = 1.0 / math.sqrt(q.size(-1)), len(pieces_of(0, ring.size, ring.zigzag))
+    scale = 1.0 / math.sqrt(q.size(-1))
+    pieces = len(pieces_of(0, ring.size, ring.zigzag))
     c = q.size(2) // pieces  # tokens per piece
     m = torch.full(q5.shape[:-1], float("-inf"), device=q.device)
-    l = torch.zeros(q5.shape[:-1], device=q.device)
+    denom = torch.zeros(q5.shape[:-1], device=q.device)
     acc = torch.zeros(q5.shape, device=q.device)
     for source, (k_, v_) in ring.turn(k, v):
         k_, v_ = k_.unsqueeze(2), v_.unsqueeze(2)  # (B, nkv, 1, T, hs)
@@ -211,11 +222,11 @@ def ring_forward(ring, q, k, v, block):
                 mask,
                 scale,
                 m[..., rows],
-                l[..., rows],
+                denom[..., rows],
                 acc[..., rows, :],
             )
-    out = (acc / l[..., None]).to(q.dtype).flatten(1, 2)
-    return out, m + l.log()
+    out = (acc / denom[..., None]).to(q.dtype).flatten(1, 2)
+    return out, m + denom.log()
 
 
 def ring_backward(ring, q, k, v, out, lse, dout, block):
@@ -224,7 +235,8 @@ def ring_backward(ring, q, k, v, out, lse, dout, block):
     n_kv = k.size(1)
     q5, dout5 = grouped(q, n_kv), grouped(dout, n_kv)
     delta = (dout5.float() * grouped(out, n_kv).float()).sum(-1)  # (B, nkv, g, T)
-    scale, pieces = 1.0 / math.sqrt(q.size(-1)), len(pieces_of(0, ring.size, ring.zigzag))
+    scale = 1.0 / math.sqrt(q.size(-1))
+    pieces = len(pieces_of(0, ring.size, ring.zigzag))
     c = q.size(2) // pieces
     dq = torch.zeros(q5.shape, device=q.device)
     grads_in_flight = None
@@ -244,9 +256,8 @@ def ring_backward(ring, q, k, v, out, lse, dout, block):
                 delta[..., rows],
             )
             dq[..., rows, :] += dq_b
-            dk[..., cols, :] += dk_b.float().sum(
-                2, keepdim=True
-            )  # summed over the heads of a group
+            # summed over the heads of a group
+            dk[..., cols, :] += dk_b.float().sum(2, keepdim=True)
             dv[..., cols, :] += dv_b.float().sum(2, keepdim=True)
         if grads_in_flight is not None:  # the previous ranks' shares for the same chunk
             dk_in, dv_in = grads_in_flight()

@@ -271,12 +271,12 @@ def test_induction_scores_of_a_model_are_its_maps_scored():
     idx, L = head_measures.probe_tokens(model.config, seed=5)
     with torch.no_grad():
         _, _, maps = model(idx, return_attention=True)
-    for l, m in enumerate(maps):
+    for layer, m in enumerate(maps):
         for h in range(2):
             expected = np.mean(
                 [m[b, h, i, i - L + 1].item() for b in range(len(idx)) for i in range(L, 2 * L)]
             )
-            assert got["induction"][l, h] == pytest.approx(expected, abs=1e-6)
+            assert got["induction"][layer, h] == pytest.approx(expected, abs=1e-6)
 
 
 # -----------------------------------------------------------------------------
@@ -466,7 +466,10 @@ def test_command_writes_the_report(ckpt_dir, tiny, capsys):
         assert h["induction"] == pytest.approx(probe["induction"][h["layer"], h["head"]], abs=1e-4)
         assert sum(h["scores"].values()) == pytest.approx(1.0, abs=3e-4)
         assert h["prune"] == (h["ablation_nats"] < 0.02)
-        row = rf"^\| {h['layer']} \| {h['head']} \| {re.escape(h['label'])}( \(prune\))? \| {h['concentration']} \|"
+        row = (
+            rf"^\| {h['layer']} \| {h['head']} \| {re.escape(h['label'])}( \(prune\))? "
+            rf"\| {h['concentration']} \|"
+        )
         assert re.search(row, out, re.M)
     ranked = sorted(hs, key=lambda h: h["rank"])
     assert [h["rank"] for h in ranked] == list(range(1, 9))

@@ -106,9 +106,8 @@ def test_causal_skipping_and_balance(zigzag):
     if zigzag:
         assert all(len(set(row)) == 1 for row in per_step)
     else:
-        assert all(
-            row[0] == 0 and row[-1] > 0 for row in per_step
-        )  # rank 0 idles after its own chunk
+        # rank 0 idles after its own chunk
+        assert all(row[0] == 0 and row[-1] > 0 for row in per_step)
 
 
 def worker(rank, size, init_file, cases, out_dir):
