@@ -546,7 +546,8 @@ class MLP(nn.Module):
         x = self.c_fc(x)  # (B, T, 4 C)
         if self.activation == "relu2":
             x = F.relu(x)
-            x = x * x  # ReLU squared; x * x has a cheaper backward than square() on CPU
+            # ReLU squared; x * x has a cheaper backward than square() on CPU
+            x = x * x
         else:
             x = F.gelu(x, approximate="tanh")  # GPT-2's own GELU approximation
         return self.dropout(self.c_proj(x))  # (B, T, C)
