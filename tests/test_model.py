@@ -4,6 +4,7 @@ literature, PyTorch's scaled_dot_product_attention, and Hugging Face GPT-2."""
 import ast
 import math
 import os
+import re
 import sys
 
 import pytest
@@ -482,3 +483,48 @@ def test_model_file_imports_only_torch_and_the_standard_library(repo_root):
     }
     names |= {node.module.split(".")[0] for node in top if isinstance(node, ast.ImportFrom)}
     assert "torch" in names and names - {"torch"} <= set(sys.stdlib_module_names), names
+
+
+def test_model_file_follows_its_outline(repo_root):
+    """The numbered outline at the top of model.py is the order of its sections, and a
+    name defined at the top level is only used below its definition."""
+    with open(os.path.join(repo_root, "model.py")) as f:
+        source = f.read()
+    tree = ast.parse(source)
+    outline = re.findall(r"^ +(\d+)\. ", ast.get_docstring(tree), flags=re.M)
+    sections = re.findall(r"^ *# (\d+)\. .* -{10}$", source, flags=re.M)
+    assert outline == sections == [str(n) for n in range(1, len(outline) + 1)]
+    names = top_level_names(tree)
+    defined = set()
+    for node in tree.body:
+        used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} & names
+        assert used <= defined, (node.lineno, used - defined)
+        defined |= top_level_names(ast.Module(body=[node], type_ignores=[]))
+
+
+def top_level_names(tree):
+    return {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+
+
+def test_readability_measure_on_a_hand_counted_source():
+    from experiments.readability import measure
+
+    source = (
+        '"""Doc."""\n'
+        "\n"
+        "class MultiHeadAttention:\n"
+        "    def forward(self, x):\n"
+        "        a, b = x, 1  # a tuple to a tuple\n"
+        "        if a and b or x:\n"
+        "            return [f(y) for y in x]\n"
+        "        return a if b else -x[0]\n"
+    )
+    lines, chars, ops, long_lines, tuples, ifexps, branches = measure(source)
+    assert (lines, long_lines, tuples, ifexps) == (8, 0, 1, 1)
+    non_blank = [line for line in source.splitlines() if line.strip()]
+    assert chars == round(sum(len(line) for line in non_blank) / 7, 1)
+    # two BoolOps, the call, the comprehension, the IfExp, the UnaryOp and the Subscript,
+    # over the 6 code lines (the docstring and the blank line are not code)
+    assert ops == round(7 / 6, 2)
+    # 1 + if + and + or + comprehension + conditional expression
+    assert branches == 6
