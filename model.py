@@ -201,8 +201,9 @@ def windowed_attention(q, k, v, window, sinks=0, dropout_p=0.0, block=128):
     k = k.repeat_interleave(nh // k.size(1), dim=1)  # (B, nh, T, hs)
     v = v.repeat_interleave(nh // v.size(1), dim=1)  # (B, nh, T, hs)
     c = min(window, block, T)  # queries per block
-    n = math.ceil((window - 1) / c)  # the blocks a query reaches back
-    nb = math.ceil(T / c)  # the query blocks
+    # integer ceilings, which stay integers when torch.compile traces the sizes
+    n = (window - 1 + c - 1) // c  # the blocks a query reaches back: ceil((W - 1) / c)
+    nb = (T + c - 1) // c  # the query blocks: ceil(T / c)
     q_blocks = F.pad(q, (0, 0, 0, nb * c - T)).view(B, nh, nb, c, hs)
     # overlapping views: block b's keys are those of blocks b - n .. b, zeros before the start
     k_padded = F.pad(k, (0, 0, n * c, nb * c - T))
