@@ -2,19 +2,25 @@
 A GPT-style causal decoder in one file, meant to be read top to bottom.
 
 The ideas appear in the order they are built:
-  1. attention      softmax(Q K^T / sqrt(d)) V, written out, returning its weights; linear_attention
-  2. causal_mask    which keys each query may see; future scores become -inf
-  3. Head           one attention head with its own W_Q, W_K, W_V
-  4. KVCache        preallocated keys and values, so decoding feeds one token at a time; LinearState
-  5. MultiHeadAttention  all heads in one projection, plus W_O
-  6. MLP, Block     the feed-forward layer and the pre-LayerNorm residual block
-  7. GPT            embeddings, blocks, tied LM head, loss, a fixed-shape decode step
-  8. generation     the cached sampling loop, and the same loop with a compiled step
-  9. GPT-2 weights  Hugging Face's GPT-2 files mapped onto this model
+   1. attention           softmax(Q K^T / sqrt(d)) V, written out, returning its weights
+   2. causal_mask         which keys each query may see (a window and sinks included)
+   3. Head                one attention head with its own W_Q, W_K, W_V
+   4. KVCache             preallocated keys and values, so decoding feeds one token at a time
+   5. rotary embeddings   q and k turned by an angle that grows with their position
+   6. sliding window      windowed_attention in time linear in T, and Mistral's RollingKVCache
+   7. attention sinks     StreamingLLM's StreamingKVCache: the first tokens and a window
+   8. linear attention    linear_attention, O(T) with a fixed-size state, and its LinearState
+   9. MultiHeadAttention  all heads in one projection, the attention picked in one place, W_O
+  10. MLP, Block          the feed-forward layer and the pre-LayerNorm residual block
+  11. GPTConfig           the sizes and options, checked once
+  12. sample_next         the next token from the logits: temperature, top-k, top-p
+  13. GPT                 embeddings, blocks, tied LM head, loss, a fixed-shape decode step
+  14. generation          the cached sampling loop (support/engine.py compiles its step)
+  15. GPT-2 weights       Hugging Face's GPT-2 files mapped onto this model
 
-Shapes use B = batch, T = sequence length, C = n_embd, nh = heads, hs = head size.
-Only torch and the standard library are imported at the top; loading GPT-2
-imports its file reader (checkpoint.py, safetensors) inside from_pretrained.
+Shapes use B = batch, T = sequence length, C = n_embd, nh = heads, nkv = key/value heads,
+hs = head size. Only torch and the standard library are imported at the top; loading GPT-2
+imports its file reader (support/checkpoint.py, safetensors) inside from_pretrained.
 """
 
 import math
@@ -27,9 +33,9 @@ from torch.nn import functional as F
 
 # 1. Scaled dot-product attention ----------
 def attention(q, k, v, mask=None):
-    """Explicit attention: softmax(q k^T / sqrt(d)) v, for q (..., Tq, d),
-    k (..., Tk, d), v (..., Tk, dv) and a bool mask broadcastable to (..., Tq, Tk),
-    True where attending is allowed. Returns (out (..., Tq, dv), weights (..., Tq, Tk))."""
+    """Attention written out, so that its weights can be looked at: softmax(q k^T / sqrt(d)) v
+    for q (..., Tq, d), k (..., Tk, d), v (..., Tk, dv) and a bool mask broadcastable to
+    (..., Tq, Tk), True where attending is allowed. Returns (out (..., Tq, dv), weights)."""
     d = q.size(-1)
     # dividing by sqrt(d) keeps the scores' variance near 1 whatever the head size,
     # so the softmax does not saturate into a one-hot as d grows
@@ -39,57 +45,38 @@ def attention(q, k, v, mask=None):
         # key receives exactly zero weight
         scores = scores.masked_fill(~mask, float("-inf"))
     # the softmax runs in float32 so that bf16/fp16 weights still sum to 1
-    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-    return weights @ v, weights
-
-
-def linear_attention(q, k, v, state=None, return_attention=False, chunk=64):
-    """Linear attention (Katharopoulos et al. 2020), GPTConfig.attention = "linear": exp(q.k)
-    becomes phi(q).phi(k), phi = elu + 1 > 0, and the sum over keys runs through a fixed-size state:
-    y_i = phi(q_i) S_i / phi(q_i).z_i, S_i = sum_{j<=i} phi(k_j) v_j^T, z_i = sum_{j<=i} phi(k_j).
-    Causal, for q, k (B, nh, T, hs), v (B, nh, T, hv) after the positions in state [S, z] (updated
-    in place). Chunked: the masked quadratic form within a chunk, the state between, so O(T)."""
-    q, k = F.elu(q) + 1, F.elu(k) + 1
-    S, z = state or (
-        q.new_zeros(*q.shape[:-2], q.size(-1), v.size(-1)),
-        q.new_zeros(q[..., 0, :].shape),
-    )
-    ys, chunk = (
-        [],
-        q.size(2) if return_attention else chunk,
-    )  # the weights: of one chunk, at short T
-    for qc, kc, vc in zip(q.split(chunk, 2), k.split(chunk, 2), v.split(chunk, 2)):
-        w = (
-            qc @ kc.transpose(-2, -1)
-        ).tril()  # (B, nh, c, c): phi(q_i) . phi(k_j) within the chunk, j <= i
-        den = qc @ z[..., None] + w.sum(-1, keepdim=True)  # (B, nh, c, 1)
-        ys.append((qc @ S + w @ vc) / den)
-        S, z = S + kc.transpose(-2, -1) @ vc, z + kc.sum(2)  # the chunk joins the state
-    if state:
-        state[0].copy_(S), state[1].copy_(z)
-    return torch.cat(ys, dim=2), (
-        w / den if return_attention else None
-    )  # (B, nh, T, hv), (B, nh, T, T)
+    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # (..., Tq, Tk)
+    out = weights @ v  # (..., Tq, dv)
+    return out, weights
 
 
 # 2. The causal mask ----------
+def visible(i, j, window=None, sinks=0):
+    """The masking rule, for broadcastable positions i of queries and j of keys: a query
+    sees the keys at or before it; with a window W only the last W of them (itself
+    included), except the first `sinks` positions, which stay visible to all."""
+    causal = j <= i
+    if window is None:
+        return causal
+    in_window = j > i - window
+    sink = j < sinks
+    return causal & (in_window | sink)
+
+
 def causal_mask(t_q, t_k, window=None, sinks=0, device=None):
-    """Bool (t_q, t_k): True where query i may attend to key j. The queries are
-    the last t_q of the t_k positions: causal_mask(T, T) is the lower triangle,
-    causal_mask(1, T) lets the newest token (the KV-cache case) see all keys.
-    A window W keeps i - W < j: exactly W keys counting itself (FlashAttention's
-    window_size=(W, 0) sees W + 1); the first `sinks` positions stay visible to all."""
-    i = torch.arange(t_k - t_q, t_k, device=device)[:, None]  # the queries' positions
-    return visible(i, torch.arange(t_k, device=device), window, sinks)
-
-
-def visible(i, j, window=None, sinks=0):  # the same, for positions i of queries and j of keys
-    return (j <= i) if window is None else (j <= i) & ((j > i - window) | (j < sinks))
+    """Bool (t_q, t_k), True where query i may attend to key j. The queries are the last
+    t_q of the t_k positions: causal_mask(T, T) is the lower triangle, causal_mask(1, T)
+    lets the newest token (the KV-cache case) see all keys. A window W keeps exactly W
+    keys counting the query itself (FlashAttention's window_size=(W, 0) sees W + 1)."""
+    i = torch.arange(t_k - t_q, t_k, device=device)[:, None]  # (t_q, 1) the queries' positions
+    j = torch.arange(t_k, device=device)  # (t_k,) the keys' positions
+    return visible(i, j, window, sinks)  # (t_q, t_k)
 
 
 # 3. One attention head ----------
 class Head(nn.Module):
-    """One causal attention head: the readable unit that MultiHeadAttention batches."""
+    """One causal attention head, the unit the lectures draw: MultiHeadAttention computes
+    n_head of these at once, and the tests check that it does exactly that."""
 
     def __init__(self, n_embd, head_size, bias=True):
         super().__init__()
@@ -99,198 +86,335 @@ class Head(nn.Module):
 
     def forward(self, x):
         T = x.size(1)
-        q, k, v = self.query(x), self.key(x), self.value(x)  # (B, T, hs) each
+        q = self.query(x)  # (B, T, hs)
+        k = self.key(x)  # (B, T, hs)
+        v = self.value(x)  # (B, T, hs)
         out, weights = attention(q, k, v, causal_mask(T, T, device=x.device))
         return out, weights  # (B, T, hs), (B, T, T)
 
 
 # 4. The KV cache ----------
 class KVCache:
-    """Keys and values of every layer for the positions seen so far.
+    """Keys and values of every layer for the positions seen so far, so that each new token
+    computes only its own and attends to the stored ones.
 
-    Allocated once at full length, (B, n_kv_head, block_size, hs) per layer, written
-    in place: decoding never grows a tensor with torch.cat. `pos` counts the filled
-    positions, `at` the same on the device for the fixed-shape decode step
-    (GPT.decode_step), which reads the whole buffer with the unwritten part masked:
-    it needs zeroed buffers (zero=True), a masked value meets its weight 0, 0 * NaN is NaN.
-
-    A window W, S sinks: a rolling buffer (Mistral) of S + W slots, position p at slot p if
-    p < S, else S + (p - S) mod W. stream (StreamingLLM): keys kept unrotated, rotated when read."""
+    Allocated once at full length, (B, nkv, length, hs) per layer, and written in place:
+    decoding never grows a tensor with torch.cat. `pos` counts the filled positions; `at` is
+    the same count on the device, for the fixed-shape decode step (GPT.decode_step)."""
 
     def __init__(
-        self,
-        n_layer,
-        batch_size,
-        n_kv_head,
-        block_size,
-        head_size,
-        device=None,
-        dtype=None,
-        zero=False,
-        window=None,
-        sinks=0,
-        stream=False,
+        self, n_layer, batch_size, n_kv_head, length, head_size, device=None, dtype=None, zero=False
     ):
-        block_size = block_size if window is None else sinks + window
-        shape = (batch_size, n_kv_head, block_size, head_size)
-        # empty by default: positions past pos are never read. One tensor per layer:
-        # a compiled step writing into a slice of a shared one copies all of it
-        alloc = torch.zeros if zero or window else torch.empty
+        shape = (batch_size, n_kv_head, length, head_size)
+        # empty by default: positions past pos are never read. The decode step reads the
+        # whole buffer with the unwritten part masked, which needs zeros: 0 * NaN is NaN
+        alloc = torch.empty
+        if zero:
+            alloc = torch.zeros
+        # one tensor per layer: a compiled step writing into a slice of a shared one copies it all
         self.k = [alloc(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.v = [alloc(shape, device=device, dtype=dtype) for _ in range(n_layer)]
-        self.block_size = block_size
+        self.block_size = length
         self.pos = 0
         # advanced in place: a fresh tensor per token would be a host-to-device copy
         self.at = torch.zeros(1, dtype=torch.long, device=device)
-        self.window, self.sinks, self.stream, self.lag = window, sinks, stream, 0
-        self.slot_pos = torch.full(
-            (block_size,), -1, device=device
-        )  # rolling: each slot's position
+
+    def fits(self, T):
+        """Whether T more positions fit."""
+        return self.pos + T <= self.block_size
+
+    def positions(self, T):
+        """The positions (T,) of the next T tokens, for their position embeddings."""
+        return torch.arange(self.pos, self.pos + T, device=self.at.device)
 
     def update(self, layer, k, v, at=None):
-        """Write k, v (B, n_kv_head, T, hs) of one layer at the next positions; return its keys
-        and values so far (B, n_kv_head, pos + T, hs) and which the T queries see (None: causal,
-        T == pos + T). With `at` (1-element tensor, T = 1) write there, return the whole buffers."""
-        if self.window is not None:
-            return self.roll(layer, k, v)
+        """Write one layer's new keys and values k, v (B, nkv, T, hs) at the next positions.
+        Returns what the T queries see: the keys and values so far (B, nkv, pos + T, hs) and
+        their mask (None: the plain causal one). With `at` (the decode step), see update_at."""
         if at is not None:
-            self.k[layer][:, :, at] = k
-            self.v[layer][:, :, at] = v
-            written = (torch.arange(self.block_size, device=at.device) <= at)[
-                None
-            ]  # True at 0 .. at
-            return (
-                self.k[layer],
-                self.v[layer],
-                written,
-            )  # (B, n_kv_head, block_size, hs), (1, block_size)
-        T, end = k.size(2), self.pos + k.size(2)
+            return self.update_at(layer, k, v, at)
+        T = k.size(2)
+        end = self.pos + T
         self.k[layer][:, :, self.pos : end] = k
         self.v[layer][:, :, self.pos : end] = v
-        mask = causal_mask(T, end, device=k.device) if 1 < T < end else None
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end], mask
-
-    def roll(self, layer, k, v):
-        S, W, T, p = self.sinks, self.window, k.size(2), self.pos
-        if T == 1:  # p replaces p - W, just out of its window: write, then read in place, no mask:
-            s, n = (p if p < S else S + (p - S) % W), min(p + 1, S + W)  # the slots fill in order
-            self.k[layer][:, :, s], self.v[layer][:, :, s], self.slot_pos[s] = (
-                k[:, :, 0],
-                v[:, :, 0],
-                p,
-            )
-            keys, values, kpos, mask = (
-                self.k[layer][:, :, :n],
-                self.v[layer][:, :, :n],
-                self.slot_pos[:n],
-                None,
-            )
-        else:  # a chunk is read before it is written: if longer than W, it overwrites its first keys
-            new = torch.arange(p, p + T, device=k.device)
-            keys, values, kpos, mask = k, v, new, None
-            if p:  # the slots' keys, then the new ones
-                keys, values = torch.cat([self.k[layer], k], 2), torch.cat([self.v[layer], v], 2)
-                kpos = torch.cat([self.slot_pos, new])
-                mask = visible(new[:, None], kpos, W, S) & (kpos >= 0)
-            keep = (new < S) | (new > new[-1] - W)  # what stays of the chunk
-            slot = torch.where(new < S, new, S + (new - S) % W)[keep]
-            self.k[layer][:, :, slot], self.v[layer][:, :, slot] = k[:, :, keep], v[:, :, keep]
-            if layer == len(self.k) - 1:
-                self.slot_pos[slot] = new[keep]
-        if self.stream:  # at their place in the cache (out of the window: masked)
-            keys = apply_rotary(
-                keys, *rotary_tables(k.size(-1), torch.where(kpos < S, kpos, kpos - self.lag))
-            )
+        keys = self.k[layer][:, :, :end]  # (B, nkv, end, hs)
+        values = self.v[layer][:, :, :end]  # (B, nkv, end, hs)
+        # a single query sees every key, and T new queries over T keys are the plain causal
+        # case; a chunk after cached positions needs its queries aligned to the last keys
+        mask = None
+        if 1 < T < end:
+            mask = causal_mask(T, end, device=k.device)  # (T, end)
         return keys, values, mask
 
-    def positions(self, T):  # of T new tokens; StreamingLLM: in the cache (one at a time once full)
-        self.lag = max(0, self.pos + T - self.block_size) if self.stream else 0
-        return torch.arange(self.pos - self.lag, self.pos + T - self.lag, device=self.at.device)
+    def update_at(self, layer, k, v, at):
+        """The fixed-shape version for one token (T = 1) at position `at` (a 1-element
+        tensor): written there, then the whole buffer returned, with the positions past
+        `at` masked, so that every step has the same shapes and compiles once."""
+        self.k[layer][:, :, at] = k
+        self.v[layer][:, :, at] = v
+        written = torch.arange(self.block_size, device=at.device) <= at  # True at 0 .. at
+        return self.k[layer], self.v[layer], written[None]  # (1, block_size) mask
 
     def advance(self, n):
+        """Count n more positions, once every layer has written them."""
         self.pos += n
         self.at += n
 
-    def reset(self):  # stale entries past pos are never read: no clearing needed
+    def reset(self):
+        """Start again at position 0; stale entries past pos are never read."""
         self.pos = 0
         self.at.zero_()
-        self.slot_pos.fill_(-1)
 
     @property
     def nbytes(self):
         return sum(t.nbytes for t in self.k + self.v)
 
 
-class LinearState:
-    """A linear model's KVCache, with its interface: per layer [S (B, nh, hs, hs), z (B, nh, hs)]."""
+# 5. Rotary position embeddings (GPTConfig.rope) ----------
+def rotary_tables(head_size, pos, base=10000.0):
+    """cos and sin (T, hs/2) of each channel pair's angle at positions pos (T,). They are
+    computed for any positions, so no table of learned positions caps the length."""
+    # pair k turns by base^(-2k / hs) per position: fast pairs resolve near tokens, slow ones far
+    exponents = torch.arange(0, head_size, 2, device=pos.device).float() / head_size
+    inv_freq = 1.0 / base**exponents  # (hs/2,)
+    angles = torch.outer(pos.float(), inv_freq)  # (T, hs/2)
+    return angles.cos(), angles.sin()
 
-    def __init__(self, config, B, device=None, dtype=None):
-        S = torch.zeros(
-            B, config.n_head, *[config.n_embd // config.n_head] * 2, device=device, dtype=dtype
+
+def apply_rotary(x, cos, sin):
+    """x (B, nh, T, hs) with each channel pair (x1, x2) turned by its angle at x's position:
+    a query and a key turned this way have a dot product that depends only on the distance
+    between their positions."""
+    x1, x2 = x.chunk(2, dim=-1)  # (B, nh, T, hs/2) each
+    cos = cos.to(x.dtype)
+    sin = sin.to(x.dtype)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (B, nh, T, hs)
+
+
+# 6. Sliding-window attention (GPTConfig.sliding_window) ----------
+def windowed_attention(q, k, v, window, sinks=0, dropout_p=0.0, block=128):
+    """causal_mask(T, T, window, sinks) applied in time linear in T, with no (T, T) mask.
+    The queries go in blocks of c; a block sees its own keys and those of the n blocks
+    before it, through a (c, (n + 1) c) mask, plus one column per sink."""
+    B, nh, T, hs = q.shape
+    # grouped-query heads: each key/value head serves nh / nkv query heads
+    k = k.repeat_interleave(nh // k.size(1), dim=1)  # (B, nh, T, hs)
+    v = v.repeat_interleave(nh // v.size(1), dim=1)  # (B, nh, T, hs)
+    c = min(window, block, T)  # queries per block
+    # integer ceilings, which stay integers when torch.compile traces the sizes
+    n = (window - 1 + c - 1) // c  # the blocks a query reaches back: ceil((W - 1) / c)
+    nb = (T + c - 1) // c  # the query blocks: ceil(T / c)
+    q_blocks = F.pad(q, (0, 0, 0, nb * c - T)).view(B, nh, nb, c, hs)
+    # overlapping views: block b's keys are those of blocks b - n .. b, zeros before the start
+    k_padded = F.pad(k, (0, 0, n * c, nb * c - T))
+    v_padded = F.pad(v, (0, 0, n * c, nb * c - T))
+    k_blocks = k_padded.unfold(2, (n + 1) * c, c).transpose(-1, -2)  # (B, nh, nb, (n + 1) c, hs)
+    v_blocks = v_padded.unfold(2, (n + 1) * c, c).transpose(-1, -2)  # (B, nh, nb, (n + 1) c, hs)
+    i = torch.arange(nb * c, device=q.device).view(nb, c, 1)  # the queries' positions
+    j = i[:, :1] - n * c + torch.arange((n + 1) * c, device=q.device)  # (nb, 1, (n + 1) c) keys'
+    mask = visible(i, j, window) & (j >= 0)  # (nb, c, (n + 1) c)
+    if sinks:
+        # each sink once, in columns of its own, visible where the window does not cover it
+        k_sinks = k[:, :, None, :sinks].expand(B, nh, nb, -1, hs)  # (B, nh, nb, S, hs)
+        v_sinks = v[:, :, None, :sinks].expand(B, nh, nb, -1, hs)  # (B, nh, nb, S, hs)
+        k_blocks = torch.cat([k_sinks, k_blocks], dim=3)
+        v_blocks = torch.cat([v_sinks, v_blocks], dim=3)
+        sink_mask = torch.arange(min(sinks, T), device=q.device) <= i - window  # (nb, c, S)
+        mask = torch.cat([sink_mask, mask], dim=-1)
+    # the fused kernel takes 4-D inputs with unit-stride rows and a 4-D mask; given anything
+    # else, PyTorch falls back to explicit math, about 2x slower
+    q_blocks = q_blocks.reshape(B * nh, nb, c, hs)
+    k_blocks = k_blocks.reshape(B * nh, nb, -1, hs)  # (B nh, nb, keys per block, hs)
+    v_blocks = v_blocks.reshape(B * nh, nb, -1, hs)
+    y = F.scaled_dot_product_attention(
+        q_blocks, k_blocks, v_blocks, attn_mask=mask[None], dropout_p=dropout_p
+    )  # (B nh, nb, c, hs)
+    return y.view(B, nh, nb * c, hs)[:, :, :T]  # (B, nh, T, hs)
+
+
+class RollingKVCache(KVCache):
+    """Mistral's rolling buffer, for a window of W (and S sinks): S + W slots whatever the
+    length. Position p is kept in slot p while p < S, else in slot S + (p - S) mod W, where
+    it replaces position p - W, which has just left every later query's window."""
+
+    def __init__(
+        self, n_layer, batch_size, n_kv_head, head_size, window, sinks=0, device=None, dtype=None
+    ):
+        # zeroed: a chunk reads every slot, the empty ones masked (0 * NaN is NaN)
+        super().__init__(
+            n_layer, batch_size, n_kv_head, sinks + window, head_size, device, dtype, zero=True
         )
-        self.state = [[S.clone(), S[..., 0].clone()] for _ in range(config.n_layer)]
-        self.block_size, self.pos, self.nbytes = (
-            config.context,
-            0,
-            sum(t.nbytes for s in self.state for t in s),
-        )
-        self.window, self.stream = None, False  # as a full KVCache's
+        self.window = window
+        self.sinks = sinks
+        # the position each slot holds; -1 while it is empty
+        self.slot_pos = torch.full((sinks + window,), -1, device=device)
+
+    def fits(self, T):
+        return True
+
+    def slot(self, p):
+        """The slot of position p (an int)."""
+        if p < self.sinks:
+            return p
+        return self.sinks + (p - self.sinks) % self.window
+
+    def update(self, layer, k, v, at=None):
+        keys, values, mask, _ = self.roll(layer, k, v)
+        return keys, values, mask
+
+    def roll(self, layer, k, v):
+        """update's keys, values and mask, and the position of each key."""
+        if k.size(2) == 1:
+            return self.roll_one(layer, k, v)
+        return self.roll_chunk(layer, k, v)
+
+    def roll_one(self, layer, k, v):
+        """One new token: written first, then the filled slots are read in place, with no
+        mask, since the key it replaced was the only one out of its window."""
+        slot = self.slot(self.pos)
+        self.k[layer][:, :, slot] = k[:, :, 0]
+        self.v[layer][:, :, slot] = v[:, :, 0]
+        self.slot_pos[slot] = self.pos
+        # the slots fill in order
+        filled = min(self.pos + 1, self.block_size)
+        keys = self.k[layer][:, :, :filled]  # (B, nkv, filled, hs)
+        values = self.v[layer][:, :, :filled]  # (B, nkv, filled, hs)
+        return keys, values, None, self.slot_pos[:filled]
+
+    def roll_chunk(self, layer, k, v):
+        """Several new tokens: the slots are read before the chunk is written, because a chunk
+        longer than W overwrites its own first keys."""
+        T = k.size(2)
+        new_pos = torch.arange(self.pos, self.pos + T, device=k.device)  # (T,)
+        if self.pos == 0:
+            # nothing cached yet: the chunk attends to itself, windowed
+            self.write_chunk(layer, k, v, new_pos)
+            return k, v, None, new_pos
+        keys = torch.cat([self.k[layer], k], dim=2)  # (B, nkv, S + W + T, hs)
+        values = torch.cat([self.v[layer], v], dim=2)  # (B, nkv, S + W + T, hs)
+        key_pos = torch.cat([self.slot_pos, new_pos])  # (S + W + T,)
+        mask = visible(new_pos[:, None], key_pos, self.window, self.sinks) & (key_pos >= 0)
+        self.write_chunk(layer, k, v, new_pos)
+        return keys, values, mask, key_pos
+
+    def write_chunk(self, layer, k, v, new_pos):
+        """Keep what stays of a chunk: the sinks among it and its last W tokens."""
+        keep = (new_pos < self.sinks) | (new_pos > new_pos[-1] - self.window)
+        kept_pos = new_pos[keep]
+        # slot() for each kept position
+        wrapped = self.sinks + (kept_pos - self.sinks) % self.window
+        slots = torch.where(kept_pos < self.sinks, kept_pos, wrapped)
+        self.k[layer][:, :, slots] = k[:, :, keep]
+        self.v[layer][:, :, slots] = v[:, :, keep]
+        # after the last layer only: every layer reads the positions the slots held before
+        if layer == len(self.k) - 1:
+            self.slot_pos[slots] = kept_pos
+
+    def reset(self):
+        super().reset()
+        self.slot_pos.fill_(-1)
+
+
+# 7. Attention sinks: StreamingLLM ----------
+class StreamingKVCache(RollingKVCache):
+    """StreamingLLM (Xiao et al. 2023): a model trained without a window generates past
+    block_size through a rolling buffer of S sinks and a window of W. Positions count within
+    the cache, never past S + W - 1, the longest the model was trained on. So the keys are
+    stored unrotated, and rotated at their place in the cache each time they are read."""
+
+    def lag(self, T):
+        """How far the text has run past the cache, with T new tokens."""
+        return max(0, self.pos + T - self.block_size)
+
+    def positions(self, T):
+        start = self.pos - self.lag(T)
+        return torch.arange(start, start + T, device=self.at.device)
+
+    def update(self, layer, k, v, at=None):
+        keys, values, mask, key_pos = self.roll(layer, k, v)
+        # a sink keeps its position, the window's keys move down by the lag (older keys
+        # come out negative, and are masked)
+        in_cache = torch.where(key_pos < self.sinks, key_pos, key_pos - self.lag(k.size(2)))
+        cos, sin = rotary_tables(k.size(-1), in_cache)
+        keys = apply_rotary(keys, cos, sin)
+        return keys, values, mask
+
+
+# 8. Linear attention (GPTConfig.attention = "linear") ----------
+def linear_attention(q, k, v, state=None, return_attention=False, chunk=64):
+    """Linear attention (Katharopoulos et al. 2020): exp(q . k) becomes phi(q) . phi(k),
+    with phi = elu + 1 > 0, so the sum over the keys runs through a fixed-size state:
+    y_i = phi(q_i) S_i / phi(q_i) . z_i, S_i = sum_{j<=i} phi(k_j) v_j^T, z_i = sum_{j<=i} phi(k_j).
+
+    Causal, for q, k (B, nh, T, hs) and v (B, nh, T, hv) after the positions already summed
+    in state [S, z] (updated in place). In chunks: the masked quadratic form within a
+    chunk, the state between chunks, so O(T). Returns (y (B, nh, T, hv), weights or None)."""
+    q = F.elu(q) + 1
+    k = F.elu(k) + 1
+    if state is None:
+        S = q.new_zeros(*q.shape[:-2], q.size(-1), v.size(-1))  # (B, nh, hs, hv)
+        z = q.new_zeros(q[..., 0, :].shape)  # (B, nh, hs)
+    else:
+        S, z = state
+    # the weights are those of one chunk: the whole sequence (short, when they are looked at)
+    if return_attention:
+        chunk = q.size(2)
+    ys = []
+    for qc, kc, vc in zip(q.split(chunk, 2), k.split(chunk, 2), v.split(chunk, 2)):
+        # phi(q_i) . phi(k_j) within the chunk, j <= i
+        w = (qc @ kc.transpose(-2, -1)).tril()  # (B, nh, c, c)
+        den = qc @ z[..., None] + w.sum(-1, keepdim=True)  # (B, nh, c, 1)
+        ys.append((qc @ S + w @ vc) / den)  # (B, nh, c, hv)
+        # the chunk joins the state
+        S = S + kc.transpose(-2, -1) @ vc
+        z = z + kc.sum(2)
+    if state is not None:
+        state[0].copy_(S)
+        state[1].copy_(z)
+    y = torch.cat(ys, dim=2)  # (B, nh, T, hv)
+    weights = None
+    if return_attention:
+        weights = w / den  # (B, nh, T, T)
+    return y, weights
+
+
+class LinearState:
+    """A linear-attention model's cache: per layer the running sums [S (B, nh, hs, hs),
+    z (B, nh, hs)], a fixed size however long the text. It has KVCache's interface, so
+    generation treats both alike."""
+
+    def __init__(self, n_layer, batch_size, n_head, head_size, block_size, device, dtype):
+        S = torch.zeros(batch_size, n_head, head_size, head_size, device=device, dtype=dtype)
+        z = torch.zeros(batch_size, n_head, head_size, device=device, dtype=dtype)
+        self.state = [[S.clone(), z.clone()] for _ in range(n_layer)]
+        self.block_size = block_size
+        self.pos = 0
+
+    def fits(self, T):
+        return self.pos + T <= self.block_size
 
     def positions(self, T):
         return torch.arange(self.pos, self.pos + T, device=self.state[0][0].device)
+
+    def update(self, layer, k, v, at=None):
+        """The keys and values pass through: linear_attention adds them to the state."""
+        return k, v, None
 
     def advance(self, n):
         self.pos += n
 
     def reset(self):
         self.pos = 0
-        [t.zero_() for s in self.state for t in s]
+        for S, z in self.state:
+            S.zero_()
+            z.zero_()
+
+    @property
+    def nbytes(self):
+        return sum(S.nbytes + z.nbytes for S, z in self.state)
 
 
-# Rotary position embeddings, an option (GPTConfig.rope) ----------
-# Each pair of channels of q and k turns by an angle proportional to the position: q . k sees only their distance.
-def rotary_tables(head_size, pos, base=10000.0):  # computed at any positions pos (T,)
-    inv_freq = 1.0 / base ** (torch.arange(0, head_size, 2, device=pos.device).float() / head_size)
-    angles = torch.outer(pos.float(), inv_freq)  # (T, hs/2)
-    return angles.cos(), angles.sin()
-
-
-def apply_rotary(x, cos, sin):
-    # x: (B, nh, T, hs); cos, sin: (T, hs/2) for the absolute positions of x
-    x1, x2 = x.chunk(2, dim=-1)
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-
-
-def windowed_attention(q, k, v, window, sinks=0, dropout_p=0.0, block=128):
-    """causal_mask(T, T, window, sinks) in time linear in T: blocks of c queries, a (c, S + (n + 1) c) mask."""
-    B, nh, T, hs = q.shape
-    k, v = (x.repeat_interleave(nh // x.size(1), dim=1) for x in (k, v))  # grouped-query heads
-    c = min(window, block, T)
-    n, nb = -(-(window - 1) // c), -(-T // c)  # blocks reached back, query blocks
-    qb = F.pad(q, (0, 0, 0, nb * c - T)).view(B, nh, nb, c, hs)
-    kb, vb = (
-        F.pad(x, (0, 0, n * c, nb * c - T)).unfold(2, (n + 1) * c, c).transpose(-1, -2)
-        for x in (k, v)
-    )  # (B, nh, nb, (n + 1) c, hs), overlapping views
-    i = torch.arange(nb * c, device=q.device).view(nb, c, 1)  # query positions
-    j = (
-        i[:, :1] - n * c + torch.arange((n + 1) * c, device=q.device)
-    )  # key positions (nb, 1, (n + 1) c)
-    mask = visible(i, j, window) & (j >= 0)  # (nb, c, (n + 1) c)
-    if sinks:  # each sink once, where the window does not cover it
-        kb, vb = (
-            torch.cat([x[:, :, None, :sinks].expand(B, nh, nb, -1, hs), xb], 3)
-            for x, xb in ((k, kb), (v, vb))
-        )
-        mask = torch.cat([torch.arange(min(sinks, T), device=q.device) <= i - window, mask], -1)
-    # the fused kernel takes 4-D inputs with unit-stride rows and a 4-D mask, else explicit math
-    qb, kb, vb = (x.reshape(B * nh, nb, -1, hs) for x in (qb, kb, vb))  # (B nh, nb, c or keys, hs)
-    y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask[None], dropout_p=dropout_p)
-    return y.view(B, nh, nb * c, hs)[:, :, :T]
-
-
-# 5. Multi-head attention ----------
+# 9. Multi-head attention ----------
 class MultiHeadAttention(nn.Module):
     """n_head causal heads computed together, then mixed by W_O. One Linear (c_attn) holds
     every head's W_Q, W_K, W_V side by side: the same as n_head Heads, concatenated, then W_O.
@@ -299,72 +423,119 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.n_head = config.n_head
+        self.n_kv_head = config.n_kv_head
         self.head_size = config.n_embd // config.n_head
         kv_width = self.n_kv_head * self.head_size
         self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * kv_width, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # W_O
-        self.qk_norm, self.attention = config.qk_norm, config.attention
-        self.window, self.sinks = config.sliding_window, config.sink_tokens
+        self.qk_norm = config.qk_norm
+        self.attention = config.attention
+        self.window = config.sliding_window
+        self.sinks = config.sink_tokens
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.sdpa = F.scaled_dot_product_attention  # context_parallel.py swaps in ring attention
+        # the fused kernel; support/context_parallel.py swaps in ring attention
+        self.sdpa = F.scaled_dot_product_attention
 
     def forward(self, x, kv_cache=None, layer=0, rotary=None, return_attention=False, at=None):
+        """x (B, T, C) -> (y (B, T, C), the attention weights or None). kv_cache: the cache
+        this layer (number `layer`) reads and writes; rotary: the (cos, sin) tables at the
+        tokens' positions; at: the decode step's position (GPT.decode_step)."""
         B, T, C = x.size()
-        hs, nh, nkv = self.head_size, self.n_head, self.n_kv_head
-        q, k, v = self.c_attn(x).split([nh * hs, nkv * hs, nkv * hs], dim=2)
-        q, k, v = (t.view(B, T, -1, hs).transpose(1, 2) for t in (q, k, v))  # (B, nh or nkv, T, hs)
-        if self.qk_norm:  # bounded attention logits let fast recipes use large learning rates
-            q, k = F.rms_norm(q, (hs,)), F.rms_norm(k, (hs,))
-        if rotary is not None:  # a StreamingLLM cache rotates its keys itself
-            q, k = (
-                apply_rotary(q, *rotary),
-                k if getattr(kv_cache, "stream", 0) else apply_rotary(k, *rotary),
-            )
-        if self.attention == "linear":  # a running state in place of the keys (LinearState)
-            k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)
-            y, weights = linear_attention(
-                q, k, v, kv_cache.state[layer] if kv_cache else None, return_attention
-            )
-            return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, C))), weights
-        k, v, mask = kv_cache.update(layer, k, v, at) if kv_cache is not None else (k, v, None)
-        Tk = k.size(2)
+        hs = self.head_size
+        # project: every head's query, key and value in one matmul
+        q, k, v = self.c_attn(x).split([C, self.n_kv_head * hs, self.n_kv_head * hs], dim=2)
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_kv_head, hs).transpose(1, 2)  # (B, nkv, T, hs)
+        v = v.view(B, T, self.n_kv_head, hs).transpose(1, 2)  # (B, nkv, T, hs)
+        # normalise: bounded attention logits let fast recipes use large learning rates
+        if self.qk_norm:
+            q = F.rms_norm(q, (hs,))
+            k = F.rms_norm(k, (hs,))
+        # rotate: a StreamingLLM cache keeps its keys unrotated, and rotates them when read
+        if rotary is not None:
+            cos, sin = rotary
+            q = apply_rotary(q, cos, sin)
+            if not isinstance(kv_cache, StreamingKVCache):
+                k = apply_rotary(k, cos, sin)
+        # cache: the new keys and values join the stored ones; the queries see all of them
+        mask = None
+        if kv_cache is not None:
+            k, v, mask = kv_cache.update(layer, k, v, at)
+        # attend
+        y, weights = self.attend(q, k, v, mask, kv_cache, layer, return_attention, at)
+        # merge the heads: side by side again
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        # W_O
+        y = self.resid_dropout(self.c_proj(y))
+        return y, weights
 
+    def attend(self, q, k, v, mask, kv_cache, layer, return_attention, at):
+        """The one place that picks which attention computes the scores, for q (B, nh, T, hs)
+        and k, v (B, nkv, Tk, hs). Returns (y (B, nh, T, hs), the weights or None)."""
+        if self.attention == "linear":
+            return self.linear(q, k, v, kv_cache, layer, return_attention)
+        # the explicit path returns the weights; in the decode step one query's row is small,
+        # and compiled it beats the fused kernel with a mask
         if return_attention or at is not None:
-            # the explicit path returns the weights; in the decode step one query's
-            # row is small, and compiled it beats the fused kernel with a mask
-            k, v = (t.repeat_interleave(nh // nkv, dim=1) for t in (k, v))  # (B, nh, Tk, hs)
-            mask = causal_mask(T, Tk, self.window, self.sinks, x.device) if mask is None else mask
-            y, weights = attention(q, k, v, mask)
-        elif (
-            mask is None and self.window is not None and T == Tk
-        ):  # no (T, T) mask: time linear in T
-            y, weights = (
-                windowed_attention(q, k, v, self.window, self.sinks, self.dropout * self.training),
-                None,
-            )
-        else:
-            # the fused kernel: same result, never materialising the (T, Tk) weights. Its is_causal
-            # aligns queries to the first keys, so a chunk appended to a cache needs the mask
-            y, weights = (
-                self.sdpa(
-                    q,
-                    k,
-                    v,
-                    attn_mask=mask,
-                    is_causal=mask is None and T == Tk,
-                    dropout_p=self.dropout if self.training else 0.0,
-                    enable_gqa=nkv != nh,
-                ),
-                None,
-            )
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
-        return self.resid_dropout(self.c_proj(y)), weights
+            return self.explicit(q, k, v, mask)
+        # a window over the whole sequence, with no (T, T) mask: time linear in T
+        if self.window is not None and mask is None and q.size(2) == k.size(2):
+            return self.windowed(q, k, v), None
+        return self.fused(q, k, v, mask), None
+
+    @property
+    def dropout_p(self):
+        """The attention dropout: while training only, as nn.Dropout does."""
+        if self.training:
+            return self.dropout
+        return 0.0
+
+    def explicit(self, q, k, v, mask):
+        """attention() itself, returning the weights (B, nh, T, Tk)."""
+        T = q.size(2)
+        Tk = k.size(2)
+        k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, nh, Tk, hs)
+        v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, nh, Tk, hs)
+        if mask is None:
+            mask = causal_mask(T, Tk, self.window, self.sinks, q.device)  # (T, Tk)
+        return attention(q, k, v, mask)
+
+    def fused(self, q, k, v, mask):
+        """The same result in PyTorch's fused kernel (or the ring, under context parallelism),
+        never materialising the (T, Tk) weights."""
+        # is_causal aligns the queries to the first keys, so a chunk appended to a cache
+        # (T < Tk) comes with its mask instead
+        is_causal = mask is None and q.size(2) == k.size(2)
+        grouped = self.n_kv_head != self.n_head
+        return self.sdpa(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=is_causal,
+            dropout_p=self.dropout_p,
+            enable_gqa=grouped,
+        )
+
+    def windowed(self, q, k, v):
+        return windowed_attention(q, k, v, self.window, self.sinks, self.dropout_p)
+
+    def linear(self, q, k, v, kv_cache, layer, return_attention):
+        """linear_attention, through this layer's running state when there is a cache."""
+        k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, nh, T, hs)
+        v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, nh, T, hs)
+        state = None
+        if kv_cache is not None:
+            state = kv_cache.state[layer]
+        return linear_attention(q, k, v, state, return_attention)
 
 
-# 6. The feed-forward layer and the transformer block ----------
+# 10. The feed-forward layer and the transformer block ----------
 class MLP(nn.Module):
+    """The position-wise feed-forward layer: each token alone, widened 4x, then back."""
+
     def __init__(self, config):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
@@ -373,13 +544,14 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        x = self.c_fc(x)
+        x = self.c_fc(x)  # (B, T, 4 C)
         if self.activation == "relu2":
             x = F.relu(x)
-            x = x * x  # ReLU squared; x * x has a cheaper backward than square() on CPU
+            # ReLU squared; x * x has a cheaper backward than square() on CPU
+            x = x * x
         else:
             x = F.gelu(x, approximate="tanh")  # GPT-2's own GELU approximation
-        return self.dropout(self.c_proj(x))
+        return self.dropout(self.c_proj(x))  # (B, T, C)
 
 
 class Block(nn.Module):
@@ -399,7 +571,7 @@ class Block(nn.Module):
         return x, weights
 
 
-# 7. The GPT model ----------
+# 11. The configuration ----------
 @dataclass
 class GPTConfig:
     block_size: int = 1024
@@ -419,7 +591,8 @@ class GPTConfig:
     sink_tokens: int = 0  # and the first S positions, whatever the window (needs sliding_window)
 
     def __post_init__(self):
-        self.n_kv_head = self.n_head if self.n_kv_head is None else self.n_kv_head
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "n_kv_head"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -438,66 +611,53 @@ class GPTConfig:
             ("activation", ("gelu", "relu2")),
             ("attention", ("softmax", "linear")),
         ):
-            if getattr(self, name) not in kinds:
-                raise ValueError(
-                    f"{name} must be {' or '.join(map(repr, kinds))}, got {getattr(self, name)!r}"
-                )
-        w, s = self.sliding_window, self.sink_tokens
-        if (
-            (w is not None and (type(w) is not int or w < 1))
-            or type(s) is not int
-            or s < 0
-            or (s and w is None)
-        ):
+            value = getattr(self, name)
+            if value not in kinds:
+                raise ValueError(f"{name} must be {' or '.join(map(repr, kinds))}, got {value!r}")
+        self.check_window()
+        # the longest sequence: rope with a window, or linear attention, has no end
+        self.context = self.block_size
+        if self.rope and (self.attention == "linear" or self.sliding_window):
+            self.context = math.inf
+
+    def check_window(self):
+        w = self.sliding_window
+        s = self.sink_tokens
+        bad_window = w is not None and (type(w) is not int or w < 1)
+        bad_sinks = type(s) is not int or s < 0 or (s and w is None)
+        if bad_window or bad_sinks:
             raise ValueError(
-                f"need sliding_window None or >= 1, sink_tokens >= 0 and a window for sinks: {w} {s}"
+                "need sliding_window None or >= 1, sink_tokens >= 0 and a window for sinks, "
+                f"got {w} {s}"
             )
-        # the longest sequence: rope with a window or linear attention has no end
-        self.context = (
-            math.inf if self.rope and (self.attention == "linear" or w) else self.block_size
-        )
 
 
-# Dense bf16 peaks in FLOP/s (vendors' data sheets) for estimate_mfu, matched in order
-# against the device name: variants before the bare name (H100 SXM is "H100 80GB HBM3").
-PEAK_FLOPS = {
-    "H200 NVL": 835e12,
-    "H200": 989e12,
-    "GH200": 989e12,
-    "H100 NVL": 835e12,
-    "H100 PCIe": 756e12,
-    "H100": 989e12,
-    "H800": 989e12,
-    "A100": 312e12,
-    "A800": 312e12,
-    "L40S": 362e12,
-    "L4": 121e12,
-    "A10": 125e12,
-}
-
-
-# Sampling the next token, for generation (section 8) ----------
+# 12. Sampling the next token ----------
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     """Pick the next token (B, 1) from the last position's logits (B, vocab)."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits.float() / temperature
     if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and top_p < 1.0:
         # nucleus: keep the fewest most likely tokens whose probability reaches top_p
         probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
         drop = probs.cumsum(dim=-1) - probs >= top_p  # (B, vocab), most likely first
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-    return torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1, generator=generator)
+    probs = torch.softmax(logits, dim=-1)  # (B, vocab)
+    return torch.multinomial(probs, num_samples=1, generator=generator)
 
 
+# 13. The GPT model ----------
 class GPT(nn.Module):
+    """GPT-2's decoder: token (and position) embeddings, n_layer Blocks, a final LayerNorm
+    and an LM head that shares its matrix with the token embedding."""
+
     def __init__(self, config):
         super().__init__()
         self.config = config
-        self._decoders = {}  # compiled decode steps, by batch size (compiled_decoder)
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),  # token embedding
@@ -506,8 +666,9 @@ class GPT(nn.Module):
                 ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
             )
         )
-        if not config.rope:  # rope computes its angles at the positions, for any length
-            self.transformer["wpe"] = nn.Embedding(config.block_size, config.n_embd)  # positions
+        # rope computes its angles at the positions, for any length: no position table
+        if not config.rope:
+            self.transformer["wpe"] = nn.Embedding(config.block_size, config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # weight tying: reading a token in and writing it out share one matrix
         self.lm_head.weight = self.transformer.wte.weight
@@ -533,58 +694,71 @@ class GPT(nn.Module):
         return n
 
     def make_kv_cache(self, batch_size, dtype=None, zero=False, window=None, sinks=0):
-        c, p = self.config, self.transformer.wte.weight
+        """The cache to decode through, on the model's device: a LinearState for linear
+        attention; Mistral's rolling buffer for a model trained with a sliding window; with
+        `window` (and `sinks`), StreamingLLM's cache for a rope model trained without one;
+        else a plain KVCache of block_size positions (zero: zeroed, for the decode step)."""
+        c = self.config
+        device = self.transformer.wte.weight.device
+        if dtype is None:
+            dtype = self.transformer.wte.weight.dtype
+        hs = c.n_embd // c.n_head
         if c.attention == "linear":
-            return LinearState(c, batch_size, p.device, dtype or p.dtype)
+            return LinearState(c.n_layer, batch_size, c.n_head, hs, c.context, device, dtype)
         if window is not None or sinks:
-            c = replace(c, sliding_window=window, sink_tokens=sinks)  # checks them
+            # checked as the config's own window and sinks are
+            c = replace(c, sliding_window=window, sink_tokens=sinks)
             if not c.rope or sinks + window > c.block_size:
                 raise ValueError(
                     f"a cache window needs rope, and window + sinks <= block_size ({c.block_size})"
                 )
-        stream = window is not None and self.config.sliding_window is None
-        return KVCache(
-            c.n_layer,
-            batch_size,
-            c.n_kv_head,
-            c.block_size,
-            c.n_embd // c.n_head,
-            p.device,
-            dtype or p.dtype,
-            zero,
-            c.sliding_window,
-            c.sink_tokens,
-            stream,
-        )
+        if window is not None and self.config.sliding_window is None:
+            return StreamingKVCache(
+                c.n_layer, batch_size, c.n_kv_head, hs, window, sinks, device, dtype
+            )
+        if c.sliding_window is not None:
+            return RollingKVCache(
+                c.n_layer,
+                batch_size,
+                c.n_kv_head,
+                hs,
+                c.sliding_window,
+                c.sink_tokens,
+                device,
+                dtype,
+            )
+        return KVCache(c.n_layer, batch_size, c.n_kv_head, c.block_size, hs, device, dtype, zero)
 
     def embed(self, idx, pos):
         """Token embeddings (B, T, C) of idx at positions pos (T,): plus the learned
         position embeddings, or with rope, returned with the rotary tables at pos."""
-        x = self.transformer.wte(idx)
+        x = self.transformer.wte(idx)  # (B, T, C)
         if self.config.rope:
-            return x, rotary_tables(self.config.n_embd // self.config.n_head, pos)  # (T, hs/2) each
-        return x + self.transformer.wpe(pos), None  # (T, C) broadcast over B
+            rotary = rotary_tables(self.config.n_embd // self.config.n_head, pos)  # (T, hs/2) each
+            return x, rotary
+        x = x + self.transformer.wpe(pos)  # (T, C) broadcast over B
+        return x, None
 
     def forward(self, idx, targets=None, kv_cache=None, return_attention=False, last_only=False):
         """idx (B, T) token ids -> (logits (B, T, vocab), loss or None). kv_cache (a KVCache,
         or a LinearState): attend over its positions plus idx, add idx's to it, advance it.
         return_attention adds a third item, one (B, n_head, T, Tk) weight tensor per layer.
         last_only: the last position's logits alone (what generation needs)."""
-        B, T = idx.size()
-        start = kv_cache.pos if kv_cache is not None else 0
-        if kv_cache is not None and kv_cache.window is None and start + T > kv_cache.block_size:
+        T = idx.size(1)
+        if kv_cache is not None and not kv_cache.fits(T):
             raise ValueError(
-                f"KV cache overflow: {start} positions cached + {T} new > block_size "
+                f"KV cache overflow: {kv_cache.pos} positions cached + {T} new > block_size "
                 f"{kv_cache.block_size}; reset the cache or slide the window"
             )
         if T > self.config.context:
             raise ValueError(
                 f"sequence of length {T} is longer than block_size {self.config.block_size}"
             )
-
-        x, rotary = self.embed(
-            idx, kv_cache.positions(T) if kv_cache else torch.arange(T, device=idx.device)
-        )
+        if kv_cache is None:
+            pos = torch.arange(T, device=idx.device)  # (T,)
+        else:
+            pos = kv_cache.positions(T)  # (T,)
+        x, rotary = self.embed(idx, pos)
         x = self.transformer.drop(x)
         maps = []
         for layer, block in enumerate(self.transformer.h):
@@ -596,23 +770,31 @@ class GPT(nn.Module):
 
         if targets is not None:
             logits = self.lm_head(x)  # (B, T, vocab)
-            loss = F.cross_entropy(
-                logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1
-            )
+            # the loss in float32 whatever the weights, for an accurate log-softmax
+            flat_logits = logits.view(-1, logits.size(-1)).float()  # (B T, vocab)
+            loss = F.cross_entropy(flat_logits, targets.reshape(-1), ignore_index=-1)
+        elif last_only:
+            logits = self.lm_head(x[:, -1:])  # (B, 1, vocab)
+            loss = None
         else:
-            logits, loss = self.lm_head(x[:, -1:] if last_only else x), None
-        return (logits, loss, maps) if return_attention else (logits, loss)
+            logits = self.lm_head(x)  # (B, T, vocab)
+            loss = None
+        if return_attention:
+            return logits, loss, maps
+        return logits, loss
 
     def decode_step(self, idx, at, kv_cache):
         """Logits (B, vocab) of one new token per sequence, idx (B, 1), at position `at` (a
-        1-element long tensor), through a zeroed cache, read whole with the positions past `at`
-        masked: fixed shapes, compiled once (a CUDA graph on CUDA). The caller advances the cache."""
+        1-element long tensor), through a zeroed cache read whole with the positions past `at`
+        masked: fixed shapes, so that support/engine.py compiles it once (a CUDA graph on
+        CUDA). The caller advances the cache."""
         x, rotary = self.embed(idx, at)
         for layer, block in enumerate(self.transformer.h):
             x, _ = block(x, kv_cache, layer, rotary, at=at)
-        return self.lm_head(self.transformer.ln_f(x))[:, -1]  # (B, vocab)
+        x = self.transformer.ln_f(x)
+        return self.lm_head(x)[:, -1]  # (B, vocab)
 
-    # 8. Generation ----------
+    # 14. Generation ----------
     def context_start(self, length, start):
         """Where the window of a `length`-token sequence begins for the next token, given
         that it began at `start`. Positions stop at block_size (rope with a window or linear
@@ -622,6 +804,17 @@ class GPT(nn.Module):
         if length - start <= bs:
             return start
         return length - max(1, bs - bs // 4)
+
+    def prompt_start(self, length, cache):
+        """Where the first window begins in a `length`-token prompt: its last block_size
+        tokens. A rolling cache on a rope model never slides: it takes the whole prompt,
+        StreamingLLM's cache the last S + W tokens, all it has positions for."""
+        keep = self.config.context
+        if isinstance(cache, StreamingKVCache):
+            keep = cache.block_size
+        elif self.config.rope and isinstance(cache, RollingKVCache):
+            keep = length
+        return max(0, length - keep)
 
     @torch.no_grad()
     def generate_stream(
@@ -634,66 +827,66 @@ class GPT(nn.Module):
         use_cache=True,
         generator=None,
         return_attention=False,
-        compile=False,
         window=None,
         sinks=0,
+        decoder=None,
     ):
         """Yield (next_token (B, 1), attention, window_start) for each new token.
 
         The window (the prompt, or what is left after a slide) goes through the model
         in one forward that fills the cache; then only the newest token does.
-        use_cache=False runs the whole window every time; compile=True runs the newest
-        token through the compiled step (compiled_decoder); window, sinks: StreamingLLM's
-        cache (make_kv_cache). attention (with return_attention): the per-layer weights
-        of the forward that gave this token, over idx[:, window_start:]: (B, nh, T, T)
-        maps, then one (B, nh, 1, Tk) row per step (a rolling cache's: by slot)."""
+        use_cache=False runs the whole window every time; decoder: a (step, cache) pair
+        from support.engine.compiled_decoder that runs the newest token compiled; window,
+        sinks: StreamingLLM's cache (make_kv_cache). attention (with return_attention): the
+        per-layer weights of the forward that gave this token, over idx[:, window_start:]:
+        (B, nh, T, T) maps, then one (B, nh, 1, Tk) row per step (a rolling cache's: by slot)."""
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if idx.size(1) < 1:
             raise ValueError("generation needs at least one prompt token")
-        if compile and (
-            return_attention
-            or not use_cache
-            or window
-            or self.config.sliding_window
-            or self.config.attention != "softmax"
-        ):
+        eager_only = return_attention or not use_cache or window is not None or sinks
+        if decoder is not None and eager_only:
             raise ValueError(
-                "compile=True decodes softmax attention through the full KV cache, "
-                "without attention maps or a window"
+                "a compiled decoder decodes through the full KV cache, without attention maps "
+                "or a window; pass decoder=None for those"
             )
-        if compile:
-            step, cache = self.compiled_decoder(idx.size(0))
-        else:
-            cache = (
-                self.make_kv_cache(idx.size(0), window=window, sinks=sinks) if use_cache else None
-            )
+        if decoder is None:
+            cache = None
+            if use_cache:
+                cache = self.make_kv_cache(idx.size(0), window=window, sinks=sinks)
 
-            def step(token):  # the newest tokens (B, 1) attend to the cache
+            def step(token):
+                """The newest tokens (B, 1) attend to the cache."""
                 return self(token, kv_cache=cache, return_attention=return_attention)
 
-        # a prompt keeps its last block_size tokens (StreamingLLM: S + W; a rolling rope cache: all)
-        rolls = self.config.rope and cache is not None and cache.window is not None
-        keep = (cache.block_size if cache.stream else idx.size(1)) if rolls else self.config.context
-        start, fresh = max(0, idx.size(1) - keep), True
+        else:
+            step, cache = decoder
+        rolls = self.config.rope and isinstance(cache, RollingKVCache)
+        start = self.prompt_start(idx.size(1), cache)
+        fresh = True
         for _ in range(max_new_tokens):
-            new_start = start if rolls else self.context_start(idx.size(1), start)
+            new_start = start
+            if not rolls:
+                new_start = self.context_start(idx.size(1), start)
             if cache is None or fresh or new_start != start:
                 # the whole window in one forward: the prompt, after a slide, or without a cache
-                start, fresh = new_start, False
+                start = new_start
+                fresh = False
                 if cache is not None:
                     cache.reset()
+                window_idx = idx[:, start:]
                 out = self(
-                    idx[:, start:],
-                    kv_cache=cache,
-                    return_attention=return_attention,
-                    last_only=True,
+                    window_idx, kv_cache=cache, return_attention=return_attention, last_only=True
                 )
             else:
                 out = step(idx[:, -1:])
-            idx_next = sample_next(out[0][:, -1, :], temperature, top_k, top_p, generator)
+            logits = out[0][:, -1, :]  # (B, vocab)
+            idx_next = sample_next(logits, temperature, top_k, top_p, generator)  # (B, 1)
             idx = torch.cat((idx, idx_next), dim=1)
-            yield idx_next, (out[2] if return_attention else None), start
+            attention = None
+            if return_attention:
+                attention = out[2]
+            yield idx_next, attention, start
 
     @torch.no_grad()
     def generate(
@@ -705,12 +898,13 @@ class GPT(nn.Module):
         top_p=None,
         use_cache=True,
         generator=None,
-        compile=False,
         window=None,
         sinks=0,
+        decoder=None,
     ):
-        """idx (B, T) with max_new_tokens sampled tokens appended; temperature=0 is greedy. use_cache=False
-        (the whole window every step, same slide) and compile=True (float32) give the same greedy tokens."""
+        """idx (B, T) with max_new_tokens sampled tokens appended; temperature=0 is greedy.
+        use_cache=False (the whole window every step, the same slides) and a compiled decoder
+        (support/engine.py, in float32) give the same greedy tokens."""
         steps = self.generate_stream(
             idx,
             max_new_tokens,
@@ -719,86 +913,14 @@ class GPT(nn.Module):
             top_p,
             use_cache,
             generator,
-            compile=compile,
             window=window,
             sinks=sinks,
+            decoder=decoder,
         )
-        return torch.cat([idx] + [token for token, _, _ in steps], dim=1)
+        new_tokens = [token for token, _, _ in steps]
+        return torch.cat([idx] + new_tokens, dim=1)
 
-    def compiled_decoder(self, batch_size, cuda_graphs=None):
-        """(step, cache): decode_step compiled, with its zeroed KVCache, built once per batch size
-        and kept; step(token (B, 1)) returns what forward would and advances the cache. cuda_graphs
-        (default: on CUDA) records it as a CUDA graph writing the static cache in place; else max-autotune
-        with frozen weights (changing one rebuilds the step) writes its own matrix-vector kernels."""
-        p = self.transformer.wte.weight
-        if (
-            p.device.type not in ("cpu", "cuda") or self.config.sliding_window
-        ):  # a window decodes eagerly
-            what = "a sliding window" if self.config.sliding_window else p.device.type
-            raise ValueError(f"compile=True decodes full attention on CPU or CUDA, not {what}")
-        cuda_graphs = p.device.type == "cuda" if cuda_graphs is None else cuda_graphs
-        key = (batch_size, p.device, p.dtype, cuda_graphs)
-        version = None if cuda_graphs else tuple(q._version for q in self.parameters())
-        if key in self._decoders and self._decoders[key][2] == version:
-            return self._decoders[key][:2]
-        cache = self.make_kv_cache(batch_size, zero=True)
-        if cuda_graphs:
-            for t in cache.k + cache.v + [cache.at]:
-                torch._dynamo.mark_static_address(t)
-            compiled = torch.compile(self.decode_step, mode="reduce-overhead", fullgraph=True)
-        else:
-            compiled = torch.compile(
-                self.decode_step, mode="max-autotune-no-cudagraphs", fullgraph=True
-            )
-            # read by inductor when it compiles, at the first call; quiet autotuning
-            frozen = dict(
-                freezing=True,
-                autotune_num_choices_displayed=0,
-                max_autotune_report_choices_stats=False,
-            )
-
-        def step(token):
-            # a fresh (B, 1) tensor: a view into idx would change strides every step
-            token = token.clone(memory_format=torch.contiguous_format)
-            if cuda_graphs:
-                torch.compiler.cudagraph_mark_step_begin()  # the last step's logits are used up
-                logits = compiled(token, cache.at, cache)
-            else:
-                with torch._inductor.config.patch(frozen):
-                    logits = compiled(token, cache.at, cache)
-            cache.advance(1)
-            return logits[:, None], None  # (logits (B, 1, vocab), no loss), as forward gives
-
-        self._decoders[key] = (step, cache, version)
-        return step, cache
-
-    # Training helpers ----------
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """AdamW, decaying matrices only (not biases, LayerNorm gains); the fused
-        kernel updates every parameter in one pass (CUDA and CPU)."""
-        params = [p for p in self.parameters() if p.requires_grad]
-        groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
-        return torch.optim.AdamW(
-            groups, lr=learning_rate, betas=betas, fused=device_type in ("cuda", "cpu")
-        )
-
-    def flops_per_token(self):
-        """Training FLOPs per token: 6 per parameter plus the attention scores."""
-        c = self.config
-        return 6 * self.num_params(non_embedding=True) + 12 * c.n_layer * c.n_embd * c.block_size
-
-    def estimate_mfu(self, tokens_per_iter, dt):
-        """Model FLOPs utilisation against the current GPU's bf16 peak (PEAK_FLOPS), or None."""
-        if not torch.cuda.is_available() or dt <= 0:
-            return None
-        name = torch.cuda.get_device_name()
-        peak = next((flops for key, flops in PEAK_FLOPS.items() if key in name), None)
-        return None if peak is None else self.flops_per_token() * tokens_per_iter / dt / peak
-
-    # 9. GPT-2 weights in Hugging Face format ----------
+    # 15. GPT-2 weights in Hugging Face format ----------
     @classmethod
     def from_pretrained(cls, path_or_name, **overrides):
         """GPT-2 from a Hugging Face folder, or by name ('gpt2', 'gpt2-medium', ...) through
@@ -808,7 +930,8 @@ class GPT(nn.Module):
             raise ValueError(
                 "GPT-2's weights need softmax attention; train a linear model from scratch"
             )
-        from support.checkpoint import read_gpt2_files  # safetensors, or a weights_only torch.load
+        # safetensors, or a weights_only torch.load
+        from support.checkpoint import read_gpt2_files
 
         hf, state = read_gpt2_files(path_or_name)
         if hf["activation_function"] not in ("gelu_new", "gelu_pytorch_tanh"):
@@ -820,17 +943,18 @@ class GPT(nn.Module):
             raise ValueError(
                 f"block_size {block_size} is larger than the pretrained model's {hf['n_positions']}"
             )
+        # GPTConfig's defaults are GPT-2's
         sizes = {key: hf[key] for key in ("vocab_size", "n_layer", "n_head", "n_embd")}
-        model = cls(
-            GPTConfig(**(sizes | overrides), block_size=block_size)
-        )  # GPTConfig's defaults are GPT-2's
+        model = cls(GPTConfig(**(sizes | overrides), block_size=block_size))
 
         sd = {}
         for key, tensor in state.items():
             key = key.removeprefix("transformer.")
+            # causal-mask buffers, and the LM head tied to wte
             if key.endswith((".attn.bias", ".attn.masked_bias")) or key == "lm_head.weight":
-                continue  # causal-mask buffers, and the LM head tied to wte
-            # Hugging Face's GPT-2 stores these as Conv1D, (in, out): transpose to Linear's (out, in)
+                continue
+            # Hugging Face's GPT-2 stores these as Conv1D, (in, out):
+            # transpose to Linear's (out, in)
             if key.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
                 tensor = tensor.t()
             sd["transformer." + key] = tensor.float()

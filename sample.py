@@ -26,12 +26,14 @@ from support.checkpoint import (
     CheckpointError,
 )
 from support.configurator import ConfigError, describe, parse_args
+from support.engine import compiled_decoder, generate_compiled
 from support.loading import LoadError, load_model, pick_device, pick_dtype
 from support.tokenizer import TokenizerError
 
 DEFAULTS = dict(
     out_dir="out-shakespeare-char",  # the folder config/shakespeare.py trains into
-    init_from="",  # "" = out_dir's checkpoint; or a checkpoint folder, or a Hugging Face GPT-2 folder
+    # "" = out_dir's checkpoint; or a checkpoint folder, or a Hugging Face GPT-2 folder
+    init_from="",
     prompt="\n",  # text, or FILE:path to read it from a file
     num_samples=3,
     max_new_tokens=500,
@@ -42,7 +44,8 @@ DEFAULTS = dict(
     device="auto",  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
     dtype="auto",  # auto (bfloat16 on a GPU that has it, else float32), float32, bfloat16, float16
     no_cache=False,  # recompute the whole context every token: same output, slower
-    compile=False,  # decode with the compiled fixed-shape step (compiling takes 10-60 s; no attention maps)
+    # decode with the compiled fixed-shape step (compiling takes 10-60 s; no attention maps)
+    compile=False,
     stream=False,  # print tokens as they are generated
     attn_dir=None,  # None = <out_dir>/attention; "" = do not save attention maps
     window=None,  # StreamingLLM: keep the last W tokens in the cache (rope models), never slide
@@ -151,6 +154,10 @@ def generate_one(model, idx, cfg, generator, attention=False, on_token=None):
     n_new = cfg["max_new_tokens"]
     # a linear-attention model's state keeps no keys to weigh: its maps come from whole forwards
     linear = attention and model.config.attention == "linear"
+    decoder = None
+    if cfg["compile"]:
+        # built at the warm-up in main, and kept: this finds it
+        decoder = compiled_decoder(model, idx.size(0))
     stream = model.generate_stream(
         idx,
         n_new + int(attention),
@@ -160,9 +167,9 @@ def generate_one(model, idx, cfg, generator, attention=False, on_token=None):
         use_cache=not (cfg["no_cache"] or linear),
         generator=generator,
         return_attention=attention,
-        compile=cfg["compile"],
         window=cfg["window"],
         sinks=cfg["sinks"],
+        decoder=decoder,
     )
     new, steps = [], []
     for i in range(n_new + int(attention)):
@@ -263,7 +270,8 @@ def main(argv):
                 "--compile decodes softmax attention only; drop it for this linear-attention model"
             )
         t0 = time.perf_counter()
-        model.generate(idx, 2, temperature=0.0, compile=True)  # the second token compiles the step
+        # the second token compiles the step
+        generate_compiled(model, idx, 2, temperature=0.0)
         sync(device)
         print(f"compiled the decode step in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     elapsed, attention = 0.0, None
@@ -298,7 +306,8 @@ def main(argv):
         path = f"rolling kv cache of {s} sinks + {w} tokens"
     how = f"{path}, {device}, {str(dtype).removeprefix('torch.')}"
     print(
-        f"prompt {len(prompt_ids)} tokens, {cfg['num_samples']} x {cfg['max_new_tokens']} new tokens, "
+        f"prompt {len(prompt_ids)} tokens, "
+        f"{cfg['num_samples']} x {cfg['max_new_tokens']} new tokens, "
         f"{n_new / max(elapsed, 1e-9):.1f} tokens/s ({how})"
     )
 

@@ -51,6 +51,7 @@ from support.configurator import ConfigError, describe, parse_args
 from support.context_parallel import ContextParallel
 from support.context_parallel import check as check_context_parallel
 from support.hardware import auto_dtype, bf16_error, faster_cpu_dtype, native_bf16
+from support.mfu import estimate_mfu
 from support.optim import get_lr, make_optimizers
 from support.tokenizer import TokenizerError
 
@@ -953,7 +954,7 @@ def train(r):
                     last_log = (iter_num, elapsed())
                     # the MFU of a GPU's peak; a CPU run on a machine with a GPU has none
                     mfu = (
-                        r.raw.estimate_mfu(r.tokens_per_iter // r.world, dt)
+                        estimate_mfu(r.raw, r.tokens_per_iter // r.world, dt)
                         if r.device.type == "cuda"
                         else None
                     )

@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from support import engine
 from support.configurator import ConfigError, describe, parse_args
 
 # The options every benchmark takes; each adds its own
@@ -108,7 +109,7 @@ def peak_gpu_bytes(fn):
 def generate_compiled(model, prompt, max_new_tokens):
     """Greedy decoding through the compiled fixed-shape decode step (CUDA graphs on
     a GPU): the one place the benchmarks reach the compiled path."""
-    return model.generate(prompt, max_new_tokens, temperature=0.0, compile=True)
+    return engine.generate_compiled(model, prompt, max_new_tokens, temperature=0.0)
 
 
 def check_compiled_greedy(model, compiled, eager, what):

@@ -15,6 +15,8 @@ import torch
 
 from bench import common
 from model import GPT, GPTConfig
+from support.mfu import estimate_mfu
+from support.optim import configure_optimizers
 
 DEFAULTS = dict(
     common.DEFAULTS,
@@ -33,7 +35,7 @@ TARGET_TRAIN_VS_HF = 1.25  # nanoGPT CPU settings: HF ms/step / ours ms/step
 
 
 def adamw(model, device):
-    """AdamW with weight decay on matrices only, as model.configure_optimizers does."""
+    """AdamW with weight decay on matrices only, as support.optim.configure_optimizers does."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
@@ -71,11 +73,6 @@ def hf_loss(x):
         return model(input_ids=x, labels=x).loss
 
     return loss
-
-
-def estimate_mfu(model, tokens, dt):
-    """Model FLOPs utilisation: the one place the benchmarks ask for it."""
-    return model.estimate_mfu(tokens, dt)
 
 
 def repeat_counts(name, device, quick):
@@ -117,7 +114,7 @@ def bench_case(name, shape, batch, counts, args):
     our_module = ours
     if compiled:
         our_module = torch.compile(ours)
-    our_optimizer = ours.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device)
+    our_optimizer = configure_optimizers(ours, 0.1, 1e-4, (0.9, 0.95), device)
     fns = {
         "ours": train_step_fn(our_module, our_loss(x, y), our_optimizer, device),
         "hf": train_step_fn(hf, hf_loss(x), adamw(hf, device), device),

@@ -53,13 +53,25 @@ def newton_schulz(g, ns_coefficients, ns_steps, eps):
     return x.T if tall else x
 
 
+def configure_optimizers(model, weight_decay, learning_rate, betas, device_type):
+    """AdamW for a GPT, decaying its matrices only (not biases, LayerNorm gains); the fused
+    kernel updates every parameter in one pass (CUDA and CPU)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    fused = device_type in ("cuda", "cpu")
+    return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
+
+
 def make_optimizers(model, cfg, device_type, dtype):
     """Optimizers that step together: [AdamW], or [Muon, AdamW]. Muon orthogonalises
     in bfloat16 only when training in it: elsewhere bfloat16 may be emulated (40x
     slower) or crash (hardware.py)."""
     lr, wd, betas = cfg["learning_rate"], cfg["weight_decay"], (cfg["beta1"], cfg["beta2"])
     if cfg["optimizer"] == "adamw":
-        return [model.configure_optimizers(wd, lr, betas, device_type)]
+        return [configure_optimizers(model, wd, lr, betas, device_type)]
     # Muon orthogonalises the update of each hidden matrix. Embeddings (and the
     # head tied to them), biases and gains are not hidden matrices: AdamW.
     # match_rms_adamw scales Muon's steps like AdamW's, so one lr serves both.

@@ -28,6 +28,8 @@ from bench.common import BenchError
 from model import GPT, GPTConfig, attention, causal_mask
 from support import batches, loading
 from support.configurator import parse_args
+from support.engine import compiled_decoder, generate_compiled
+from support.mfu import estimate_mfu, flops_per_token
 
 REPO = os.path.dirname(os.path.abspath(train.__file__))
 META = torch.device("meta")
@@ -243,8 +245,8 @@ def test_cuda_branch_of_the_compiled_decoder_on_cpu(inductor_graphs):
     torch.manual_seed(0)
     B, c = 2, GPTConfig(block_size=16, vocab_size=37, n_layer=2, n_head=2, n_embd=32, dropout=0.0)
     model = GPT(c).eval()
-    step, cache = model.compiled_decoder(B, cuda_graphs=True)
-    assert model.compiled_decoder(B, cuda_graphs=True) == (step, cache)  # built once, kept
+    step, cache = compiled_decoder(model, B, cuda_graphs=True)
+    assert compiled_decoder(model, B, cuda_graphs=True) == (step, cache)  # built once, kept
     assert all(
         getattr(t, "_dynamo_static_input_type", None) for t in cache.k + cache.v + [cache.at]
     )
@@ -319,7 +321,7 @@ def test_cuda_1_becomes_the_current_device(fake_gpus):
     )
     assert fake_gpus.current == 1
     # the MFU is then against GPU 1's peak, not GPU 0's
-    assert model.estimate_mfu(1000, 1.0) == pytest.approx(model.flops_per_token() * 1000 / 756e12)
+    assert estimate_mfu(model, 1000, 1.0) == pytest.approx(flops_per_token(model) * 1000 / 756e12)
     # one process per GPU under torchrun: LOCAL_RANK picks it
     assert train.pick_device(dict(train.DEFAULTS, device="cuda"), 0, True)[0] == torch.device(
         "cuda", 0
@@ -348,13 +350,13 @@ def test_cuda_1_becomes_the_current_device(fake_gpus):
 def test_mfu_uses_the_peak_of_the_gpu_variant(fake_gpus, name, peak):
     fake_gpus.names = [name]
     model = GPT(GPTConfig(block_size=16, vocab_size=37, n_layer=1, n_head=2, n_embd=32))
-    mfu = model.estimate_mfu(4096, 0.5)
-    assert mfu == (pytest.approx(model.flops_per_token() * 4096 / 0.5 / peak) if peak else None)
+    mfu = estimate_mfu(model, 4096, 0.5)
+    assert mfu == (pytest.approx(flops_per_token(model) * 4096 / 0.5 / peak) if peak else None)
 
 
 def test_a_cpu_run_shows_no_mfu_on_a_machine_with_a_gpu(fake_gpus, data_root, tmp_path, capsys):
     model = GPT(GPTConfig(block_size=16, vocab_size=37, n_layer=1, n_head=2, n_embd=32))
-    assert model.estimate_mfu(4096, 0.5) is not None  # the model would report one
+    assert estimate_mfu(model, 4096, 0.5) is not None  # the model would report one
     train.main(
         train_args(
             data_root,
@@ -631,7 +633,7 @@ def test_compiled_decoder_records_a_cuda_graph():
     )
     counters.clear()
     prompt = torch.randint(0, 37, (2, 3), device="cuda")
-    compiled = model.generate(prompt, 20, temperature=0.0, compile=True)
+    compiled = generate_compiled(model, prompt, 20, temperature=0.0)
     assert (
         counters["inductor"]["cudagraph_skips"] == 0
     )  # recorded, not skipped (e.g. for mutated inputs)

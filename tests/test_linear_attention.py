@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT, GPTConfig, linear_attention
+from support.engine import generate_compiled
 from support.tokenizer import get_tokenizer
 
 
@@ -171,8 +172,8 @@ def test_bad_input_is_one_clear_error():
         GPTConfig(attention="flash")
     with pytest.raises(ValueError, match="softmax attention"):
         GPT.from_pretrained("gpt2", attention="linear")  # refused before any file is read
-    with pytest.raises(ValueError, match="compile=True decodes softmax attention"):
-        tiny_model().generate(torch.tensor([[1, 2]]), 3, compile=True)
+    with pytest.raises(ValueError, match="compiled decoding runs softmax attention"):
+        generate_compiled(tiny_model(), torch.tensor([[1, 2]]), 3)
 
 
 def test_softmax_stays_the_default():

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig, attention, causal_mask, windowed_attention
+from support.engine import compiled_decoder, generate_compiled
 
 
 def tiny(seed=0, **kw):
@@ -241,9 +242,9 @@ def test_bad_cache_window_fails_in_one_line():
     with pytest.raises(ValueError, match="a window for sinks"):
         tiny().make_kv_cache(1, sinks=2)
     with pytest.raises(ValueError, match="window"):
-        tiny(sliding_window=4).generate(torch.zeros(1, 1, dtype=torch.long), 2, compile=True)
+        generate_compiled(tiny(sliding_window=4), torch.zeros(1, 1, dtype=torch.long), 2)
     with pytest.raises(ValueError, match="full attention"):
-        tiny(sliding_window=4).compiled_decoder(1)
+        compiled_decoder(tiny(sliding_window=4), 1)
 
 
 # ---------------------------------------------------------------------------

@@ -4,6 +4,7 @@ literature, PyTorch's scaled_dot_product_attention, and Hugging Face GPT-2."""
 import ast
 import math
 import os
+import re
 import sys
 
 import pytest
@@ -20,6 +21,9 @@ from model import (
     causal_mask,
     sample_next,
 )
+from support.engine import compiled_decoder, generate_compiled
+from support.mfu import estimate_mfu
+from support.optim import configure_optimizers
 
 
 def tiny_config(**kw):
@@ -241,12 +245,12 @@ def test_compiled_generation_equals_eager():
     prompt = torch.randint(0, 37, (2, 3))
     n = 3 * model.config.block_size  # slides the window twice
     eager = model.generate(prompt, n, temperature=0)
-    assert torch.equal(model.generate(prompt, n, temperature=0, compile=True), eager)
-    step, cache = model.compiled_decoder(2)
-    assert model.compiled_decoder(2) == (step, cache)  # built once, kept
+    assert torch.equal(generate_compiled(model, prompt, n, temperature=0), eager)
+    step, cache = compiled_decoder(model, 2)
+    assert compiled_decoder(model, 2) == (step, cache)  # built once, kept
     # the position lives on the device and is advanced in place, never re-sent from the host
     at = cache.at
-    model.generate(prompt, 5, temperature=0, compile=True)
+    generate_compiled(model, prompt, 5, temperature=0)
     assert (
         cache.at is at
         and at.data_ptr() == cache.at.data_ptr()
@@ -255,13 +259,13 @@ def test_compiled_generation_equals_eager():
     # on CPU the weights are frozen into the compiled step: a change rebuilds it
     with torch.no_grad():
         model.transformer.h[0].mlp.c_fc.weight.mul_(-1)
-    assert model.compiled_decoder(2)[0] is not step
+    assert compiled_decoder(model, 2)[0] is not step
     assert torch.equal(
-        model.generate(prompt, n, temperature=0, compile=True),
+        generate_compiled(model, prompt, n, temperature=0),
         model.generate(prompt, n, temperature=0),
     )
-    with pytest.raises(ValueError, match="compile=True"):
-        model.generate(prompt, 2, compile=True, use_cache=False)
+    with pytest.raises(ValueError, match="compiled decoder decodes through the full KV cache"):
+        generate_compiled(model, prompt, 2, use_cache=False)
 
 
 @pytest.mark.cuda
@@ -271,8 +275,8 @@ def test_compiled_generation_equals_eager_on_cuda():
     prompt = torch.randint(0, 37, (2, 3), device="cuda")
     n = 3 * model.config.block_size
     eager = model.generate(prompt, n, temperature=0)
-    assert torch.equal(model.generate(prompt, n, temperature=0, compile=True), eager)
-    assert torch.equal(model.generate(prompt, n, temperature=0, compile=True), eager)  # replayed
+    assert torch.equal(generate_compiled(model, prompt, n, temperature=0), eager)
+    assert torch.equal(generate_compiled(model, prompt, n, temperature=0), eager)  # replayed
 
 
 def test_sliding_rule():
@@ -369,14 +373,14 @@ def test_gpt2_initialisation_and_tied_head():
 
 def test_configure_optimizers_decays_matrices_only():
     model = tiny_model()
-    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    opt = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), "cpu")
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() >= 2 for p in decay["params"]) and all(
         p.dim() < 2 for p in no_decay["params"]
     )
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
-    assert model.estimate_mfu(1000, 0.1) is None  # no GPU peak to compare with on CPU
+    assert estimate_mfu(model, 1000, 0.1) is None  # no GPU peak to compare with on CPU
 
 
 def test_loss_ignores_minus_one_and_matches_cross_entropy():
@@ -479,3 +483,48 @@ def test_model_file_imports_only_torch_and_the_standard_library(repo_root):
     }
     names |= {node.module.split(".")[0] for node in top if isinstance(node, ast.ImportFrom)}
     assert "torch" in names and names - {"torch"} <= set(sys.stdlib_module_names), names
+
+
+def test_model_file_follows_its_outline(repo_root):
+    """The numbered outline at the top of model.py is the order of its sections, and a
+    name defined at the top level is only used below its definition."""
+    with open(os.path.join(repo_root, "model.py")) as f:
+        source = f.read()
+    tree = ast.parse(source)
+    outline = re.findall(r"^ +(\d+)\. ", ast.get_docstring(tree), flags=re.M)
+    sections = re.findall(r"^ *# (\d+)\. .* -{10}$", source, flags=re.M)
+    assert outline == sections == [str(n) for n in range(1, len(outline) + 1)]
+    names = top_level_names(tree)
+    defined = set()
+    for node in tree.body:
+        used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} & names
+        assert used <= defined, (node.lineno, used - defined)
+        defined |= top_level_names(ast.Module(body=[node], type_ignores=[]))
+
+
+def top_level_names(tree):
+    return {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+
+
+def test_readability_measure_on_a_hand_counted_source():
+    from experiments.readability import measure
+
+    source = (
+        '"""Doc."""\n'
+        "\n"
+        "class MultiHeadAttention:\n"
+        "    def forward(self, x):\n"
+        "        a, b = x, 1  # a tuple to a tuple\n"
+        "        if a and b or x:\n"
+        "            return [f(y) for y in x]\n"
+        "        return a if b else -x[0]\n"
+    )
+    lines, chars, ops, long_lines, tuples, ifexps, branches = measure(source)
+    assert (lines, long_lines, tuples, ifexps) == (8, 0, 1, 1)
+    non_blank = [line for line in source.splitlines() if line.strip()]
+    assert chars == round(sum(len(line) for line in non_blank) / 7, 1)
+    # two BoolOps, the call, the comprehension, the IfExp, the UnaryOp and the Subscript,
+    # over the 6 code lines (the docstring and the blank line are not code)
+    assert ops == round(7 / 6, 2)
+    # 1 + if + and + or + comprehension + conditional expression
+    assert branches == 6

@@ -305,7 +305,7 @@ def test_attention_files(runs, trained):
         with open(os.path.join(folder, "heads.json"), encoding="utf-8") as f:
             heads = json.load(f)["heads"]
         assert sorted((h["layer"], h["head"]) for h in heads) == [
-            (l, h) for l in range(2) for h in range(4)
+            (layer, h) for layer in range(2) for h in range(4)
         ]
         # the labels are heads.py's, computed on this sample's maps and tokens
         tokens = [str(t) for t in z["tokens"]]
@@ -316,7 +316,10 @@ def test_attention_files(runs, trained):
             assert h["concentration"] in ("sparse", "focused", "broad") and h["entropy"] >= 0
             # sample.py prints the same table
             shares = r"\s+".join(f"{h['scores'][c]:.2f}" for c in attention_maps.CLASSES)
-            row = rf"^\s*{h['layer']}\s+{h['head']}\s+{re.escape(h['label'])}\s+{h['concentration']}\s+{shares}$"
+            row = (
+                rf"^\s*{h['layer']}\s+{h['head']}\s+{re.escape(h['label'])}"
+                rf"\s+{h['concentration']}\s+{shares}$"
+            )
             assert re.search(row, runs[name].stdout, re.M)
 
         check_html(os.path.join(folder, "index.html"), z)
@@ -416,7 +419,8 @@ def test_head_patterns_oracle(tmp_path):
         stats = attention_maps.head_stats(a, tokens)
         assert stats["label"] == name, (name, stats)
         assert all(0 <= v <= 1 for v in stats["scores"].values())
-    # the rows scored are i > BAND; a one-hot row has no entropy, a uniform row over i + 1 keys log(i + 1)
+    # the rows scored are i > BAND; a one-hot row has no entropy,
+    # a uniform row over i + 1 keys log(i + 1)
     rows = range(attention_maps.BAND + 1, T)
     assert attention_maps.head_stats(maps["previous"], tokens)["entropy"] == 0
     expected = np.mean([math.log(i + 1) for i in rows])
