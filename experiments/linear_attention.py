@@ -416,7 +416,7 @@ key and value. In `model.py` this is `linear_attention`, beside the softmax
   maps of a linear model from whole forwards, since its state keeps no keys to
   weigh.
 - **Not supported**: GPT-2's weights (trained with softmax) with
-  `attention="linear"`, and the compiled decode step (`compile=True`,
+  `attention="linear"`, and the compiled decode step (`support.engine`,
   `sample.py --compile`): each is refused with one line. Attention dropout has no
   weights to drop here; `dropout` still applies to the residual branches.
 
