@@ -482,6 +482,7 @@ ENTRY_POINTS = [
     "train.py",
     "sample.py",
     "heads.py",
+    "explore.py",
     "bench.py",
     "smoke_gpu.py",
     "experiments/induction_experiment.py",
