@@ -30,7 +30,7 @@ from support.tokenizer import build_tokenizer
 
 BLOCK = 32
 TIMEOUT = 60  # seconds: no request in these tests may hang the suite
-PROMPT = "ROMEO:\nBut soft, what light thro"  # 30 characters
+PROMPT = "ROMEO:\nBut soft, what light thro"  # 32 characters: the whole context
 _NAMES = "|".join(attention_maps.NAMES)
 LABEL = re.compile(
     rf"^(induction|{_NAMES}|broad|other|weak ({_NAMES})|mixed: ({_NAMES})\+({_NAMES}))$"

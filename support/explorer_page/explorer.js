@@ -483,6 +483,8 @@ async function start() {
     render();
     return;
   }
+  // the example prompt, cut to fit a small model's context (no more tokens than characters)
+  $("prompt").value = $("prompt").value.slice(0, info.context);
   $("prompt").addEventListener("input", () => {
     state.generated = 0;
     analyzeSoon();
