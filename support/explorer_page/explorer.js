@@ -110,9 +110,9 @@ async function generate() {
   } catch (e) {
     if (e.name !== "AbortError") $("status").textContent = e.message;
   } finally {
+    await showGrowing(tokens, generated, true);
     $("generate").disabled = false;
     $("stop").disabled = true;
-    showGrowing(tokens, generated, true);
   }
 }
 
@@ -121,7 +121,7 @@ function showGrowing(tokens, generated, last) {
   const kept = tokens.slice(-context);
   $("prompt").value = kept.join("");
   state.generated = Math.min(generated, kept.length);
-  if (last || !state.busy) analyze();
+  if (last || !state.busy) return analyze();
 }
 
 // ---------------------------------------------------------------------------
@@ -202,13 +202,13 @@ function drawHeatmap(canvas, map, hover) {
 function drawLines(canvas, r, hover) {
   const map = r.attention[state.layer][state.head];
   const T = r.tokens.length;
-  const rowH = 14;
+  const rowH = lineHeight(T);
   canvas.height = Math.max(60, T * rowH + 8);
   const ctx = canvas.getContext("2d");
-  const left = 80;
-  const right = canvas.width - 80;
+  const left = 70;
+  const right = canvas.width - 70;
   ctx.clearRect(0, 0, canvas.width, canvas.height);
-  ctx.font = "11px monospace";
+  ctx.font = `${Math.min(11, rowH)}px monospace`;
   ctx.textBaseline = "middle";
   for (let i = 0; i < T; i++) {
     const y = 4 + i * rowH + rowH / 2;
@@ -236,9 +236,14 @@ function drawLines(canvas, r, hover) {
   }
 }
 
+// rows of 8 to 14 pixels: a 64-token prompt fits the box without scrolling
+function lineHeight(T) {
+  return Math.max(8, Math.min(14, 560 / T));
+}
+
 function linesHover(event) {
   const rect = $("lines").getBoundingClientRect();
-  const i = Math.floor((event.clientY - rect.top - 4) / 14);
+  const i = Math.floor((event.clientY - rect.top - 4) / lineHeight(state.result.tokens.length));
   if (state.result && i >= 0 && i < state.result.tokens.length) setHover(i);
 }
 
@@ -264,7 +269,8 @@ function renderMultiples(r) {
     div.className = "multiple" + (h === state.head ? " selected" : "") + (off ? " off" : "");
     div.dataset.head = h;
     const canvas = document.createElement("canvas");
-    canvas.width = canvas.height = 120;
+    canvas.width = 120;
+    canvas.height = 120;
     drawHeatmap(canvas, map, null);
     const caption = document.createElement("div");
     caption.textContent = `H${h}: ${headInfo(r, state.layer, h).label}`;
@@ -418,26 +424,28 @@ async function exportHtml() {
   download("attention.html", new Blob([html], { type: "text/html" }));
 }
 
+// the .png: the head's map, the layer's heads, the probabilities and continuations
 function exportPng() {
   const r = state.result;
   const multiples = [...document.querySelectorAll("#multiples canvas")];
   const canvas = document.createElement("canvas");
-  canvas.width = 1040;
-  canvas.height = 560;
+  canvas.width = 1000;
+  canvas.height = 340 + 128 * Math.floor((multiples.length - 1) / 5);
   const ctx = canvas.getContext("2d");
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, canvas.width, canvas.height);
   ctx.fillStyle = "#222";
   ctx.font = "14px sans-serif";
-  ctx.fillText($("head-label").textContent.slice(0, 140), 10, 20);
+  ctx.fillText($("head-label").textContent.slice(0, 130), 10, 20);
   ctx.drawImage($("heatmap"), 10, 40);
-  multiples.forEach((c, h) => ctx.drawImage(c, 390 + (h % 5) * 128, 40 + Math.floor(h / 5) * 128));
+  multiples.forEach((c, h) => ctx.drawImage(c, 310 + (h % 5) * 128, 40 + Math.floor(h / 5) * 128));
   const columns = r.intact ? [["heads off", r], ["intact", r.intact]] : [["intact", r]];
+  const top = 60 + 128 * Math.ceil(multiples.length / 5);
   ctx.font = "12px monospace";
   columns.forEach(([title, a], k) => {
-    const x = 10 + 200 * k;
-    ctx.fillText(title, x, 420);
-    a.next.forEach((n, i) => ctx.fillText(`${shown(n.token).padEnd(6)} ${n.prob.toFixed(4)}`, x, 436 + 12 * i));
+    const x = 310 + 330 * k;
+    ctx.fillText(`${title}: next token, then greedy "${shown(a.continuation.join("")).slice(0, 24)}"`, x, top);
+    a.next.forEach((n, i) => ctx.fillText(`${shown(n.token).padEnd(8)} ${n.prob.toFixed(4)}`, x, top + 16 + 12 * i));
   });
   canvas.toBlob((blob) => download("attention.png", blob), "image/png");
 }
