@@ -43,6 +43,7 @@ MAX_CONTINUATION = 200
 MAX_NEW_TOKENS = 2000  # the most tokens one /api/generate may ask for
 DIGITS = 6  # attention weights are rounded to 6 decimals: 5e-7 at most, a shorter JSON
 SEED = 1337  # the induction probe's random tokens, heads.py's default seed
+PROBES_KEPT = 64  # induction probes kept, one per set of heads switched off
 
 ANALYZE_FIELDS = {"prompt", "ablate", "continuation"}
 GENERATE_FIELDS = {"prompt", "ablate", "max_new_tokens", "temperature", "top_k", "seed"}
@@ -91,8 +92,9 @@ class Explorer:
         self.config = model.config
         self.device = model.lm_head.weight.device
         self.lock = threading.Lock()
-        # the induction probe of the intact model, as heads.py measures it; an ablation reruns it
-        self.intact_probe = head_measures.induction_scores(model, SEED)["induction"]
+        # the induction probe, as heads.py measures it, by set of heads off: it does not
+        # depend on the prompt, so typing with the same heads off never reruns it
+        self.probes = {(): head_measures.induction_scores(model, SEED)["induction"]}
 
     def info(self):
         """What the page needs to know before the first analysis."""
@@ -196,10 +198,14 @@ class Explorer:
         }
 
     def probe(self, heads):
-        """Each head's induction score, (n_layer, n_head): the intact model's is kept."""
-        if not heads:
-            return self.intact_probe
-        return head_measures.induction_scores(self.model, SEED)["induction"]
+        """Each head's induction score (n_layer, n_head) with heads off; called under the lock."""
+        key = tuple(heads)
+        if key not in self.probes:
+            if len(self.probes) >= PROBES_KEPT:
+                # forget the oldest set of heads, never the intact model's
+                del self.probes[next(k for k in self.probes if k)]
+            self.probes[key] = head_measures.induction_scores(self.model, SEED)["induction"]
+        return self.probes[key]
 
     def greedy(self, idx, n_new):
         """The n_new most likely next tokens, one after another, as ids."""

@@ -483,6 +483,7 @@ ENTRY_POINTS = [
     "sample.py",
     "heads.py",
     "explore.py",
+    "bench/explore.py",
     "bench.py",
     "smoke_gpu.py",
     "experiments/induction_experiment.py",
