@@ -301,6 +301,14 @@ class Handler(BaseHTTPRequestHandler):
                 500, {"error": f"the explorer failed on this request: {type(e).__name__}: {e}"}
             )
 
+    def refuse(self):
+        self.reply(405, {"error": f"{self.command} is not served; GET the page, POST to the API"})
+
+    do_PUT = refuse
+    do_DELETE = refuse
+    do_PATCH = refuse
+    do_OPTIONS = refuse
+
     def read_json(self):
         """The request body as JSON, or RequestError."""
         kind = self.headers.get("Content-Type", "").split(";")[0].strip()

@@ -382,6 +382,7 @@ def bad_requests():
         "traversal": ("GET", "/../model.py", None, None, None, 404, "no page"),
         "encoded_traversal": ("GET", "/%2e%2e/%2e%2e/etc/passwd", None, None, None, 404, "no page"),
         "a_file": ("GET", "/explorer.py", None, None, None, 404, "no page"),
+        "put": ("PUT", "/api/analyze", {"prompt": "a"}, None, None, 405, "not served"),
         "rebinding": (
             "GET",
             "/",
