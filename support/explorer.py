@@ -164,13 +164,13 @@ class Explorer:
         ids = self.encode(body)
         heads = self.heads(body)
         n_new = integer(body, "continuation", CONTINUATION, 0, MAX_CONTINUATION)
-        answer = self.run(ids, heads, n_new)
+        answer = self.analysis(ids, heads, n_new)
         if heads:
-            answer["intact"] = self.run(ids, [], n_new)
+            answer["intact"] = self.analysis(ids, [], n_new)
         return answer
 
     @torch.no_grad()
-    def run(self, ids, heads, n_new):
+    def analysis(self, ids, heads, n_new):
         """One analysis of ids with heads ablated."""
         idx = torch.tensor([ids], dtype=torch.long, device=self.device)
         with self.lock, head_measures.ablated(self.model, heads):
