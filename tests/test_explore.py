@@ -26,6 +26,7 @@ from model import GPT, GPTConfig
 from support import attention_maps, head_measures
 from support.checkpoint import checkpoint_path, save_checkpoint
 from support.explorer import PAGE_DIR, Explorer, ExplorerServer
+from support.loading import load_model
 from support.tokenizer import build_tokenizer
 
 BLOCK = 32
@@ -234,6 +235,28 @@ def test_generate_samples_as_the_model_does(server, trained):
     )
     answer = analyze(server, prompt=PROMPT, ablate=heads)
     assert [line["token"] for line in greedy[1:-1]] == answer["continuation"]
+
+
+def test_a_hugging_face_gpt2_folder(tmp_path):
+    """--init_from a GPT-2 folder: BPE tokens, the same numbers as the weights in memory."""
+    # pytest puts tests/ on the path: the helper that writes Hugging Face's files
+    from test_sample import write_hf_gpt2
+
+    torch.manual_seed(1)
+    model = GPT(GPTConfig(block_size=64, vocab_size=50257, n_layer=1, n_head=2, n_embd=16)).eval()
+    write_hf_gpt2(model, str(tmp_path))
+    loaded, tok, _ = load_model({"init_from": str(tmp_path), "out_dir": ""})
+    server, guard = serve(Explorer(loaded.eval(), tok))
+    try:
+        prompt = "Hello, world. Hello,"
+        answer = analyze(server, prompt=prompt, ablate=[[0, 1]], continuation=5)
+        assert answer["tokens"] == ["Hello", ",", " world", ".", " Hello", ","]
+        check_equal(answer, zeroed(model, [[0, 1]]), tok, prompt)
+        check_equal(answer["intact"], model, tok, prompt)
+    finally:
+        guard.cancel()
+        server.shutdown()
+        server.server_close()
 
 
 # -----------------------------------------------------------------------------
