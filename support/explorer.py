@@ -249,6 +249,7 @@ class Explorer:
 
     @torch.no_grad()
     def sample(self, ids, heads, n_new, temperature, top_k, seed):
+        """Yield each new token as model.generate_stream samples it, with heads off."""
         generator = torch.Generator(device=self.device).manual_seed(seed)
         idx = torch.tensor([ids], dtype=torch.long, device=self.device)
         stream = self.model.generate_stream(idx, n_new, temperature, top_k, generator=generator)
@@ -276,13 +277,14 @@ class Handler(BaseHTTPRequestHandler):
             return
         path = self.path.split("?")[0]
         if path == "/api/info":
-            return self.reply(200, self.server.explorer.info())
-        if path not in PAGE_FILES:
-            return self.reply(404, {"error": f"no page {path!r}; open / for the explorer"})
-        name, kind = PAGE_FILES[path]
-        with open(os.path.join(PAGE_DIR, name), "rb") as f:
-            data = f.read()
-        self.send(200, data, kind)
+            self.reply(200, self.server.explorer.info())
+        elif path in PAGE_FILES:
+            name, kind = PAGE_FILES[path]
+            with open(os.path.join(PAGE_DIR, name), "rb") as f:
+                data = f.read()
+            self.send(200, data, kind)
+        else:
+            self.reply(404, {"error": f"no page {path!r}; open / for the explorer"})
 
     def do_POST(self):
         if not self.host_allowed():
@@ -290,10 +292,14 @@ class Handler(BaseHTTPRequestHandler):
         try:
             body = self.read_json()
             if self.path == "/api/analyze":
-                return self.reply(200, self.server.explorer.analyze(body))
-            if self.path == "/api/generate":
-                return self.stream(*self.server.explorer.generate(body))
-            self.reply(404, {"error": f"no API {self.path!r}; use /api/analyze or /api/generate"})
+                self.reply(200, self.server.explorer.analyze(body))
+            elif self.path == "/api/generate":
+                ids, tokens = self.server.explorer.generate(body)
+                self.stream(ids, tokens)
+            else:
+                self.reply(
+                    404, {"error": f"no API {self.path!r}; use /api/analyze or /api/generate"}
+                )
         except RequestError as e:
             self.reply(400, {"error": str(e)})
         except Exception as e:  # a bug, or out of memory: one line, and the server goes on
@@ -369,12 +375,9 @@ class Handler(BaseHTTPRequestHandler):
         host = self.headers.get("Host", "")
         if allowed is None or host in allowed:
             return True
-        self.reply(
-            403,
-            {
-                "error": f"Host {host!r} is not this server; open http://127.0.0.1:{self.server.server_port}/"
-            },
-        )
+        port = self.server.server_port
+        message = f"Host {host!r} is not this server; open http://127.0.0.1:{port}/"
+        self.reply(403, {"error": message})
         return False
 
     def log_message(self, format, *args):

@@ -401,9 +401,11 @@ function download(name, blob) {
 }
 
 async function exportHtml() {
-  const [css, js] = await Promise.all(
-    ["explorer.css", "explorer.js"].map((f) => (SNAPSHOT ? "" : fetch(f).then((x) => x.text()))),
-  );
+  // from the server, or, in an exported page, from the page itself
+  const scripts = document.querySelectorAll("script");
+  const [css, js] = SNAPSHOT
+    ? [document.querySelector("style").textContent, scripts[scripts.length - 1].textContent]
+    : await Promise.all(["explorer.css", "explorer.js"].map((f) => fetch(f).then((x) => x.text())));
   const snap = {
     info: state.info,
     result: state.result,
