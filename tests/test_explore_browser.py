@@ -179,6 +179,12 @@ def test_the_page_in_a_browser(trained, tmp_path):  # noqa: F811
         assert len(grid) == 2 * 4
         assert driver.find_element(By.ID, "head-label").text == seen["label_at_export"]
         assert len(columns(driver)) == 2
+        # ... and exports itself again, whole
+        (downloads / "attention.html").rename(downloads / "first.html")
+        driver.find_element(By.ID, "export-html").click()
+        wait_for(lambda: os.path.exists(downloads / "attention.html"), "export again")
+        again = (downloads / "attention.html").read_text(encoding="utf-8")
+        assert ".grid button.off" in again and "function exportHtml" in again
     finally:
         driver.quit()
         shutil.rmtree(tmp_path / "profile", ignore_errors=True)
