@@ -18,6 +18,7 @@ one lock: several tabs are answered correctly, one forward at a time.
 """
 
 import json
+import math
 import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -41,6 +42,7 @@ TOP = 10  # next-token candidates shown
 CONTINUATION = 20  # tokens of the greedy continuation beside each analysis
 MAX_CONTINUATION = 200
 MAX_NEW_TOKENS = 2000  # the most tokens one /api/generate may ask for
+MAX_WEIGHTS = 8_000_000  # attention weights of one model in an answer: about 60 MB of JSON
 DIGITS = 6  # attention weights are rounded to 6 decimals: 5e-7 at most, a shorter JSON
 SEED = 1337  # the induction probe's random tokens, heads.py's default seed
 PROBES_KEPT = 64  # induction probes kept, one per set of heads switched off
@@ -162,6 +164,14 @@ class Explorer:
         are, the intact model under "intact"."""
         check_fields(body, ANALYZE_FIELDS)
         ids = self.encode(body)
+        # every head's (T, T) map goes into the answer: a large model's long prompt would not fit
+        n_heads = self.config.n_layer * self.config.n_head
+        longest = math.isqrt(MAX_WEIGHTS // n_heads)
+        if len(ids) > longest:
+            raise RequestError(
+                f"the prompt has {len(ids)} tokens; the maps of this model's {n_heads} heads "
+                f"fit an answer up to {longest} tokens; shorten it"
+            )
         heads = self.heads(body)
         n_new = integer(body, "continuation", CONTINUATION, 0, MAX_CONTINUATION)
         answer = self.analysis(ids, heads, n_new)

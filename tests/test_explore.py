@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT, GPTConfig
-from support import attention_maps, head_measures
+from support import attention_maps, explorer, head_measures
 from support.checkpoint import checkpoint_path, save_checkpoint
 from support.explorer import PAGE_DIR, Explorer, ExplorerServer
 from support.loading import load_model
@@ -427,6 +427,14 @@ def test_bad_request_gets_a_4xx_line_and_the_server_goes_on(server, name):
     assert words in answer["error"]
     assert "\n" not in answer["error"] and "Traceback" not in answer["error"]
     assert analyze(server, prompt="ab", continuation=0)["tokens"] == ["a", "b"]
+
+
+def test_maps_too_large_for_an_answer_are_refused(server, monkeypatch):
+    """A large model's long prompt: one line, before any forward (here 8 heads, 20 tokens)."""
+    monkeypatch.setattr(explorer, "MAX_WEIGHTS", 8 * 20 * 20)
+    status, answer = request(server, "POST", "/api/analyze", {"prompt": PROMPT[:21]})
+    assert status == 400 and "up to 20 tokens" in answer["error"]
+    assert analyze(server, prompt=PROMPT[:20], continuation=0)["tokens"] == list(PROMPT[:20])
 
 
 def test_the_page_is_served_and_fetches_nothing_from_outside(server):

@@ -247,6 +247,14 @@ function linesHover(event) {
   if (state.result && i >= 0 && i < state.result.tokens.length) setHover(i);
 }
 
+// a row of the heatmap is a query: the mouse over it picks that token
+function heatmapHover(event) {
+  const rect = $("heatmap").getBoundingClientRect();
+  const T = state.result ? state.result.tokens.length : 0;
+  const i = Math.floor(((event.clientY - rect.top) / rect.height) * T);
+  if (i >= 0 && i < T) setHover(i);
+}
+
 function labelText(h) {
   return h.label === "induction" ? `induction (${h.induction.toFixed(2)}); pattern ${h.pattern}` : h.label;
 }
@@ -486,6 +494,7 @@ async function start() {
   $("layer").addEventListener("change", (e) => selectHead(Number(e.target.value), state.head));
   $("head").addEventListener("change", (e) => selectHead(state.layer, Number(e.target.value)));
   $("lines").addEventListener("mousemove", linesHover);
+  $("heatmap").addEventListener("mousemove", heatmapHover);
   $("export-html").addEventListener("click", exportHtml);
   $("export-png").addEventListener("click", exportPng);
   if (SNAPSHOT) {
