@@ -1,0 +1,102 @@
+"""
+Explore a model's attention live, in the browser: every head's map, its label,
+and what switching heads off does to the next token, the loss and the text.
+
+    python explore.py --out_dir=out-shakespeare-char-cpu      # then open the address it prints
+    python explore.py --init_from=path/to/gpt2 --port=8001
+    python explore.py --out_dir=out --host=0.0.0.0             # reachable from other machines
+
+It serves one page (no file from outside: it works offline) and the JSON API
+the page uses, POST /api/analyze and POST /api/generate (the README's "Explore
+a model" documents them). Ctrl-C stops it. Options are --key=value;
+`python explore.py --help` lists them.
+"""
+
+import support.before_torch  # bfloat16 tried in a child process, before torch loads
+
+import sys
+
+import torch
+
+from support.checkpoint import CheckpointError
+from support.configurator import ConfigError, describe, parse_args
+from support.explorer import Explorer, ExplorerServer, address
+from support.loading import LoadError, load_model, pick_device, pick_dtype
+from support.tokenizer import TokenizerError
+
+DEFAULTS = dict(
+    out_dir="out-shakespeare-char",  # the checkpoint's folder
+    # "" = out_dir's checkpoint; or a checkpoint folder, or a Hugging Face GPT-2 folder
+    init_from="",
+    host="127.0.0.1",  # the address to listen on; anything but localhost opens it to the network
+    port=8000,  # 0 = any free port
+    device="cpu",  # cpu, auto (cuda, then mps, then cpu), cuda, cuda:N, mps
+    dtype="float32",  # float32, bfloat16, float16, or auto (bfloat16 on a GPU that has it)
+    threads=0,  # torch's CPU threads; 0 = torch's default
+)
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class ExploreError(Exception):
+    """A problem with the user's input; the message is one line saying what to do."""
+
+
+def start_server(cfg):
+    """Load the model and bind the server; return it (not yet serving)."""
+    if not isinstance(cfg["port"], int) or not 0 <= cfg["port"] <= 65535:
+        raise ExploreError(f"--port must be from 0 to 65535, got {cfg['port']!r}")
+    if cfg["threads"] < 0:
+        raise ExploreError(f"--threads must be 0 (torch's default) or more, got {cfg['threads']}")
+    if cfg["threads"]:
+        torch.set_num_threads(cfg["threads"])
+    device = pick_device(cfg["device"])
+    dtype = pick_dtype(cfg["dtype"], device)
+    model, tok, _ = load_model(cfg)
+    model.to(device=device, dtype=dtype).eval()
+    explorer = Explorer(model, tok)
+    try:
+        return ExplorerServer(explorer, cfg["host"], cfg["port"])
+    except OSError as e:
+        raise ExploreError(
+            f"cannot listen on {cfg['host']}:{cfg['port']} ({e.strerror or e}); "
+            "pass another --port (or --port=0 for any free one)"
+        ) from None
+
+
+def main(argv):
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__.strip() + "\n\noptions (defaults):\n" + describe(DEFAULTS))
+        return
+    cfg = parse_args(DEFAULTS, argv, allow_files=False)
+    server = start_server(cfg)
+    if cfg["host"] not in LOOPBACK:
+        print(
+            f"warning: listening on {cfg['host']}: anyone who can reach this machine can use "
+            "the model; the default --host=127.0.0.1 keeps it to this machine",
+            file=sys.stderr,
+        )
+    c = server.explorer.config
+    print(f"model: {c.n_layer} layers x {c.n_head} heads, context {c.block_size}")
+    print(f"explorer at {address(server)} (Ctrl-C stops it)", flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+
+
+def run(argv):
+    """main() with every expected failure turned into one line on stderr."""
+    try:
+        main(argv)
+        return 0
+    except (ConfigError, CheckpointError, TokenizerError, LoadError, ExploreError) as e:
+        print(f"error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("\nstopped", file=sys.stderr)
+        return 0
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1:]))
