@@ -34,7 +34,8 @@ TINY = [
 
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
-    """An empty verdict cache and no verdict yet in this process; hardware's state is restored after."""
+    """An empty verdict cache and no verdict yet in this process; hardware's state is
+    restored after."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(hardware, "_verdict", None)
     return tmp_path / "cache"
@@ -313,7 +314,8 @@ def test_main_command_runs_in_float32_where_bfloat16_crashes(data_root, tmp_path
         (
             "amx",
             None,
-            "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 set: oneDNN's AMX kernels crash on this CPU (SIGILL)",
+            "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 set: "
+            "oneDNN's AMX kernels crash on this CPU (SIGILL)",
         ),
     ],
 )
@@ -350,13 +352,10 @@ def test_explicit_bfloat16_where_it_crashes_is_one_line(data_root, tmp_path):
     ):
         r = run(argv, crashing(tmp_path))
         assert r.returncode not in (0, -4) and "Traceback" not in r.stderr, r.stderr
-        assert (
-            r.stderr.strip()
-            .splitlines()[-1]
-            .endswith(
-                "--dtype=bfloat16 cannot run here: bfloat16 crashes on this CPU (SIGILL in a test run, also with "
-                "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16); use --dtype=float32"
-            )
+        last_line = r.stderr.strip().splitlines()[-1]
+        assert last_line.endswith(
+            "--dtype=bfloat16 cannot run here: bfloat16 crashes on this CPU (SIGILL in a test run, "
+            "also with ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16); use --dtype=float32"
         )
 
 
