@@ -20,7 +20,6 @@ import contextlib
 import dataclasses
 import datetime
 import functools
-import json
 import math
 import os
 import sys
@@ -29,11 +28,10 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from data.prepare import DataError, ensure_dataset, load_meta
-from model import GPT, GPTConfig
+from model import GPT
 from support.batches import get_batch, load_split, step_batches
 from support.checkpoint import (
     CheckpointError,
@@ -46,17 +44,18 @@ from support.configurator import ConfigError, describe_settings, parse_settings
 from support.context_parallel import ContextParallel
 from support.context_parallel import check as check_context_parallel
 from support.device import explain_device, pick_device, precision_context, time_cpu_dtypes
+from support.distributed import all_sum, join_processes, lost_peer, wrap_model
+from support.init_from import init_model
 from support.optim import get_lr, make_optimizers
 from support.resume import (
-    LOAD_ERRORS,
     out_of_memory,
     restore,
-    resume_model,
     rng_state,
     set_rng_state,
 )
 from support.run_estimate import print_run_estimate
-from support.settings import MODEL_KEYS, Settings, check, model_args
+from support.run_log import LogError, log_evaluation, start_log, start_wandb
+from support.settings import Settings, check
 from support.signals import Stopped, StopSignals, stop_requested
 from support.tokenizer import TokenizerError
 
@@ -107,12 +106,6 @@ class Run:
 
 # -----------------------------------------------------------------------------
 # Evaluation: the mean loss over batches (batches.py draws them)
-
-
-def all_sum(t, world):
-    if world > 1:
-        dist.all_reduce(t)
-    return t
 
 
 @torch.no_grad()
@@ -182,25 +175,8 @@ def evaluate(run, iter_num, elapsed, final):
     if not (math.isfinite(rec["train_loss"]) and math.isfinite(rec["val_loss"])):
         raise diverged(rec["val_loss"], iter_num)
     if run.master:
-        log_evaluation(run, rec)
+        log_evaluation(rec, run.cfg.out_dir, run.wandb)
     return rec
-
-
-def log_evaluation(run, rec):
-    line = f"iter {rec['iter']}: train loss {rec['train_loss']:.4f}, val loss {rec['val_loss']:.4f}"
-    if "val_loss_full" in rec:
-        line += f", whole val split {rec['val_loss_full']:.4f}"
-    tqdm.write(line)
-    path = os.path.join(run.cfg.out_dir, "log.jsonl")
-    try:
-        with open(path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
-    except OSError as e:
-        raise TrainingError(
-            f"cannot write {path} ({e.strerror or e}); the last checkpoint is kept"
-        ) from None
-    if run.wandb is not None:
-        run.wandb.log(rec, step=rec["iter"])
 
 
 def diverged(loss, iter_num):
@@ -212,104 +188,6 @@ def diverged(loss, iter_num):
 
 # -----------------------------------------------------------------------------
 # Setup: everything that can fail because of the settings happens here
-
-
-def load_pretrained(init, cfg):
-    """GPT-2 weights from a Hugging Face folder or by name; any failure is one line naming it."""
-    try:
-        return GPT.from_pretrained(
-            init, dropout=cfg.dropout, block_size=cfg.block_size, attention=cfg.attention
-        )
-    except (OSError, *LOAD_ERRORS) as e:
-        if out_of_memory(e):
-            raise
-        raise ValueError(f"could not load GPT-2 weights from {init}: {first_line(e)}") from None
-
-
-def init_model(cfg, meta):
-    """(model, checkpoint or None, cfg with the model keys set to the model's own)."""
-    init, ckpt = cfg.init_from, None
-    if init == "scratch":
-        model = GPT(GPTConfig(**model_args(cfg, meta["vocab_size"])))
-    elif init == "resume":
-        model, ckpt = resume_model(cfg, meta)
-    elif os.path.isdir(init) or init.startswith("gpt2"):
-        if meta["tokenizer"]["kind"] != "gpt2":
-            raise ValueError(
-                f"init_from={init!r} needs a dataset tokenized with GPT-2 BPE, and "
-                f"{cfg.dataset!r} is not; try --dataset=shakespeare"
-            )
-        model = load_pretrained(init, cfg)
-    else:
-        raise ValueError(
-            f"init_from must be 'scratch', 'resume', a GPT-2 folder or a 'gpt2*' name, not {init!r}"
-        )
-    if model.config.vocab_size < meta["vocab_size"]:
-        raise ValueError(
-            f"the model's vocabulary ({model.config.vocab_size}) is smaller than the "
-            f"dataset's ({meta['vocab_size']})"
-        )
-    cfg = dataclasses.replace(cfg, **{key: getattr(model.config, key) for key in MODEL_KEYS})
-    return model, ckpt, cfg
-
-
-def start_wandb(cfg):
-    try:
-        import wandb  # here only: a slow import that most runs do not need
-    except ImportError:
-        raise ValueError("wandb_log=True needs wandb: pip install wandb") from None
-    try:
-        wandb.init(
-            project=cfg.wandb_project, name=cfg.wandb_run_name, config=dataclasses.asdict(cfg)
-        )
-    except wandb.errors.UsageError as e:
-        # no API key, and no terminal to ask for one: say so before any work starts
-        raise ValueError(
-            f"wandb_log=True, but wandb cannot start ({first_line(e)}): run `wandb login` "
-            "once, or set WANDB_MODE=offline to log locally and `wandb sync` later"
-        ) from None
-    return wandb
-
-
-def join_processes(device, timeout):
-    """Join the other processes: NCCL between GPUs, gloo between CPUs."""
-    if device.type != "cuda":
-        dist.init_process_group("gloo", timeout=timeout)
-        return
-    # By default a collective that fails or outlives the timeout makes NCCL's
-    # watchdog thread abort the whole process, before train.py can say what
-    # happened. Mode 2 aborts only the communicator; the next collective then
-    # raises in Python, and main() prints one line. torchrun sets 1 (abort the
-    # process) unless told otherwise, so this overrides it (docs/reliability.md).
-    os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
-    # device_id: this process's GPU, so NCCL connects now rather than at the
-    # first collective, and barrier() need not guess the device from the rank
-    dist.init_process_group("nccl", timeout=timeout, device_id=device)
-
-
-def wrap_model(raw, device, world, use_compile):
-    """(model, ddp_model): model is raw, compiled if use_compile (evaluation runs
-    it); ddp_model is what trains. The compiled module goes inside DDP, the order
-    PyTorch's guide "Where to apply torch.compile?" gives: compiled inside DDP's
-    forward, the graph is split at DDP's gradient buckets (DDPOptimizer), so each
-    bucket's all-reduce overlaps the rest of the backward pass."""
-    model = torch.compile(raw) if use_compile else raw
-    if world == 1:
-        return model, model
-    return model, DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-
-
-def start_log(cfg, resumed):
-    """Create out_dir; a new run starts a new log, a resumed run goes on with its own."""
-    try:
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        if not resumed:
-            open(os.path.join(cfg.out_dir, "log.jsonl"), "w").close()
-    except OSError as e:
-        raise ValueError(
-            f"cannot write into out_dir {cfg.out_dir!r} ({e.strerror or e}); "
-            "pass an --out_dir that can be created and written"
-        ) from None
 
 
 def setup(cfg):
@@ -374,7 +252,7 @@ def setup(cfg):
     model, ddp_model = wrap_model(raw, device, world, use_compile)
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
     if rank == 0:
-        start_log(cfg, resumed=ckpt is not None)
+        start_log(cfg.out_dir, resumed=ckpt is not None)
         split = f" ({dp_world} x {cfg.context_parallel} per sequence)" if cp else ""
         print(
             f"{raw.num_params() / 1e6:.2f}M parameters | {device}, {dtype} ({why}) | "
@@ -622,12 +500,6 @@ def get_config(argv):
     return cfg
 
 
-def lost_peer(e, world):
-    """Whether e is a collective that failed because another process died or hung."""
-    text = str(e)
-    return world > 1 and (isinstance(e, dist.DistError) or "gloo" in text or "NCCL" in text)
-
-
 def fail(message, code):
     print(f"error: {message}", file=sys.stderr)
     sys.exit(code)
@@ -653,7 +525,7 @@ def main(argv=None):
             )
         try:
             train(run)
-        except (CheckpointError, TrainingError) as e:
+        except (CheckpointError, LogError, TrainingError) as e:
             fail(e, 1)
         except (RuntimeError, MemoryError) as e:
             if out_of_memory(e):
