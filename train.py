@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from data.prepare import DataError, ensure_dataset, load_meta
 from model import GPT
-from support.batches import get_batch, load_split, step_batches
+from support.batches import load_split, step_batches
 from support.checkpoint import (
     CheckpointError,
     checkpoint_path,
@@ -45,14 +45,10 @@ from support.context_parallel import ContextParallel
 from support.context_parallel import check as check_context_parallel
 from support.device import explain_device, pick_device, precision_context, time_cpu_dtypes
 from support.distributed import all_sum, join_processes, lost_peer, wrap_model
+from support.evaluation import estimate_loss, full_val_loss
 from support.init_from import init_model
 from support.optim import get_lr, make_optimizers
-from support.resume import (
-    out_of_memory,
-    restore,
-    rng_state,
-    set_rng_state,
-)
+from support.resume import out_of_memory, restore, rng_state, set_rng_state
 from support.run_estimate import print_run_estimate
 from support.run_log import LogError, log_evaluation, start_log, start_wandb
 from support.settings import Settings, check
@@ -105,58 +101,7 @@ class Run:
 
 
 # -----------------------------------------------------------------------------
-# Evaluation: the mean loss over batches (batches.py draws them)
-
-
-@torch.no_grad()
-def mean_loss(run, model, data, batches, desc):
-    """Mean loss per token over batches [(starts (N,), length)], shared by the
-    processes, with a progress bar; a stop signal ends it (Stopped) within a batch."""
-    total = torch.zeros(2, device=run.device)  # (loss summed over tokens, tokens)
-    mine = batches[run.dp_rank :: run.dp_world]  # the ranks of one sequence share its batches
-    rounds = -(-len(batches) // run.dp_world)  # every process checks for a stop in every round
-    model.eval()
-    try:
-        bar = tqdm(
-            range(rounds), desc=desc, leave=False, disable=not run.master, dynamic_ncols=True
-        )
-        for i in bar:
-            if stop_requested(run.signals, run.world, run.device, agree=True):
-                raise Stopped()
-            if i < len(mine):
-                x, y = map(run.split, get_batch(data, *mine[i], run.device))
-                with run.ctx():
-                    total[0] += model(x, y)[1].float() * y.numel()
-                total[1] += y.numel()
-    finally:
-        model.train()
-    total = all_sum(total, run.world)
-    return (total[0] / total[1]).item()
-
-
-def estimate_loss(run, seed):
-    """Loss on eval_iters random batches per split. The generator is a fresh one,
-    so evaluating never shifts the training batches."""
-    gen, B, T = torch.Generator().manual_seed(seed), run.cfg.batch_size, run.cfg.block_size
-    losses = {}
-    for split, data in run.splits.items():
-        starts = torch.randint(len(data) - T, (run.cfg.eval_iters, B), generator=gen)  # (iters, B)
-        batches = [(row, T) for row in starts]
-        losses[split] = mean_loss(run, run.model, data, batches, f"evaluating {split}")
-    return losses
-
-
-def full_val_loss(run):
-    """Loss on every token of the val split, in non-overlapping block_size
-    windows (the last one shorter): the val loss of record, without sampling noise."""
-    data, B, T = run.splits["val"], run.cfg.batch_size, run.cfg.block_size
-    n = len(data) - 1  # tokens with a next token to predict
-    starts = torch.arange(0, n, T)
-    batches = [(batch, T) for batch in starts[: n // T].split(B)]
-    tail = n % T // run.split_unit * run.split_unit  # context parallelism leaves out < 2P tokens
-    if tail:
-        batches.append((starts[-1:], tail))
-    return mean_loss(run, run.raw, data, batches, "whole val split")
+# Evaluation (evaluation.py measures the losses)
 
 
 def evaluate(run, iter_num, elapsed, final):
