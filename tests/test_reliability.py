@@ -28,6 +28,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import support.resume
 import train
 from data.prepare import prepare_text
 from support.checkpoint import load_checkpoint
@@ -493,7 +494,7 @@ def test_resource_faults_keep_the_checkpoint(inputs, tmp_path, monkeypatch, caps
     shutil.copytree(inputs["ckpt"], out)
     before = file_hash(out / "ckpt.pt")
     if fault == "no memory for the model":
-        monkeypatch.setattr(train, "GPT", no_cpu_memory)
+        monkeypatch.setattr(support.resume, "GPT", no_cpu_memory)  # resuming builds the model
     elif fault == "no memory while training":
         monkeypatch.setattr(train, "train_step", no_memory)
     else:

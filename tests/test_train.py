@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import train
 from data.prepare import ensure_dataset, load_tokens
 from model import GPT, GPTConfig
-from support import batches, run_estimate
+from support import batches, evaluation, run_estimate
 from support.checkpoint import load_checkpoint
 from support.device import precision_context
 from support.settings import Settings
@@ -423,7 +423,7 @@ def test_memmap_batches_equal_in_memory_batches(data_root, tmp_path, monkeypatch
     kinds, get_batch = set(), batches.get_batch
     counted = lambda data, *rest: kinds.add(type(data)) or get_batch(data, *rest)  # noqa: E731
     monkeypatch.setattr(batches, "get_batch", counted)  # the training batches
-    monkeypatch.setattr(train, "get_batch", counted)  # the evaluation batches
+    monkeypatch.setattr(evaluation, "get_batch", counted)  # the evaluation batches
     run_in_process(args(data_root, tmp_path / "memmap", *common))
     assert kinds == {np.memmap}
     assert losses(read_log(tmp_path / "memory")) == losses(read_log(tmp_path / "memmap"))
