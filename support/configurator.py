@@ -5,11 +5,14 @@ A config file is Python that sets variables (it runs as code: only run config
 files you trust). Overrides on the command line are parsed as literals and never
 evaluated, so `--out_dir="__import__('os')"` stays a string. Every key must
 exist in the defaults and keep its type; anything else is a ConfigError with a
-one-line message.
+one-line message. The defaults are a dict, or a dataclass whose fields all have
+one (parse_settings).
 """
 
 import ast
+import dataclasses
 import difflib
+import inspect
 import os
 import types
 
@@ -125,3 +128,26 @@ def parse_args(defaults, argv, allow_files=True):
 def describe(defaults):
     """One line per key, for --help."""
     return "\n".join(f"  --{k}={v!r}" for k, v in defaults.items())
+
+
+def parse_settings(cls, argv):
+    """An instance of the dataclass cls, its fields set from config files and
+    overrides in argv as parse_args sets a dict's keys."""
+    defaults = {field.name: field.default for field in dataclasses.fields(cls)}
+    return cls(**parse_args(defaults, argv))
+
+
+def describe_settings(cls):
+    """For --help: the body of the dataclass cls as written, its comments included,
+    each field shown as --key=default."""
+    defaults = {field.name: field.default for field in dataclasses.fields(cls)}
+    lines = []
+    for line in inspect.getsource(cls).splitlines():
+        text = line.strip()
+        key = text.partition(":")[0]
+        if text.startswith("#"):
+            lines.append(f"  {text}")
+        elif key in defaults:
+            comment = text.partition("  # ")[2]
+            lines.append(f"  --{key}={defaults[key]!r}" + (f"  # {comment}" if comment else ""))
+    return "\n".join(lines)

@@ -1,10 +1,12 @@
 """configurator.py: config files, typed overrides, and errors that name the key."""
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from support.configurator import ConfigError, parse_args
+from support.configurator import ConfigError, describe_settings, parse_args, parse_settings
 
 DEFAULTS = dict(
     batch_size=12,
@@ -127,3 +129,37 @@ def test_parser_raises_only_its_own_error(argv):
     for key, value in config.items():  # whatever got through kept its type
         if DEFAULTS[key] is not None:
             assert type(value) is type(DEFAULTS[key])
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """Settings as a dataclass, the way train.py keeps its own."""
+
+    # sizes
+    batch_size: int = 12  # sequences per step
+    # a comment above the field
+    out_dir: str = "out"
+    top_k: int | None = None
+
+
+def test_a_settings_dataclass_is_filled_as_a_dict_is(tmp_path):
+    f = tmp_path / "c.py"
+    f.write_text("batch_size = 64\n")
+    argv = [str(f), "--top_k=5", "--out_dir=1e3"]
+    got = parse_settings(Example, argv)
+    assert got == Example(batch_size=64, out_dir="1e3", top_k=5)
+    assert dataclasses.asdict(got) == parse_args(dataclasses.asdict(Example()), argv)
+    with pytest.raises(ConfigError, match="unknown config key 'batch'; did you mean"):
+        parse_settings(Example, ["--batch=3"])
+    with pytest.raises(ConfigError, match="batch_size expects int"):
+        parse_settings(Example, ["--batch_size=many"])
+
+
+def test_help_shows_every_field_with_its_default_and_comments():
+    assert describe_settings(Example).splitlines() == [
+        "  # sizes",
+        "  --batch_size=12  # sequences per step",
+        "  # a comment above the field",
+        "  --out_dir='out'",
+        "  --top_k=None",
+    ]

@@ -22,14 +22,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import bench.__main__
 import bench.attention
 import sample
+import support.device
 import train
 from bench import smoke_gpu
 from bench.common import BenchError
 from model import GPT, GPTConfig, attention, causal_mask
-from support import batches, loading
+from support import batches, distributed, loading
 from support.configurator import parse_args
 from support.engine import compiled_decoder, generate_compiled
 from support.mfu import estimate_mfu, flops_per_token
+from support.optim import get_lr, make_optimizers
+from support.settings import Settings, model_args
 
 REPO = os.path.dirname(os.path.abspath(train.__file__))
 META = torch.device("meta")
@@ -184,9 +187,9 @@ def test_training_steps_on_the_meta_device(meta_run, monkeypatch, optimizer, dat
     assert isinstance(r.splits["train"], torch.Tensor) == (data == "tensor")
     with OneDevicePerOp():
         for it in range(2):
-            loss_sum = train.train_step(r, train.get_lr(it, r.cfg))
+            loss_sum = train.train_step(r, get_lr(it, r.cfg))
             assert loss_sum.device == META and loss_sum.dim() == 0
-        x, y = train.get_batch(r.splits["val"], torch.tensor([0, 5]), 8, r.device)
+        x, y = batches.get_batch(r.splits["val"], torch.tensor([0, 5]), 8, r.device)
         assert x.device == y.device == META and x.shape == (2, 8)
     assert all(p.device == META for p in r.raw.parameters())
     states = [
@@ -308,7 +311,7 @@ def fake_gpus(monkeypatch):
 def test_auto_dtype_needs_native_bf16(fake_gpus, major, train_dtype, sample_dtype):
     fake_gpus.major = major
     assert torch.cuda.is_bf16_supported()  # what the check counted before: emulation
-    device, dtype, _ = train.pick_device(dict(train.DEFAULTS, device="cuda"), 0, False)
+    device, dtype, _ = support.device.pick_device(Settings(device="cuda"), 0, False)
     assert (device, dtype) == (torch.device("cuda", 0), train_dtype)
     assert loading.pick_dtype("auto", "cuda") == sample_dtype
 
@@ -316,19 +319,19 @@ def test_auto_dtype_needs_native_bf16(fake_gpus, major, train_dtype, sample_dtyp
 def test_cuda_1_becomes_the_current_device(fake_gpus):
     fake_gpus.names = ["NVIDIA A100-SXM4-80GB", "NVIDIA H100 PCIe"]
     model = GPT(GPTConfig(block_size=16, vocab_size=37, n_layer=1, n_head=2, n_embd=32))
-    assert train.pick_device(dict(train.DEFAULTS, device="cuda:1"), 0, False)[0] == torch.device(
+    assert support.device.pick_device(Settings(device="cuda:1"), 0, False)[0] == torch.device(
         "cuda", 1
     )
     assert fake_gpus.current == 1
     # the MFU is then against GPU 1's peak, not GPU 0's
     assert estimate_mfu(model, 1000, 1.0) == pytest.approx(flops_per_token(model) * 1000 / 756e12)
     # one process per GPU under torchrun: LOCAL_RANK picks it
-    assert train.pick_device(dict(train.DEFAULTS, device="cuda"), 0, True)[0] == torch.device(
+    assert support.device.pick_device(Settings(device="cuda"), 0, True)[0] == torch.device(
         "cuda", 0
     )
     assert fake_gpus.current == 0
     with pytest.raises(ValueError, match="there is no cuda:2"):
-        train.pick_device(dict(train.DEFAULTS, device="cuda:2"), 0, False)
+        support.device.pick_device(Settings(device="cuda:2"), 0, False)
 
 
 @pytest.mark.parametrize(
@@ -425,12 +428,12 @@ def test_nccl_raises_instead_of_aborting(monkeypatch):
     )
     monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # what torchrun sets
     timeout = datetime.timedelta(seconds=5)
-    train.join_processes(torch.device("cuda", 1), timeout)
+    distributed.join_processes(torch.device("cuda", 1), timeout)
     # mode 2: on a timeout or error NCCL's watchdog aborts the communicator, not
     # the process, and the next collective raises in the training loop
     assert calls == [("nccl", dict(timeout=timeout, device_id=torch.device("cuda", 1)), "2")]
     monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-    train.join_processes(torch.device("cpu"), timeout)
+    distributed.join_processes(torch.device("cpu"), timeout)
     assert calls[1] == ("gloo", dict(timeout=timeout), "1")
 
 
@@ -444,7 +447,9 @@ def test_ddp_splits_the_compiled_graph_at_its_buckets(tmp_path, monkeypatch):
     monkeypatch.setattr(
         torch, "compile", lambda m: compile_(m, backend=counter)
     )  # graphs counted, not built
-    monkeypatch.setattr(train, "DDP", functools.partial(DistributedDataParallel, bucket_cap_mb=1))
+    monkeypatch.setattr(
+        distributed, "DDP", functools.partial(DistributedDataParallel, bucket_cap_mb=1)
+    )
     dist.init_process_group(
         "gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1
     )
@@ -454,7 +459,7 @@ def test_ddp_splits_the_compiled_graph_at_its_buckets(tmp_path, monkeypatch):
         raw = GPT(
             GPTConfig(block_size=16, vocab_size=37, n_layer=4, n_head=4, n_embd=256, dropout=0.0)
         )
-        model, ddp_model = train.wrap_model(raw, torch.device("cpu"), 2, use_compile=True)
+        model, ddp_model = distributed.wrap_model(raw, torch.device("cpu"), 2, use_compile=True)
         x = torch.randint(0, 37, (2, 16))
         with torch.no_grad():  # evaluation comes first in train.py, outside DDP: one graph
             model.eval()
@@ -645,8 +650,7 @@ def test_compiled_decoder_records_a_cuda_graph():
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_a_training_step_on_cuda_matches_the_cpu(optimizer, float32_cuda_matmuls):
     def run(device):
-        cfg = dict(
-            train.DEFAULTS,
+        cfg = Settings(
             n_layer=2,
             n_head=2,
             n_embd=32,
@@ -657,7 +661,7 @@ def test_a_training_step_on_cuda_matches_the_cpu(optimizer, float32_cuda_matmuls
             optimizer=optimizer,
         )
         torch.manual_seed(0)
-        raw = GPT(GPTConfig(**train.model_args(cfg, 37))).to(device)
+        raw = GPT(GPTConfig(**model_args(cfg, 37))).to(device)
         data = torch.randint(0, 37, (1000,), generator=torch.Generator().manual_seed(1)).to(device)
         r = types.SimpleNamespace(
             cfg=cfg,
@@ -669,11 +673,12 @@ def test_a_training_step_on_cuda_matches_the_cpu(optimizer, float32_cuda_matmuls
             device=device,
             raw=raw,
             ddp_model=raw,
-            optimizers=train.make_optimizers(raw, cfg, device.type, "float32"),
+            optimizers=make_optimizers(raw, cfg, device.type, "float32"),
             scaler=torch.amp.GradScaler(device.type, enabled=False),
             data_gen=torch.Generator().manual_seed(2),
             splits={"train": data},
-            ctx=functools.partial(train.precision_context, device.type, "float32", 16),
+            ctx=functools.partial(support.device.precision_context, device.type, "float32", 16),
+            signals=None,
         )
         losses = [train.train_step(r, 1e-3).item() for _ in range(3)]
         return losses, [p.detach().cpu() for p in raw.parameters()]

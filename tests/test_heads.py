@@ -335,7 +335,7 @@ def test_val_loss_is_the_loss_of_record(tiny):
     # and what train.py's final evaluation computes
     r = types.SimpleNamespace(
         splits={"val": torch.from_numpy(np.asarray(data, dtype=np.int64))},
-        cfg={"batch_size": 8, "block_size": B},
+        cfg=train.Settings(batch_size=8, block_size=B),
         raw=copy.deepcopy(model),
         rank=0,
         world=1,
@@ -346,6 +346,7 @@ def test_val_loss_is_the_loss_of_record(tiny):
         dp_world=1,
         split=lambda t: t,
         split_unit=1,
+        signals=None,
     )
     assert got == pytest.approx(train.full_val_loss(r), abs=1e-5)
 

@@ -17,6 +17,9 @@ import torch
 
 import train
 from support import hardware, optim
+from support.batches import load_split
+from support.device import time_cpu_dtypes
+from support.settings import Settings, model_args
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = [
@@ -201,17 +204,17 @@ def test_the_faster_precision_wins_and_is_timed_once(fresh, monkeypatch):
 
 def test_the_real_timing_measures_both_precisions(fresh, data_root, monkeypatch):
     monkeypatch.setattr(hardware, "_verdict", dict(runs=True, env={}, slowdown=0.5))
-    cfg = dict(train.DEFAULTS, n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=2)
+    cfg = Settings(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=2)
     from model import GPT, GPTConfig
 
-    model = GPT(GPTConfig(**train.model_args(cfg, 65)))
-    data = train.load_split(
+    model = GPT(GPTConfig(**model_args(cfg, 65)))
+    data = load_split(
         os.path.join(data_root, "shakespeare_char"), "val", 16, 65, torch.device("cpu")
     )
     rng = torch.get_rng_state()
     if not hardware.check_bf16()["runs"] or os.environ.get(hardware.SIMULATE):
         pytest.skip("bfloat16 does not run here")
-    dtype, why = train.time_cpu_dtypes(cfg, model, data)
+    dtype, why = time_cpu_dtypes(cfg, model, data)
     assert dtype in ("bfloat16", "float32") and "ms per forward and backward" in why
     assert torch.equal(torch.get_rng_state(), rng) and all(
         p.grad is None for p in model.parameters()
@@ -472,7 +475,7 @@ def test_muon_orthogonalises_in_the_training_precision(dtype):
     from model import GPT, GPTConfig
 
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=11))
-    cfg = dict(train.DEFAULTS, optimizer="muon")
+    cfg = Settings(optimizer="muon")
     muon, adamw = optim.make_optimizers(model, cfg, "cpu", dtype)
     assert isinstance(muon, torch.optim.Muon) and muon.float32 == (dtype == "float32")
 

@@ -6,6 +6,7 @@ refused without running it. docs/reliability.md lists what each test proves.
 """
 
 import concurrent.futures
+import dataclasses
 import glob
 import hashlib
 import io
@@ -27,6 +28,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import support.resume
 import train
 from data.prepare import prepare_text
 from support.checkpoint import load_checkpoint
@@ -379,7 +381,8 @@ def test_sigkill_at_random_moments_loses_nothing(forker, inputs, tmp_path):
         for name in ref:
             assert torch.equal(state[name], ref[name]), name
     assert torch.equal(final["rng"]["cpu"], expected["rng"]["cpu"])
-    # every evaluation the killed runs logged (some twice, after a resume) is the uninterrupted one's
+    # every evaluation the killed runs logged (some twice, after a resume) is the
+    # uninterrupted one's
     straight_log = {
         rec["iter"]: (rec["train_loss"], rec["val_loss"], rec["lr"]) for rec in read_log(straight)
     }
@@ -491,7 +494,7 @@ def test_resource_faults_keep_the_checkpoint(inputs, tmp_path, monkeypatch, caps
     shutil.copytree(inputs["ckpt"], out)
     before = file_hash(out / "ckpt.pt")
     if fault == "no memory for the model":
-        monkeypatch.setattr(train, "GPT", no_cpu_memory)
+        monkeypatch.setattr(support.resume, "GPT", no_cpu_memory)  # resuming builds the model
     elif fault == "no memory while training":
         monkeypatch.setattr(train, "train_step", no_memory)
     else:
@@ -860,7 +863,7 @@ def test_bad_input_is_one_line(bad_runs, name):
 # -----------------------------------------------------------------------------
 # train.py's settings: random command lines give its own errors or a usable config
 
-KEYS = sorted(train.DEFAULTS)
+KEYS = sorted(field.name for field in dataclasses.fields(train.Settings))
 VALUES = st.one_of(
     st.integers(-3, 2**65),
     st.floats(allow_nan=True, allow_infinity=True),
@@ -901,9 +904,9 @@ def test_train_settings_raise_only_user_errors(argv):
     except (ConfigError, ValueError) as e:  # what train.py prints as one line
         assert str(e) and "\n" not in str(e)
         return
-    for key, default in train.DEFAULTS.items():
-        if default is not None:
-            assert type(cfg[key]) is type(default), key
+    for field in dataclasses.fields(cfg):
+        if field.default is not None:
+            assert type(getattr(cfg, field.name)) is type(field.default), field.name
 
 
 # -----------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 DDP equivalence, signals, divergence, wandb, and one-line errors."""
 
 import copy
+import dataclasses
 import glob
 import hashlib
 import json
@@ -21,8 +22,10 @@ import torch.nn.functional as F
 import train
 from data.prepare import ensure_dataset, load_tokens
 from model import GPT, GPTConfig
-from support import batches
+from support import batches, evaluation, run_estimate
 from support.checkpoint import load_checkpoint
+from support.device import precision_context
+from support.settings import Settings
 
 REPO = os.path.dirname(os.path.abspath(train.__file__))
 
@@ -164,7 +167,7 @@ def attention_ops(block_size, dtype):
     model = GPT(GPTConfig(block_size=block_size, vocab_size=65, n_layer=1, n_head=2, n_embd=32))
     idx = torch.randint(0, 65, (2, block_size))
     with torch.profiler.profile() as prof:
-        with train.precision_context("cpu", dtype, block_size):
+        with precision_context("cpu", dtype, block_size):
             _, loss = model(idx, idx)
         loss.backward()
     names = {e.key for e in prof.key_averages()}
@@ -420,7 +423,7 @@ def test_memmap_batches_equal_in_memory_batches(data_root, tmp_path, monkeypatch
     kinds, get_batch = set(), batches.get_batch
     counted = lambda data, *rest: kinds.add(type(data)) or get_batch(data, *rest)  # noqa: E731
     monkeypatch.setattr(batches, "get_batch", counted)  # the training batches
-    monkeypatch.setattr(train, "get_batch", counted)  # the evaluation batches
+    monkeypatch.setattr(evaluation, "get_batch", counted)  # the evaluation batches
     run_in_process(args(data_root, tmp_path / "memmap", *common))
     assert kinds == {np.memmap}
     assert losses(read_log(tmp_path / "memory")) == losses(read_log(tmp_path / "memmap"))
@@ -563,8 +566,9 @@ def test_cuda_without_gpu_is_a_one_line_error(data_root, tmp_path):
 
 
 def test_wandb_without_an_api_key_stops_in_one_line_before_any_work(data_root, tmp_path):
-    """A machine where wandb was never logged in, with no terminal to ask on: one line that names
-    both ways out, before the data or the model is touched. No network is needed to find this out."""
+    """A machine where wandb was never logged in, with no terminal to ask on: one line that
+    names both ways out, before the data or the model is touched. No network is needed to
+    find this out."""
     env = child_env(
         HOME=str(tmp_path), WANDB_DIR=str(tmp_path), WANDB_CONFIG_DIR=str(tmp_path / "wandb-config")
     )
@@ -595,8 +599,10 @@ def test_wandb_without_an_api_key_stops_in_one_line_before_any_work(data_root, t
 def test_help_lists_the_keys():
     result = run_cli(["--help"])
     assert result.returncode == 0
-    for key in ("--batch_size=", "--init_from=", "--max_time=", "--optimizer=", "--eval_full_val="):
-        assert key in result.stdout
+    for field in dataclasses.fields(Settings):
+        assert f"--{field.name}={field.default!r}" in result.stdout
+    assert "  --eval_only=False  # evaluate once and exit\n" in result.stdout
+    assert "  # optimizer: 'adamw', or 'muon'" in result.stdout  # a heading over its keys
 
 
 def test_wandb_offline_run_records_the_metrics(data_root, tmp_path):
@@ -633,8 +639,7 @@ def test_wandb_offline_run_records_the_metrics(data_root, tmp_path):
 
 
 def test_run_estimate_counts_every_step_and_evaluation():
-    cfg = dict(
-        train.DEFAULTS,
+    cfg = Settings(
         max_iters=2500,
         eval_interval=250,
         eval_iters=200,
@@ -649,19 +654,21 @@ def test_run_estimate_counts_every_step_and_evaluation():
         evals = (
             sum(
                 1
-                for i in range(start, cfg["max_iters"])
-                if i % cfg["eval_interval"] == 0 and not (resumed and i == start)
+                for i in range(start, cfg.max_iters)
+                if i % cfg.eval_interval == 0 and not (resumed and i == start)
             )
             + 1
         )
-        full_val_batches = len(range(0, val_tokens - 1, cfg["block_size"] * cfg["batch_size"]))
-        return (cfg["max_iters"] - start) * 2.0 + (evals * 400 + full_val_batches) * 0.5, evals
+        full_val_batches = len(range(0, val_tokens - 1, cfg.block_size * cfg.batch_size))
+        return (cfg.max_iters - start) * 2.0 + (evals * 400 + full_val_batches) * 0.5, evals
 
     for start, resumed in [(0, False), (500, True), (500, False), (501, True), (2499, True)]:
-        seconds, how = train.run_seconds(cfg, start, resumed, 2.0, 0.5, val_tokens)
+        seconds, how = run_estimate.run_seconds(cfg, start, resumed, 2.0, 0.5, val_tokens)
         expected, evals = counted(start, resumed)
         assert seconds == pytest.approx(expected) and f"{evals} evaluations" in how
-    capped, _ = train.run_seconds(dict(cfg, max_time=60.0), 0, False, 2.0, 0.5, val_tokens)
+    capped, _ = run_estimate.run_seconds(
+        dataclasses.replace(cfg, max_time=60.0), 0, False, 2.0, 0.5, val_tokens
+    )
     assert capped == pytest.approx(60.0 + (11 * 400 + 7) * 0.5)
 
 
@@ -681,9 +688,11 @@ def test_no_evaluation_at_start_and_muon_ns_steps(data_root, tmp_path):
     assert [rec["iter"] for rec in read_log(out)] == [2, 4]  # no record before the first step
     ckpt = load_checkpoint(os.path.join(out, "ckpt.pt"))
     assert ckpt["optimizer"][0]["param_groups"][0]["ns_steps"] == 3  # Muon's, saved with its state
-    cfg = dict(train.DEFAULTS, max_iters=4, eval_interval=2, eval_iters=1)
-    with_start, _ = train.run_seconds(cfg, 0, False, 1.0, 1.0, 100)
-    without, how = train.run_seconds(cfg, 0, True, 1.0, 1.0, 100)  # what eval_at_start=False passes
+    cfg = Settings(max_iters=4, eval_interval=2, eval_iters=1)
+    with_start, _ = run_estimate.run_seconds(cfg, 0, False, 1.0, 1.0, 100)
+    without, how = run_estimate.run_seconds(
+        cfg, 0, True, 1.0, 1.0, 100
+    )  # what eval_at_start=False passes
     assert with_start - without == 2 and "2 evaluations" in how  # one evaluation of 2 batches fewer
 
 
@@ -705,7 +714,7 @@ def test_timing_a_step_leaves_the_run_untouched(data_root, tmp_path):
         torch.get_rng_state(),
         r.data_gen.get_state(),
     )
-    step_s, eval_s = train.time_iter(r)
+    step_s, eval_s = run_estimate.time_iter(r)
     assert step_s > 0 and eval_s > 0
     after = (
         r.raw.state_dict(),
@@ -789,7 +798,7 @@ def test_stop_during_a_later_evaluation_saves_and_resumes_exactly(
     evaluate = train.estimate_loss
 
     def signal_in_the_evaluation_at_iter_10(r, seed):
-        if seed == r.cfg["seed"] + 10:
+        if seed == r.cfg.seed + 10:
             os.kill(os.getpid(), signal.SIGTERM)  # handled at once, in this main thread
         return evaluate(r, seed)
 

@@ -1,0 +1,116 @@
+"""
+Where a training run computes, and in what precision: the device (CUDA, then
+MPS, then the CPU), the dtype ('auto' decides from the hardware, hardware.py),
+and the autocast context every forward pass runs in.
+"""
+
+import contextlib
+import sys
+import time
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from support.batches import get_batch
+from support.hardware import auto_dtype, bf16_error, faster_cpu_dtype, native_bf16
+from support.settings import MODEL_KEYS
+
+
+def pick_device(cfg, local_rank, ddp):
+    """(device, dtype name, why that dtype): CUDA, then MPS, then CPU; dtype 'auto'
+    is bfloat16 autocast where the hardware has native bfloat16 (hardware.py).
+    A CUDA device becomes the current one."""
+    available = {
+        "cuda": torch.cuda.is_available(),
+        "mps": torch.backends.mps.is_available(),
+        "cpu": True,
+    }
+    name = cfg.device
+    if name == "auto":
+        name = next(kind for kind, ok in available.items() if ok)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in available:
+        raise ValueError(f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps")
+    if not available[device.type]:
+        raise ValueError(f"{device.type.upper()} is not available; use --device=cpu")
+    if device.type == "cuda" and (ddp or device.index is None):
+        device = torch.device("cuda", local_rank)  # one GPU per process
+    if device.type == "cuda":
+        if device.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"there is no {device}: this machine has {torch.cuda.device_count()} GPU(s); "
+                "use --device=cuda:N with N below that, or fewer processes"
+            )
+        # synchronize, pinned copies, the MFU's device name and the bf16 check
+        # below all act on the current device, which is otherwise GPU 0
+        torch.cuda.set_device(device)
+    dtype, why = cfg.dtype, "as set"
+    if dtype == "auto":
+        dtype, why = auto_dtype(device.type)
+    if dtype == "float16" and device.type != "cuda":
+        raise ValueError("float16 training needs CUDA; use --dtype=bfloat16 or --dtype=float32")
+    if dtype == "bfloat16" and (error := bf16_error(device.type)):
+        raise ValueError(error)  # where bfloat16 would die with SIGILL
+    return device, dtype, why
+
+
+def explain_device(cfg, device, dtype):
+    """What a CPU run should know before it starts: no GPU was found (and what to
+    run instead), or bfloat16 was asked for where this CPU only emulates it."""
+    if cfg.device == "auto" and device.type == "cpu":
+        print(
+            "no GPU found: training on the CPU. For a model sized for a CPU, run "
+            "python train.py config/shakespeare_cpu.py",
+            flush=True,
+        )
+    if device.type == "cpu" and dtype == "bfloat16" and not native_bf16("cpu")[0]:
+        print(
+            f"warning: this CPU has {native_bf16('cpu')[1]}, so bfloat16 is emulated and "
+            "matrix multiplies run many times slower than in float32; --dtype=auto picks "
+            "float32 here",
+            file=sys.stderr,
+        )
+
+
+@contextlib.contextmanager
+def precision_context(device_type, dtype, block_size):
+    """Autocast for the forward pass (nothing in float32). On CPU, for contexts of
+    128 or less, attention takes PyTorch's math path: there the CPU flash-attention
+    kernel is 2-3x slower in bfloat16 than in float32, while the math path's
+    matrix multiplies run at bfloat16 speed (docs/benchmarks.md, 'Training on CPU
+    in bfloat16'). Longer contexts keep the fused kernel, which wins there."""
+    if dtype == "float32":
+        yield
+        return
+    kernels = contextlib.nullcontext()
+    if device_type == "cpu" and block_size <= 128:
+        kernels = sdpa_kernel(SDPBackend.MATH)
+    with torch.autocast(device_type, getattr(torch, dtype)), kernels:
+        yield
+
+
+def time_cpu_dtypes(cfg, model, data):
+    """('bfloat16' or 'float32', why) for dtype='auto' on a CPU with native bfloat16:
+    whichever runs a forward and backward of this model faster (best of 4, on up
+    to 2048 tokens at the run's shapes), timed once per shape (hardware.py)."""
+    n = max(1, min(cfg.batch_size, 2048 // cfg.block_size))
+    x, y = get_batch(data, torch.zeros(n, dtype=torch.long), cfg.block_size, torch.device("cpu"))
+
+    def seconds(dtype):
+        best = float("inf")
+        # dropout draws here must not shift the run's random numbers
+        with torch.random.fork_rng(devices=[]):
+            for _ in range(4):  # the first picks kernels and allocates
+                t0 = time.perf_counter()
+                with precision_context("cpu", dtype, cfg.block_size):
+                    loss = model(x, y)[1]
+                loss.backward()
+                best = min(best, time.perf_counter() - t0)
+        model.zero_grad(set_to_none=True)
+        return best
+
+    shape = ",".join(f"{key}={cfg[key]}" for key in MODEL_KEYS + ("batch_size",))
+    return faster_cpu_dtype(f"{shape},threads={torch.get_num_threads()}", seconds)

@@ -1,0 +1,53 @@
+"""
+Training in several processes (torchrun): joining them, wrapping the model in
+DistributedDataParallel, summing across them, and telling a lost process from
+other failures.
+"""
+
+import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def join_processes(device, timeout):
+    """Join the other processes: NCCL between GPUs, gloo between CPUs."""
+    if device.type != "cuda":
+        dist.init_process_group("gloo", timeout=timeout)
+        return
+    # By default a collective that fails or outlives the timeout makes NCCL's
+    # watchdog thread abort the whole process, before train.py can say what
+    # happened. Mode 2 aborts only the communicator; the next collective then
+    # raises in Python, and main() prints one line. torchrun sets 1 (abort the
+    # process) unless told otherwise, so this overrides it (docs/reliability.md).
+    os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
+    # device_id: this process's GPU, so NCCL connects now rather than at the
+    # first collective, and barrier() need not guess the device from the rank
+    dist.init_process_group("nccl", timeout=timeout, device_id=device)
+
+
+def wrap_model(raw, device, world, use_compile):
+    """(model, ddp_model): model is raw, compiled if use_compile (evaluation runs
+    it); ddp_model is what trains. The compiled module goes inside DDP, the order
+    PyTorch's guide "Where to apply torch.compile?" gives: compiled inside DDP's
+    forward, the graph is split at DDP's gradient buckets (DDPOptimizer), so each
+    bucket's all-reduce overlaps the rest of the backward pass."""
+    model = torch.compile(raw) if use_compile else raw
+    if world == 1:
+        return model, model
+    device_ids = [device.index] if device.type == "cuda" else None
+    return model, DDP(model, device_ids=device_ids)
+
+
+def all_sum(t, world):
+    """t summed over the processes, in place."""
+    if world > 1:
+        dist.all_reduce(t)
+    return t
+
+
+def lost_peer(e, world):
+    """Whether e is a collective that failed because another process died or hung."""
+    text = str(e)
+    return world > 1 and (isinstance(e, dist.DistError) or "gloo" in text or "NCCL" in text)

@@ -1,0 +1,66 @@
+"""
+Where a training run records its evaluations: one JSON line each in
+out_dir/log.jsonl, and in wandb when wandb_log is on.
+"""
+
+import dataclasses
+import json
+import os
+
+from tqdm import tqdm
+
+from support.checkpoint import first_line
+
+
+class LogError(Exception):
+    """The log cannot be written; the message is for the user."""
+
+
+def start_wandb(cfg):
+    """The wandb module, its run started; a ValueError before any work if it cannot start."""
+    try:
+        import wandb  # here only: a slow import that most runs do not need
+    except ImportError:
+        raise ValueError("wandb_log=True needs wandb: pip install wandb") from None
+    try:
+        wandb.init(
+            project=cfg.wandb_project, name=cfg.wandb_run_name, config=dataclasses.asdict(cfg)
+        )
+    except wandb.errors.UsageError as e:
+        # no API key, and no terminal to ask for one: say so before any work starts
+        raise ValueError(
+            f"wandb_log=True, but wandb cannot start ({first_line(e)}): run `wandb login` "
+            "once, or set WANDB_MODE=offline to log locally and `wandb sync` later"
+        ) from None
+    return wandb
+
+
+def start_log(out_dir, resumed):
+    """Create out_dir; a new run starts a new log, a resumed run goes on with its own."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        if not resumed:
+            open(os.path.join(out_dir, "log.jsonl"), "w").close()
+    except OSError as e:
+        raise ValueError(
+            f"cannot write into out_dir {out_dir!r} ({e.strerror or e}); "
+            "pass an --out_dir that can be created and written"
+        ) from None
+
+
+def log_evaluation(rec, out_dir, wandb):
+    """Print the evaluation rec and append it to the log (and wandb, if not None)."""
+    line = f"iter {rec['iter']}: train loss {rec['train_loss']:.4f}, val loss {rec['val_loss']:.4f}"
+    if "val_loss_full" in rec:
+        line += f", whole val split {rec['val_loss_full']:.4f}"
+    tqdm.write(line)
+    path = os.path.join(out_dir, "log.jsonl")
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+    except OSError as e:
+        raise LogError(
+            f"cannot write {path} ({e.strerror or e}); the last checkpoint is kept"
+        ) from None
+    if wandb is not None:
+        wandb.log(rec, step=rec["iter"])

@@ -1,0 +1,169 @@
+"""
+train.py's settings: every key with its default, as a dataclass that config files
+and --key=value fill (configurator.py), and the checks that refuse bad values
+before anything slow happens. The keys are nanoGPT's; the defaults train GPT-2 124M.
+"""
+
+import dataclasses
+import math
+
+import torch
+
+from model import GPTConfig
+
+# The settings that make the model's shape; a checkpoint's model_args hold them.
+MODEL_KEYS = (
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "block_size",
+    "bias",
+    "dropout",
+    "n_kv_head",
+    "rope",
+    "qk_norm",
+    "activation",
+    "attention",
+    "sliding_window",
+    "sink_tokens",
+)
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything a training run can be told; `python train.py --help` prints this
+    class's body, so its comments are the documentation of each key."""
+
+    # evaluation, logging, checkpoints
+    out_dir: str = "out"
+    eval_interval: int = 2000
+    log_interval: int = 1
+    eval_iters: int = 200
+    eval_only: bool = False  # evaluate once and exit
+    # the final evaluation also scores the whole val split (the val loss of record)
+    eval_full_val: bool = False
+    # False: a fresh run's first evaluation is at eval_interval, not before the first step
+    eval_at_start: bool = True
+    muon_ns_steps: int = 5  # Newton-Schulz iterations per Muon step (torch.optim.Muon's ns_steps)
+    always_save_checkpoint: bool = True  # False: save only when val loss improves, and at the end
+    # 'scratch', 'resume' (from out_dir), a Hugging Face GPT-2 folder, or 'gpt2*'
+    init_from: str = "scratch"
+    wandb_log: bool = False
+    wandb_project: str = "gpt"
+    wandb_run_name: str | None = None  # None: wandb picks a name
+    # data
+    dataset: str = "shakespeare_char"
+    data_root: str | None = None  # the folder of dataset folders; None: data/ in this repo
+    # micro-steps per iter in all, shared by the DDP processes
+    gradient_accumulation_steps: int = 5 * 8
+    batch_size: int = 12
+    block_size: int = 1024
+    # model; n_kv_head None: as many as n_head
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True
+    n_kv_head: int | None = None
+    rope: bool = False
+    qk_norm: bool = False
+    activation: str = "gelu"
+    # or 'linear': phi(q).phi(k) attention, O(T), a fixed-size state when generating
+    attention: str = "softmax"
+    sliding_window: int | None = None
+    sink_tokens: int = 0  # each query sees its last W positions and the first S (model.py)
+    # optimizer: 'adamw', or 'muon' (Muon for the hidden matrices, AdamW for the rest)
+    optimizer: str = "adamw"
+    learning_rate: float = 6e-4
+    max_iters: int = 600000
+    weight_decay: float = 1e-1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # grad_clip 0: no clipping
+    # learning rate: linear warmup, then cosine decay to min_lr
+    decay_lr: bool = True
+    warmup_iters: int = 2000
+    lr_decay_iters: int = 600000
+    min_lr: float = 6e-5
+    max_time: float = 0.0  # seconds of training after which to evaluate, save and stop; 0: no limit
+    # system
+    device: str = "auto"  # 'auto' (cuda, then mps, then cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
+    # 'auto': bfloat16 where it runs natively (and on a CPU, is faster), else float16 on CUDA,
+    # else float32
+    dtype: str = "auto"
+    compile: bool | None = None  # torch.compile; None: on for CUDA only
+    seed: int = 1337
+    ddp_timeout: int = 600  # seconds a process waits for the others before it fails
+    # processes per sequence, each holding 1/context_parallel of it (context_parallel.py)
+    context_parallel: int = 1
+    context_parallel_layout: str = "zigzag"  # or 'contiguous'
+
+    def __getitem__(self, key):
+        """settings[key], as optim.py, batches.py and context_parallel.py read settings."""
+        return getattr(self, key)
+
+
+def model_args(cfg, vocab_size):
+    """GPTConfig's arguments from the settings."""
+    return dict({key: cfg[key] for key in MODEL_KEYS}, vocab_size=vocab_size)
+
+
+def check(cfg):
+    """Refuse bad values before anything slow happens (ValueError, one line)."""
+    # the configurator lets None through for any key
+    for field in dataclasses.fields(cfg):
+        if getattr(cfg, field.name) is None and field.default is not None:
+            raise ValueError(f"{field.name} cannot be None; give it a value like {field.default!r}")
+    for key in (
+        "batch_size",
+        "block_size",
+        "gradient_accumulation_steps",
+        "eval_interval",
+        "eval_iters",
+        "log_interval",
+        "ddp_timeout",
+        "context_parallel",
+        "muon_ns_steps",
+    ):
+        if cfg[key] < 1:
+            raise ValueError(f"{key} must be a positive integer, got {cfg[key]}")
+    for key in (
+        "max_iters",
+        "warmup_iters",
+        "lr_decay_iters",
+        "learning_rate",
+        "min_lr",
+        "weight_decay",
+        "grad_clip",
+        "max_time",
+    ):
+        if not 0 <= cfg[key] < math.inf:
+            raise ValueError(f"{key} must be a finite number >= 0, got {cfg[key]}")
+    if not -(2**63) <= cfg.seed < 2**63:
+        raise ValueError(f"seed must fit in a signed 64-bit integer, got {cfg.seed}")
+    if cfg.ddp_timeout > 10**9:
+        raise ValueError(f"ddp_timeout must be at most 1e9 seconds, got {cfg.ddp_timeout}")
+    for key in ("beta1", "beta2"):
+        if not 0 <= cfg[key] < 1:
+            raise ValueError(f"{key} must be in [0, 1), got {cfg[key]}")
+    if cfg.dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {cfg.dtype!r}; use one of {', '.join(DTYPES)}")
+    if cfg.optimizer not in ("adamw", "muon"):
+        raise ValueError(f"unknown optimizer {cfg.optimizer!r}; use 'adamw' or 'muon'")
+    if cfg.optimizer == "muon" and not hasattr(torch.optim, "Muon"):
+        raise ValueError(
+            "optimizer='muon' needs torch.optim.Muon (torch >= 2.9); use --optimizer=adamw"
+        )
+    if cfg.compile not in (None, True, False):
+        raise ValueError(f"compile must be True, False or None (auto), got {cfg.compile!r}")
+    for key in ("data_root", "wandb_run_name"):
+        if cfg[key] is not None and not isinstance(cfg[key], str):
+            raise ValueError(f"{key} must be a string or None, got {cfg[key]!r}")
+    if cfg.attention != "softmax" and cfg.init_from not in ("scratch", "resume"):
+        raise ValueError(
+            f"init_from={cfg.init_from!r} loads GPT-2's weights, which need softmax attention; "
+            f"train --attention={cfg.attention} from scratch"
+        )
+    if cfg.init_from == "scratch":
+        GPTConfig(**model_args(cfg, vocab_size=1))  # raises on bad model sizes
