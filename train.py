@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 from data.prepare import DataError, ensure_dataset, load_meta
 from model import GPT, GPTConfig
+from support import hellaswag
 from support.batches import get_batch, load_split, step_batches
 from support.checkpoint import (
     CheckpointError,
@@ -65,6 +66,8 @@ DEFAULTS = dict(
     eval_iters=200,
     eval_only=False,  # evaluate once and exit
     eval_full_val=False,  # the final evaluation also scores the whole val split (the val loss of record)
+    hellaswag=False,  # also score HellaSwag at every evaluation (support/hellaswag.py)
+    hellaswag_data=None,  # a HellaSwag .jsonl; None: the official val file, fetched on first use
     eval_at_start=True,  # False: a fresh run's first evaluation is at eval_interval, not before the first step
     muon_ns_steps=5,  # Newton-Schulz iterations per Muon step (torch.optim.Muon's ns_steps)
     always_save_checkpoint=True,  # False: save only when val loss improves, and at the end
@@ -589,6 +592,8 @@ def setup(cfg):
         dist.barrier()
     dataset_dir = ensure_dataset(cfg["dataset"], cfg["data_root"])
     meta = load_meta(dataset_dir)
+    if cfg["hellaswag"]:  # a missing or malformed file stops the run before it starts
+        hellaswag.training_examples(cfg["hellaswag_data"])
     raw, ckpt = init_model(cfg, meta, device)
     splits = {
         split: load_split(dataset_dir, split, cfg["block_size"], meta["vocab_size"], device)
@@ -750,6 +755,18 @@ def evaluate(r, iter_num, elapsed, final):
     )
     if final and r.cfg["eval_full_val"]:
         rec["val_loss_full"] = full_val_loss(r)
+    if r.cfg["hellaswag"]:
+        rec.update(
+            hellaswag.training_scores(
+                r.raw,
+                r.meta["tokenizer"],
+                r.cfg["hellaswag_data"],
+                r.device,
+                r.ctx,
+                r.dp_rank,
+                r.dp_world,
+            )
+        )
     if not (math.isfinite(rec["train_loss"]) and math.isfinite(rec["val_loss"])):
         raise diverged(rec["val_loss"], iter_num)
     if r.master:
