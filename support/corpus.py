@@ -104,7 +104,9 @@ def open_source(source, text_column="text", subset=None):
             f"cannot reach the Hugging Face hub for {source}; connect to the internet, "
             "or download its files and pass their folder"
         ) from None
-    except (ValueError, OSError, FileNotFoundError) as e:
+    except StopIteration:  # `datasets` reads the first rows of a json file to learn its columns
+        raise DataError(f"{source} holds no documents") from None
+    except (ValueError, OSError) as e:
         raise DataError(f"cannot read {source} ({str(e).splitlines()[0]})") from None
     columns = stream.column_names
     if columns is not None and text_column not in columns:
