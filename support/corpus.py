@@ -15,6 +15,7 @@ their order, so the bytes are the same whatever the number of workers.
 import collections
 import glob
 import json
+import math
 import multiprocessing
 import os
 import time
@@ -201,10 +202,11 @@ def _encoded(tasks, desc, num_proc):
 
 def is_val(index, val_docs, val_fraction):
     """Whether document `index` goes to val: the first val_docs documents, or
-    else one document in every 1 / val_fraction, spread evenly."""
+    else one document in every 1 / val_fraction, spread evenly from the first
+    (so even a corpus of two documents has a val split)."""
     if val_docs is not None:
         return index < val_docs
-    return int((index + 1) * val_fraction) > int(index * val_fraction)
+    return math.floor(index * val_fraction) > math.floor((index - 1) * val_fraction)
 
 
 def _write_task(writers, ids, lengths, first, val_docs, val_fraction):

@@ -94,7 +94,9 @@ def test_tokens_are_tiktoken_of_each_document_plus_end_of_text(tmp_path, documen
     for i, doc in enumerate(documents):
         split = "val" if is_val(i, None, 0.05) else "train"
         expected[split] += enc.encode_ordinary(doc) + [enc.eot_token]
-    assert meta["documents"] == {"train": len(documents) - 150, "val": 150}
+    val_docs = sum(is_val(i, None, 0.05) for i in range(len(documents)))
+    assert val_docs == 151  # documents 0, 20, ..., 3000
+    assert meta["documents"] == {"train": len(documents) - val_docs, "val": val_docs}
     assert meta["dtype"] == "uint16" and meta["eot_token"] == 50256
     assert len(meta["shards"]["train"]) > 3  # the count below spans shard boundaries
     for split in ("train", "val"):
