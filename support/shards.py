@@ -138,7 +138,23 @@ class ShardedTokens:
         return int(self.starts[-1])
 
     def __getitem__(self, positions):
+        """The tokens at an array of stream positions, in its shape. A row of
+        positions (a batch's window) that one shard holds is read from it in one
+        gather; a row that runs across a shard's end, position by position."""
         positions = np.asarray(positions)
+        rows = positions.reshape(-1, positions.shape[-1] if positions.ndim else 1)
+        first = np.searchsorted(self.starts, rows.min(axis=1), side="right") - 1
+        last = np.searchsorted(self.starts, rows.max(axis=1), side="right") - 1
+        out = np.empty(rows.shape, dtype=self.dtype)
+        for i in np.unique(first):
+            here = (first == i) & (last == i)
+            out[here] = self.shards[i][rows[here] - self.starts[i]]
+        crossing = first != last
+        if crossing.any():
+            out[crossing] = self._gather(rows[crossing])
+        return out.reshape(positions.shape)
+
+    def _gather(self, positions):
         shard_of = np.searchsorted(self.starts, positions, side="right") - 1
         out = np.empty(positions.shape, dtype=self.dtype)
         for i in np.unique(shard_of):
