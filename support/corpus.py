@@ -167,13 +167,14 @@ def _encode_task(texts):
     """The tokens of a task's documents, each followed by the end-of-text token,
     as one array, and each document's token count (end-of-text included)."""
     tok = _worker_tokenizer
-    ids = []
-    lengths = []
-    for doc in tok.encode_documents(texts):
-        ids.extend(doc)
-        ids.append(tok.eot_token)
-        lengths.append(len(doc) + 1)
-    return np.array(ids, dtype=dtype_for(tok.vocab_size)), lengths
+    docs = tok.encode_documents(texts)
+    end = np.array([tok.eot_token])
+    pieces = []
+    for doc in docs:
+        pieces.append(doc)
+        pieces.append(end)
+    ids = np.concatenate(pieces).astype(dtype_for(tok.vocab_size))
+    return ids, [len(doc) + 1 for doc in docs]
 
 
 def _encoded(tasks, desc, num_proc):
@@ -185,8 +186,10 @@ def _encoded(tasks, desc, num_proc):
         for task in tasks:
             yield _encode_task(task)
         return
-    # spawn: a forked child would inherit the reader's threads and locks
-    context = multiprocessing.get_context("spawn")
+    # fork: the workers start at once, with the tokenizer already built (GPT-2's
+    # takes a second to build from its files); spawn where there is no fork
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     with context.Pool(num_proc, initializer=_start_worker, initargs=(desc,)) as pool:
         pending = collections.deque()
         for task in tasks:

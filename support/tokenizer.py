@@ -146,9 +146,10 @@ class GPT2Tokenizer:
         return self.encoding.eot_token
 
     def encode_documents(self, texts):
-        """Each text's ids, with a literal <|endoftext|> in it read as plain text:
-        preparation puts the real end-of-text token after each document itself."""
-        return [self.encoding.encode_ordinary(text) for text in texts]
+        """Each text's ids as an array, with a literal <|endoftext|> in it read as
+        plain text: preparation puts the real end-of-text token after each
+        document itself."""
+        return [self.encoding.encode_to_numpy(text, disallowed_special=()) for text in texts]
 
     def describe(self):
         return {"kind": "gpt2"}
