@@ -74,6 +74,34 @@ def _builder(files):
     return builders.pop()
 
 
+def _parquet_texts(files, source, text_column):
+    """Local parquet files read row group by row group, on this thread.
+    `datasets` reads parquet ahead of its reader on background threads, so a
+    reader slower than the disk (a tokenizer) would hold more of the file the
+    bigger it is; this reader holds one batch."""
+    import pyarrow.parquet as pq
+
+    for name in files:
+        try:
+            parquet = pq.ParquetFile(name)
+        except (OSError, ValueError) as e:
+            raise DataError(f"cannot read {name} ({str(e).splitlines()[0]})") from None
+        columns = parquet.schema_arrow.names
+        if text_column not in columns:
+            raise DataError(
+                f"{source} has no column {text_column!r} (its columns: {', '.join(columns)}); "
+                "pass --text_column NAME"
+            )
+        batches = parquet.iter_batches(
+            batch_size=READ_ROWS, columns=[text_column], use_threads=False
+        )
+        for batch in batches:
+            texts = batch.column(0).to_pylist()
+            if not all(isinstance(text, str) for text in texts):
+                raise DataError(f"{source}: some {text_column!r} values are not text")
+            yield texts
+
+
 def _parquet_rows(files):
     import pyarrow.parquet as pq
 
@@ -83,10 +111,12 @@ def _parquet_rows(files):
 def open_source(source, text_column="text", subset=None):
     """(batches, total): an iterator over lists of document texts, in the
     source's order, and the number of documents where it is known (else None)."""
+    files = local_files(source)
+    if files is not None and _builder(files) == "parquet":
+        return _parquet_texts(files, source, text_column), _parquet_rows(files)
     import datasets  # here only: a slow import that only preparation needs
 
     datasets.disable_progress_bars()
-    files = local_files(source)
     total = None
     try:
         if files is None:
@@ -99,7 +129,6 @@ def open_source(source, text_column="text", subset=None):
             stream = datasets.load_dataset(
                 builder, data_files=files, split="train", streaming=True, **options
             )
-            total = _parquet_rows(files) if builder == "parquet" else None
     except ConnectionError:
         raise DataError(
             f"cannot reach the Hugging Face hub for {source}; connect to the internet, "
