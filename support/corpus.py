@@ -78,7 +78,7 @@ def _parquet_texts(files, source, text_column):
     """Local parquet files read row group by row group, on this thread.
     `datasets` reads parquet ahead of its reader on background threads, so a
     reader slower than the disk (a tokenizer) would hold more of the file the
-    bigger it is; this reader holds one batch."""
+    bigger it is; this reader holds one row group."""
     import pyarrow.parquet as pq
 
     for name in files:
@@ -92,14 +92,14 @@ def _parquet_texts(files, source, text_column):
                 f"{source} has no column {text_column!r} (its columns: {', '.join(columns)}); "
                 "pass --text_column NAME"
             )
-        batches = parquet.iter_batches(
-            batch_size=READ_ROWS, columns=[text_column], use_threads=False
-        )
-        for batch in batches:
-            texts = batch.column(0).to_pylist()
-            if not all(isinstance(text, str) for text in texts):
-                raise DataError(f"{source}: some {text_column!r} values are not text")
-            yield texts
+        # one row group at a time: iter_batches holds more of a file the bigger it is
+        for group in range(parquet.num_row_groups):
+            column = parquet.read_row_group(group, columns=[text_column], use_threads=False)[0]
+            for start in range(0, len(column), READ_ROWS):
+                texts = column.slice(start, READ_ROWS).to_pylist()
+                if not all(isinstance(text, str) for text in texts):
+                    raise DataError(f"{source}: some {text_column!r} values are not text")
+                yield texts
 
 
 def _parquet_rows(files):
