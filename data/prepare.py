@@ -509,6 +509,11 @@ def _one_text(args):
 def _prepare(args):
     name = _dataset_name(args.path, args.name)
     out_dir = os.path.join(args.data_root or DATA_ROOT, name)
+    if args.tokenizer == "char" and not (os.path.isdir(args.path) or args.path.endswith(".txt")):
+        raise DataError(
+            f"--tokenizer char reads one text, a .txt file or a folder of them; "
+            f"for {args.path} use --tokenizer gpt2 or bpe:VOCAB"
+        )
     if _one_text(args):
         text = read_corpus(args.path)
         val_fraction = 0.1 if args.val_fraction is None else args.val_fraction
