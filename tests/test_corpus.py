@@ -366,7 +366,7 @@ def bad_sources(tmp_path):
         ("nocolpq", ["--text_column=body", "--num_proc=0"], ["--num_proc must be 1 or more"]),
         ("nocolpq", ["--text_column=body", "--tokenizer=bpe:100"], ["too small"]),
         ("nocolpq", ["--text_column=body", "--val_docs=5"], ["too few"]),
-        ("nocol", ["--tokenizer=char"], ["--tokenizer char reads one text"]),
+        ("nocol/d.jsonl", ["--tokenizer=char"], ["--tokenizer char reads one text"]),
     ],
 )
 def test_bad_sources_get_one_line_and_no_dataset(bad_sources, source, extra, words):
