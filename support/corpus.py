@@ -5,11 +5,13 @@ through tokenizer processes into token shards (shards.py) in bounded memory.
     open_source     a source's documents as batches of texts, and how many if known
     prepare_corpus  tokenize a source into a sharded dataset folder
 
-The `datasets` library reads every kind of source the same way, in streaming
-mode: a folder or glob of .jsonl, .parquet or .txt files (one document per
-.txt file), or a hub id such as HuggingFaceFW/fineweb-edu. Documents are read
-in batches, tokenized by --num_proc worker processes, and written back in
-their order, so the bytes are the same whatever the number of workers.
+The `datasets` library reads the sources in streaming mode, local files and
+hub ids alike: a folder or glob of .jsonl or .txt files (one document per
+.txt file), or a hub id such as HuggingFaceFW/fineweb-edu. Local parquet is
+read a row group at a time with pyarrow itself (see _parquet_texts).
+Documents are read in batches, tokenized by --num_proc worker processes, and
+written back in their order, so the bytes are the same whatever the number
+of workers.
 """
 
 import collections
@@ -34,7 +36,7 @@ from support.shards import (
 from support.tokenizer import TokenizerError, bpe_vocab_size, get_tokenizer, train_bpe
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
-READ_ROWS = 1024  # documents per read from `datasets`
+READ_ROWS = 1024  # documents per read
 BATCH_CHARS = 1 << 20  # about 1 MB of text per tokenizer task
 BPE_SAMPLE_CHARS = 100_000_000  # the share of the corpus a bpe:VOCAB tokenizer learns from
 
@@ -148,6 +150,7 @@ def open_source(source, text_column="text", subset=None):
 
 
 def _texts(stream, source, text_column):
+    """The texts of a `datasets` stream, a batch of READ_ROWS documents at a time."""
     try:
         for rows in stream.select_columns([text_column]).iter(batch_size=READ_ROWS):
             texts = rows[text_column]
