@@ -12,6 +12,9 @@
 # parameters) and a 128-token window covers about 450 characters. The
 # recipe is config/shakespeare_cpu.py's (rotary positions, RMS-normed queries
 # and keys, ReLU-squared MLPs, Muon), one layer deeper and twice as wide.
+# On tiny Shakespeare's paragraphs it reaches a whole-val loss of 3.98 nats per
+# token (1.38 per character) in 300 iters, under 4 minutes on 2 cores
+# (docs/benchmarks.md).
 
 out_dir = "out-corpus-cpu"
 eval_interval = 100
