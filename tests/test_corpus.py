@@ -421,3 +421,57 @@ def test_a_vocabulary_past_uint16_cannot_make_one_text(tmp_path):
     with pytest.raises(DataError, match="uint16 files hold at most 65536"):
         prepare_text(chars, str(tmp_path), "char", 0.5)
     assert not os.path.exists(tmp_path / "meta.json")
+
+
+def test_two_processes_match_one_on_shards_with_hellaswag(tmp_path, documents):
+    """DDP over torchrun reads the same shards, and HellaSwag's counts summed
+    over the processes give the one-process scores."""
+    write_jsonl(str(tmp_path / "src" / "d.jsonl"), documents)
+    prepare_corpus(
+        str(tmp_path / "src"), str(tmp_path / "data" / "docs"), "gpt2", 1, shard_tokens=30_000
+    )
+    with open(tmp_path / "hs.jsonl", "w") as f:
+        for i in range(5):
+            endings = ["the king is dead.", "my lord.", "to be or not.", "ROMEO: hence!"]
+            f.write(json.dumps({"ctx": f"Scene {i}. Enter", "endings": endings, "label": i % 4}))
+            f.write("\n")
+    common = [
+        "--dataset=docs",
+        f"--data_root={tmp_path / 'data'}",
+        "--n_layer=1",
+        "--n_head=2",
+        "--n_embd=32",
+        "--block_size=32",
+        "--batch_size=4",
+        "--gradient_accumulation_steps=2",
+        "--device=cpu",
+        "--compile=False",
+        "--dtype=float32",
+        "--eval_iters=2",
+        "--eval_interval=2",
+        "--max_iters=2",
+        "--dropout=0.0",
+        "--hellaswag=True",
+        f"--hellaswag_data={tmp_path / 'hs.jsonl'}",
+    ]
+    one, two = tmp_path / "one", tmp_path / "two"
+    train.main([*common, f"--out_dir={one}"])
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+        + ["train.py", *common, f"--out_dir={two}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    logs = [
+        [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+        for out in (one, two)
+    ]
+    assert [r["iter"] for r in logs[1]] == [0, 2]
+    for a, b in zip(*logs):
+        assert a["val_loss"] == pytest.approx(b["val_loss"], abs=1e-4)
+        assert a["hellaswag_acc"] == b["hellaswag_acc"]
+        assert a["hellaswag_acc_norm"] == b["hellaswag_acc_norm"]
