@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from data.prepare import DataError, ensure_dataset, load_meta
 from model import GPT
+from support import hellaswag
 from support.batches import load_split, step_batches
 from support.checkpoint import (
     CheckpointError,
@@ -118,6 +119,17 @@ def evaluate(run, iter_num, elapsed, final):
     )
     if final and run.cfg.eval_full_val:
         rec["val_loss_full"] = full_val_loss(run)
+    if run.cfg.hellaswag:
+        scores = hellaswag.training_scores(
+            run.raw,
+            run.meta["tokenizer"],
+            run.cfg.hellaswag_data,
+            run.device,
+            run.ctx,
+            run.dp_rank,
+            run.dp_world,
+        )
+        rec.update(scores)
     if not (math.isfinite(rec["train_loss"]) and math.isfinite(rec["val_loss"])):
         raise diverged(rec["val_loss"], iter_num)
     if run.master:
@@ -172,6 +184,9 @@ def setup(cfg):
         dist.barrier()
     dataset_dir = ensure_dataset(cfg.dataset, cfg.data_root)
     meta = load_meta(dataset_dir)
+    if cfg.hellaswag:
+        # a missing or malformed file stops the run before it starts
+        hellaswag.training_examples(cfg.hellaswag_data)
     raw, ckpt, cfg = init_model(cfg, meta)
     raw.to(device)
     splits = {

@@ -1,11 +1,17 @@
 """Turn a text corpus into token files that training reads with np.memmap.
 
-A dataset is a folder holding train.bin and val.bin (uint16 token ids) and
-meta.json (the tokenizer's description and the token counts).
+A dataset is a folder holding meta.json (the tokenizer's description and the
+token counts) and either train.bin and val.bin (one text, uint16 token ids) or
+train_00000.bin, ..., val_00000.bin, ... (a corpus of documents in shards,
+support/shards.py; streamed and tokenized on every core by support/corpus.py).
 
-Prepare your own corpus (a UTF-8 file, or a folder of *.txt files):
+Prepare your own corpus:
 
-    python data/prepare.py PATH [--tokenizer char|gpt2] [--name NAME]
+    python data/prepare.py SOURCE --tokenizer gpt2|bpe:VOCAB --name NAME [--num_proc N]
+
+where SOURCE is a folder or glob of .jsonl, .parquet or .txt files (a .txt
+file is one document) or a Hugging Face dataset id (with --subset). One .txt
+file, or --tokenizer char, makes one text split by characters as before.
 
 Tiny Shakespeare is prepared on first use, or with
 python data/shakespeare_char/prepare.py (characters) or
@@ -14,6 +20,7 @@ python data/shakespeare/prepare.py (GPT-2 BPE).
 
 import argparse
 import contextlib
+import glob
 import hashlib
 import http.client
 import json
@@ -31,6 +38,8 @@ if ROOT not in sys.path:
 import numpy as np
 from tqdm import tqdm
 
+from support.corpus import prepare_corpus
+from support.shards import SHARD_TOKENS, DataError, ShardedTokens, check_shards
 from support.tokenizer import GPT2_VOCAB_SIZE, TokenizerError, build_tokenizer, get_tokenizer
 
 DATA_ROOT = os.path.join(ROOT, "data")
@@ -62,10 +71,7 @@ _META_TYPES = {
     "train_tokens": int,
     "val_tokens": int,
 }
-
-
-class DataError(Exception):
-    """A problem the user can fix; the message is a single line."""
+DTYPE_LIMITS = {"uint16": 2**16, "uint32": 2**32}
 
 
 # ---------------------------------------------------------------- writing
@@ -137,9 +143,15 @@ def prepare_text(text, out_dir, tokenizer_kind, val_fraction=0.1, source=None):
 
     os.makedirs(out_dir, exist_ok=True)
     meta_path = os.path.join(out_dir, "meta.json")
-    # meta.json marks a complete dataset: drop it now, write it only once the .bin files are in place.
+    # meta.json marks a complete dataset: drop it now, write it only once the
+    # .bin files are in place.
     if os.path.exists(meta_path):
         os.remove(meta_path)
+    desc = tok.describe()
+    if desc["kind"] == "bpe":
+        # the dataset folder keeps the trained tokenizer; load_meta reads it back
+        _write_atomic(os.path.join(out_dir, "tokenizer.json"), tok.json.encode("utf-8"))
+        desc = {"kind": "bpe", "file": "tokenizer.json"}
     # Split by characters, as nanoGPT does, so the val text is the same
     # whichever tokenizer is used.
     parts = {"train": text[:n_train], "val": text[n_train:]}
@@ -148,7 +160,7 @@ def prepare_text(text, out_dir, tokenizer_kind, val_fraction=0.1, source=None):
         for split, part in parts.items()
     }
     meta = {
-        "tokenizer": tok.describe(),
+        "tokenizer": desc,
         "vocab_size": tok.vocab_size,
         "dtype": "uint16",
         "train_tokens": counts["train"],
@@ -212,19 +224,31 @@ def load_meta(dataset_dir):
         raise DataError(
             f"{path} is missing; prepare the dataset with: {_prepare_hint(dataset_dir)}"
         )
+    again = f"prepare the dataset again with: {_prepare_hint(dataset_dir)}"
     try:
         with open(path, "rb") as f:
             meta = json.loads(f.read().decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
-        raise DataError(
-            f"{path} is not valid JSON; prepare the dataset again with: {_prepare_hint(dataset_dir)}"
-        ) from None
+        raise DataError(f"{path} is not valid JSON; {again}") from None
+    if isinstance(meta, dict) and isinstance(meta.get("tokenizer"), dict):
+        meta["tokenizer"] = _saved_tokenizer(dataset_dir, meta["tokenizer"], again)
     problem = _meta_problem(meta)
     if problem:
-        raise DataError(
-            f"{path} is malformed ({problem}); prepare the dataset again with: {_prepare_hint(dataset_dir)}"
-        )
+        raise DataError(f"{path} is malformed ({problem}); {again}")
     return meta
+
+
+def _saved_tokenizer(dataset_dir, desc, again):
+    """A 'bpe' tokenizer's description with its saved file read in, so that
+    checkpoints hold the whole tokenizer and need no dataset folder."""
+    if desc.get("kind") != "bpe" or not isinstance(desc.get("file"), str):
+        return desc
+    path = os.path.join(dataset_dir, os.path.basename(desc["file"]))
+    try:
+        with open(path, encoding="utf-8") as f:
+            return {"kind": "bpe", "json": f.read()}
+    except (OSError, UnicodeDecodeError):
+        raise DataError(f"cannot read the dataset's tokenizer {path}; {again}") from None
 
 
 def _meta_problem(meta):
@@ -234,15 +258,36 @@ def _meta_problem(meta):
         value = meta.get(key)
         if not isinstance(value, kind) or isinstance(value, bool):
             return f"'{key}' should be {kind.__name__}"
-    if meta["dtype"] != "uint16":
-        return f"dtype {meta['dtype']!r} is not uint16"
+    if meta["dtype"] not in DTYPE_LIMITS or ("shards" not in meta and meta["dtype"] != "uint16"):
+        return f"dtype {meta['dtype']!r} is not one of {', '.join(DTYPE_LIMITS)}"
     if not isinstance(meta["tokenizer"].get("kind"), str):
         return "the tokenizer has no 'kind'"
     if meta["vocab_size"] <= 0 or meta["train_tokens"] < 0 or meta["val_tokens"] < 0:
         return "negative sizes"
-    if meta["vocab_size"] > 2**16:
-        return f"vocab_size {meta['vocab_size']} does not fit uint16"
+    if meta["vocab_size"] > DTYPE_LIMITS[meta["dtype"]]:
+        return f"vocab_size {meta['vocab_size']} does not fit {meta['dtype']}"
+    if "shards" in meta and _shards_problem(meta):
+        return _shards_problem(meta)
     return _tokenizer_problem(meta["tokenizer"], meta["vocab_size"])
+
+
+def _shards_problem(meta):
+    shards = meta["shards"]
+    if not isinstance(shards, dict) or set(shards) != set(SPLITS):
+        return "'shards' should map train and val to lists of shards"
+    for split in SPLITS:
+        if not isinstance(shards[split], list):
+            return f"the {split} shards should be a list"
+        for shard in shards[split]:
+            if not isinstance(shard, dict) or not isinstance(shard.get("file"), str):
+                return f"a {split} shard has no 'file'"
+            if shard["file"] != os.path.basename(shard["file"]):
+                return f"the shard {shard['file']!r} is not a plain file name"
+            if not isinstance(shard.get("tokens"), int) or shard["tokens"] < 0:
+                return f"the shard {shard['file']!r} has no token count"
+        if sum(shard["tokens"] for shard in shards[split]) != meta[f"{split}_tokens"]:
+            return f"the {split} shards do not add up to {split}_tokens"
+    return None
 
 
 def _tokenizer_problem(desc, vocab_size):
@@ -254,6 +299,11 @@ def _tokenizer_problem(desc, vocab_size):
         size = len(chars)
     elif desc["kind"] == "gpt2":
         size = GPT2_VOCAB_SIZE
+    elif desc["kind"] == "bpe":
+        try:
+            size = get_tokenizer(desc).vocab_size
+        except TokenizerError as e:
+            return str(e)
     else:
         return f"unknown tokenizer kind {desc['kind']!r}"
     if size != vocab_size:
@@ -270,12 +320,15 @@ def load_tokenizer(dataset_dir):
 
 
 def load_tokens(dataset_dir, split):
-    """A read-only uint16 memmap of the split's token ids."""
+    """The split's token ids, read-only: a uint16 memmap of split.bin, or the
+    split's shards as one ShardedTokens."""
     if split not in SPLITS:
         raise DataError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
     meta = load_meta(dataset_dir)
-    path = os.path.join(dataset_dir, f"{split}.bin")
     again = f"prepare the dataset again with: {_prepare_hint(dataset_dir)}"
+    if "shards" in meta:
+        return ShardedTokens(check_shards(dataset_dir, meta, split, again), meta["dtype"])
+    path = os.path.join(dataset_dir, f"{split}.bin")
     if not os.path.exists(path):
         raise DataError(f"{path} is missing; {again}")
     size = os.path.getsize(path)
@@ -326,7 +379,8 @@ def _download_shakespeare(dataset_dir):
     digest = hashlib.sha256(data).hexdigest()
     if len(data) != SHAKESPEARE_BYTES or digest != SHAKESPEARE_SHA256:
         raise DataError(
-            f"the download from {SHAKESPEARE_URL} is corrupt ({len(data)} bytes, sha256 {digest[:12]}...); "
+            f"the download from {SHAKESPEARE_URL} is corrupt "
+            f"({len(data)} bytes, sha256 {digest[:12]}...); "
             f"try again, or {_where_to_put(dataset_dir)}"
         )
     os.makedirs(dataset_dir, exist_ok=True)
@@ -381,6 +435,11 @@ def ensure_dataset(name, data_root=None, input_path=None):
     dataset_dir = os.path.join(data_root, name)
     if all(os.path.exists(os.path.join(dataset_dir, f)) for f in FILES):
         return dataset_dir
+    # a sharded dataset: meta.json is written last, after every shard
+    if os.path.exists(os.path.join(dataset_dir, "meta.json")) and glob.glob(
+        os.path.join(dataset_dir, "train_*.bin")
+    ):
+        return dataset_dir
     if name not in DATASETS:
         raise DataError(
             f"unknown dataset {name!r} (no prepared files in {dataset_dir}); "
@@ -396,9 +455,16 @@ def ensure_dataset(name, data_root=None, input_path=None):
 
 
 def summary(dataset_dir, meta):
-    return (
+    line = (
         f"{dataset_dir}: {meta['tokenizer']['kind']} tokenizer, vocab {meta['vocab_size']}, "
         f"train {meta['train_tokens']:,} tokens, val {meta['val_tokens']:,} tokens"
+    )
+    if "shards" not in meta:
+        return line
+    docs = meta["documents"]
+    shards = len(meta["shards"]["train"]) + len(meta["shards"]["val"])
+    return (
+        f"{line}, {docs['train']:,} + {docs['val']:,} documents in {shards} {meta['dtype']} shards"
     )
 
 
@@ -430,41 +496,80 @@ def shakespeare_main(kind, argv=None):
 
 def _dataset_name(path, name):
     name = name or os.path.splitext(os.path.basename(os.path.normpath(path)))[0]
-    if not name or name in (".", "..") or "/" in name or os.sep in name:
+    if not name or name in (".", "..") or "/" in name or os.sep in name or glob.has_magic(name):
         raise DataError(f"invalid dataset name {name!r}; pass --name NAME (a plain folder name)")
     return name
 
 
-def _prepare_corpus(args):
+def _one_text(args):
+    """Whether the source is prepared as one text: the char tokenizer, or one .txt file."""
+    return args.tokenizer == "char" or (os.path.isfile(args.path) and args.path.endswith(".txt"))
+
+
+def _prepare(args):
     name = _dataset_name(args.path, args.name)
-    text = read_corpus(args.path)
     out_dir = os.path.join(args.data_root or DATA_ROOT, name)
-    meta = prepare_text(
-        text, out_dir, args.tokenizer, args.val_fraction, source=os.path.abspath(args.path)
+    if args.tokenizer == "char" and not (os.path.isdir(args.path) or args.path.endswith(".txt")):
+        raise DataError(
+            f"--tokenizer char reads one text, a .txt file or a folder of them; "
+            f"for {args.path} use --tokenizer gpt2 or bpe:VOCAB"
+        )
+    if _one_text(args):
+        text = read_corpus(args.path)
+        val_fraction = 0.1 if args.val_fraction is None else args.val_fraction
+        meta = prepare_text(
+            text, out_dir, args.tokenizer, val_fraction, source=os.path.abspath(args.path)
+        )
+        return summary(out_dir, meta)
+    meta = prepare_corpus(
+        args.path,
+        out_dir,
+        kind=args.tokenizer,
+        num_proc=args.num_proc,
+        val_docs=args.val_docs,
+        val_fraction=0.01 if args.val_fraction is None else args.val_fraction,
+        text_column=args.text_column,
+        subset=args.subset,
+        shard_tokens=args.shard_tokens,
     )
     return summary(out_dir, meta)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        description="Tokenize a UTF-8 text corpus into data/NAME/{train,val}.bin."
+        description="Tokenize a corpus into data/NAME/: shards of documents, or one text."
     )
-    parser.add_argument("path", help="a UTF-8 text file, or a folder whose *.txt files are joined")
+    parser.add_argument(
+        "path",
+        metavar="SOURCE",
+        help="a folder or glob of .jsonl/.parquet/.txt files, a Hugging Face dataset id, "
+        "or one UTF-8 text file",
+    )
     parser.add_argument(
         "--tokenizer",
-        choices=["char", "gpt2"],
         default="char",
-        help="char: one token per character (small corpora); gpt2: GPT-2 BPE (default: char)",
+        help="char: one token per character (one small text); gpt2: GPT-2 BPE; "
+        "bpe:VOCAB: a byte-level BPE of VOCAB tokens trained on the corpus (default: char)",
     )
     parser.add_argument("--name", help="dataset folder name (default: the file or folder name)")
+    parser.add_argument("--num_proc", type=int, help="tokenizer processes (default: one per core)")
+    parser.add_argument("--val_docs", type=int, help="the first N documents are the val split")
     parser.add_argument(
-        "--val_fraction", type=float, default=0.1, help="share of the text kept for validation"
+        "--val_fraction",
+        type=float,
+        help="share kept for validation: of the documents (default 0.01), "
+        "or of one text's characters (default 0.1)",
+    )
+    parser.add_argument("--text_column", default="text", help="the column that holds the text")
+    parser.add_argument("--subset", help="the hub dataset's subset (config), e.g. sample-10BT")
+    parser.add_argument(
+        "--shard_tokens", type=int, default=SHARD_TOKENS, help="tokens per shard file"
     )
     parser.add_argument(
         "--data_root", help="where dataset folders live (default: data/ in this repo)"
     )
     args = parser.parse_args(argv)
-    _run(lambda: _prepare_corpus(args))
+    _run(lambda: _prepare(args))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 Batches for training and evaluation: a batch is a set of random block_size
 windows of a split, and y is x shifted by one token.
 
-    load_split    a split on the device (small) or as a memmap (large)
+    load_split    a split on the device (small), as a memmap (large), or as shards
     get_batch     the windows at given starts, as x, y on the device
     step_batches  this process's micro-batches of one iter
 """
@@ -13,19 +13,23 @@ import numpy as np
 import torch
 
 from data.prepare import DataError, load_tokens
+from support.shards import ShardedTokens
 
 SMALL_DATASET = 100_000_000  # tokens; a smaller split lives on the device as int64
 
 
 def load_split(dataset_dir, split, block_size, vocab_size, device):
     """A small split becomes one int64 tensor on the device, so a batch is one
-    gather there; a large one stays a memmap, read batch by batch."""
+    gather there; a large one stays a memmap, read batch by batch, and a
+    sharded one stays its shards' memmaps, never held whole."""
     tokens = load_tokens(dataset_dir, split)
     if len(tokens) < block_size + 1:
         raise ValueError(
             f"the {split} split of {dataset_dir} has {len(tokens)} tokens, fewer than "
             f"block_size + 1 = {block_size + 1}; use a smaller --block_size"
         )
+    if isinstance(tokens, ShardedTokens):
+        return tokens
     if len(tokens) < SMALL_DATASET:
         # a damaged file can hold ids past the vocabulary, which would crash a
         # later step; a large split is not scanned (that would read all of it)
@@ -46,7 +50,8 @@ def to_device(t, device):
 
 
 def get_batch(data, starts, length, device):
-    """x, y (N, length) for the windows starting at starts (N,); y is x shifted by one."""
+    """x, y (N, length) for the windows starting at starts (N,); y is x shifted by one.
+    The shards of a split are one stream, so a window may run from one into the next."""
     if isinstance(data, torch.Tensor):
         rows = to_device(starts, device)[:, None] + torch.arange(length + 1, device=device)
         chunk = data[rows]  # (N, length + 1)

@@ -43,6 +43,10 @@ class Settings:
     eval_only: bool = False  # evaluate once and exit
     # the final evaluation also scores the whole val split (the val loss of record)
     eval_full_val: bool = False
+    # also score HellaSwag at every evaluation (support/hellaswag.py), logged with the losses
+    hellaswag: bool = False
+    # a HellaSwag .jsonl; None: the official validation file, fetched on first use
+    hellaswag_data: str | None = None
     # False: a fresh run's first evaluation is at eval_interval, not before the first step
     eval_at_start: bool = True
     muon_ns_steps: int = 5  # Newton-Schulz iterations per Muon step (torch.optim.Muon's ns_steps)

@@ -1,4 +1,5 @@
-"""Tokenizers: characters for small corpora, GPT-2 BPE for everything else.
+"""Tokenizers: characters for small corpora, GPT-2 BPE, or a byte-level BPE
+trained on your own corpus.
 
 A tokenizer is fully described by a small JSON-able dict (``describe()``), which
 is stored in a dataset's meta.json and in checkpoints, so sampling always decodes
@@ -14,6 +15,7 @@ import unicodedata
 
 import tiktoken
 import tiktoken.load
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 GPT2_VOCAB_SIZE = 50257
 END_OF_TEXT = "<|endoftext|>"
@@ -139,6 +141,16 @@ class GPT2Tokenizer:
             for i in self._checked(ids)
         ]
 
+    @property
+    def eot_token(self):
+        return self.encoding.eot_token
+
+    def encode_documents(self, texts):
+        """Each text's ids as an array, with a literal <|endoftext|> in it read as
+        plain text: preparation puts the real end-of-text token after each
+        document itself."""
+        return [self.encoding.encode_to_numpy(text, disallowed_special=()) for text in texts]
+
     def describe(self):
         return {"kind": "gpt2"}
 
@@ -203,6 +215,102 @@ def _encoding_from_files(vocab_bpe, encoder_json):
     )
 
 
+class BPETokenizer:
+    """A byte-level BPE trained on a corpus with Hugging Face `tokenizers`: GPT-2's
+    design (bytes as the base alphabet, GPT-2's pre-tokenizer, so any text
+    round-trips) with a vocabulary sized for a small model. Its id 0 is <|endoftext|>."""
+
+    def __init__(self, tokenizer_json):
+        if not isinstance(tokenizer_json, str):
+            raise TokenizerError("a 'bpe' tokenizer needs its 'json', the saved tokenizer")
+        try:
+            self.tokenizer = Tokenizer.from_str(tokenizer_json)
+        except Exception:
+            raise TokenizerError("the saved 'bpe' tokenizer is not valid tokenizer JSON") from None
+        # documents may contain the text <|endoftext|>; it stays text
+        self.tokenizer.encode_special_tokens = True
+        self.json = tokenizer_json
+        self.vocab_size = self.tokenizer.get_vocab_size()
+        self.eot_token = self.tokenizer.token_to_id(END_OF_TEXT)
+        if self.eot_token is None:
+            raise TokenizerError(f"the saved 'bpe' tokenizer has no {END_OF_TEXT} token")
+
+    def encode(self, text):
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode_documents(self, texts):
+        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
+        return [encoding.ids for encoding in encodings]
+
+    def decode(self, ids):
+        return self.tokenizer.decode(self._checked(ids), skip_special_tokens=False)
+
+    def token_strings(self, ids):
+        # A token may hold part of a multi-byte character, hence "replace".
+        pieces = []
+        for i in self._checked(ids):
+            token = self.tokenizer.id_to_token(i)
+            if i == self.eot_token:
+                pieces.append(token)
+                continue
+            data = bytes(_BYTE_LEVEL_CHARS[c] for c in token)
+            pieces.append(data.decode("utf-8", errors="replace"))
+        return pieces
+
+    def describe(self):
+        return {"kind": "bpe", "json": self.json}
+
+    def _checked(self, ids):
+        return [_token_id(i, self.vocab_size) for i in ids]
+
+
+def _byte_level_chars():
+    # GPT-2's printable stand-in for each byte, the alphabet of a byte-level BPE
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars = {}
+    shift = 0
+    for byte in range(256):
+        if byte in printable:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + shift)] = byte
+            shift += 1
+    return chars
+
+
+_BYTE_LEVEL_CHARS = _byte_level_chars()
+
+
+def train_bpe(texts, vocab_size):
+    """A BPETokenizer with vocab_size tokens, trained on an iterable of texts."""
+    if vocab_size < 257:
+        raise TokenizerError(
+            f"bpe:{vocab_size} is too small: a byte-level BPE needs 256 byte tokens "
+            "plus <|endoftext|>; use bpe:512 or more"
+        )
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[END_OF_TEXT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return BPETokenizer(tokenizer.to_str())
+
+
+def bpe_vocab_size(kind):
+    """The VOCAB of a 'bpe:VOCAB' kind, or None for another kind."""
+    if not kind.startswith("bpe:"):
+        return None
+    size = kind[len("bpe:") :]
+    if not size.isdigit():
+        raise TokenizerError(f"--tokenizer {kind}: VOCAB must be a whole number, as in bpe:4096")
+    return int(size)
+
+
 def get_tokenizer(desc):
     """Rebuild a tokenizer from its ``describe()`` dict."""
     if not isinstance(desc, dict) or not isinstance(desc.get("kind"), str):
@@ -216,15 +324,23 @@ def get_tokenizer(desc):
         return CharTokenizer(desc["chars"])
     if kind == "gpt2":
         return GPT2Tokenizer()
-    raise TokenizerError(f"unknown tokenizer kind {kind!r}; known kinds: char, gpt2")
+    if kind == "bpe":
+        return BPETokenizer(desc.get("json"))
+    raise TokenizerError(f"unknown tokenizer kind {kind!r}; known kinds: char, gpt2, bpe")
 
 
 def build_tokenizer(kind, text=None):
-    """A fresh tokenizer: 'char' learns its vocabulary from ``text``; 'gpt2' is fixed."""
+    """A fresh tokenizer: 'char' learns its vocabulary from ``text``, 'bpe:VOCAB'
+    learns its merges from it; 'gpt2' is fixed."""
+    vocab_size = bpe_vocab_size(kind)
+    if vocab_size is not None:
+        if not text:
+            raise TokenizerError(f"a '{kind}' tokenizer needs some text to learn from")
+        return train_bpe([text], vocab_size)
     if kind == "char":
         if not text:
             raise TokenizerError("a 'char' tokenizer needs some text to take its characters from")
         return CharTokenizer("".join(sorted(set(text))))
     if kind == "gpt2":
         return GPT2Tokenizer()
-    raise TokenizerError(f"unknown tokenizer kind {kind!r}; known kinds: char, gpt2")
+    raise TokenizerError(f"unknown tokenizer kind {kind!r}; known kinds: char, gpt2, bpe:VOCAB")

@@ -9,6 +9,7 @@ import sys
 import urllib.error
 import urllib.request
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -317,7 +318,19 @@ def test_cli_prepares_a_folder(repo_root, tmp_path, corpus_folder, kind):
     assert meta["tokenizer"]["kind"] == kind
     if kind == "char":
         assert meta["vocab_size"] == len(set(expected))
-    assert "".join(decoded_splits(dataset_dir)) == expected
+        assert "".join(decoded_splits(dataset_dir)) == expected
+        return
+    # GPT-2 BPE makes a corpus of documents, one per file, each ended by <|endoftext|>:
+    # the first is the val split (one in a hundred, from the first)
+    assert meta["documents"] == {"train": 1, "val": 1}
+    tok = prepare.load_tokenizer(dataset_dir)
+    train, val = (load_tokens(dataset_dir, split) for split in ("train", "val"))
+    assert (
+        tok.decode(val[np.arange(len(val))]) == "Roses are red,\nviolets are blue.\n<|endoftext|>"
+    )
+    assert (
+        tok.decode(train[np.arange(len(train))]) == "Sugar is sweet, ünd so are you.\n<|endoftext|>"
+    )
 
 
 def test_cli_name_and_val_fraction(repo_root, tmp_path, corpus_folder):

@@ -498,6 +498,8 @@ ENTRY_POINTS = [
     "experiments/linear_attention.py",
     "experiments/ring_attention_measure.py",
     "experiments/long_context.py",
+    "support/hellaswag.py",
+    "bench/corpus.py",
 ]
 
 
@@ -541,9 +543,10 @@ def test_before_torch_runs_the_check_and_the_tests_do_it_too():
 def test_the_entry_point_list_is_complete():
     """Any script with a main block that imports torch is in ENTRY_POINTS."""
     scripts = set()
-    for folder in ("", "experiments", "bench"):
+    for folder in ("", "experiments", "bench", "support"):
         for path in glob.glob(os.path.join(REPO, folder, "*.py")):
             text = open(path).read()
             if '__name__ == "__main__"' in text and "import torch" in text:
                 scripts.add(os.path.relpath(path, REPO))
+    scripts.discard("support/hardware.py")  # the bfloat16 check itself, run as the child
     assert scripts <= set(ENTRY_POINTS), scripts - set(ENTRY_POINTS)
