@@ -189,7 +189,10 @@ def test_corpus_lookup_order(tmp_path, corpus_text, monkeypatch, offline):
     for path in (env_copy, beside, dataset_dir / "input.txt"):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(corpus_text, encoding="utf-8")
-    find = lambda: prepare.find_shakespeare(str(dataset_dir), also=[str(beside)])  # noqa: E731
+
+    def find():
+        return prepare.find_shakespeare(str(dataset_dir), also=[str(beside)])
+
     monkeypatch.setenv(prepare.SHAKESPEARE_ENV, str(env_copy))
     assert find() == str(env_copy)
     monkeypatch.delenv(prepare.SHAKESPEARE_ENV)

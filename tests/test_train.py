@@ -420,8 +420,13 @@ def test_memmap_batches_equal_in_memory_batches(data_root, tmp_path, monkeypatch
     common = ["--max_iters=4", "--eval_interval=2"]
     run_in_process(args(data_root, tmp_path / "memory", *common))
     monkeypatch.setattr(batches, "SMALL_DATASET", 0)  # as if the corpus were too large to hold
-    kinds, get_batch = set(), batches.get_batch
-    counted = lambda data, *rest: kinds.add(type(data)) or get_batch(data, *rest)  # noqa: E731
+    kinds = set()
+    get_batch = batches.get_batch
+
+    def counted(data, *rest):
+        kinds.add(type(data))
+        return get_batch(data, *rest)
+
     monkeypatch.setattr(batches, "get_batch", counted)  # the training batches
     monkeypatch.setattr(evaluation, "get_batch", counted)  # the evaluation batches
     run_in_process(args(data_root, tmp_path / "memmap", *common))
