@@ -3,7 +3,7 @@ Preparing a corpus and reading its shards, against peers measured in the same ru
 
     python -m bench.corpus                 # every part; figures for docs/benchmarks.md
     python -m bench.corpus --parts=speed --mb=20
-    PYTHONPATH=. python bench/corpus.py --parts=memory --memory_mb=250,1000
+    python -m bench.corpus --parts=memory --memory_mb=250,1000
 
 speed   tokens/s of data/prepare.py with 1 and 2 processes, of bare tiktoken
         (encode_ordinary_batch, 1 and 2 threads) over the same documents held
