@@ -258,6 +258,24 @@ def device_name(device):
     return platform.processor() or platform.machine()
 
 
+def cpu_class():
+    """The CPU's name and class, to stand beside every CPU figure: torch's kernel
+    capability (AVX2, AVX512, ...) and which bfloat16 instructions the CPU has."""
+    flags = set()
+    name = platform.processor()
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and name in ("", "x86_64"):
+                    name = line.split(":", 1)[1].strip()
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+    native = sorted(f for f in flags if f in ("avx512_bf16", "amx_bf16", "amx_tile"))
+    capability = torch.backends.cpu.get_cpu_capability()
+    bf16 = ", ".join(native) or "none"
+    return f"{name}, {os.cpu_count()} cores; torch {capability}; bf16 in hardware: {bf16}"
+
+
 def header_lines(result, device):
     """The machine, the versions, the command and how busy the machine was."""
     return (

@@ -22,7 +22,6 @@ in one run are what count; the machine's load average is printed with them.
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
-import argparse
 import os
 import shutil
 import subprocess
@@ -34,15 +33,25 @@ from statistics import median
 import numpy as np
 import torch
 
+from bench import common
+from data.prepare import DataError, find_shakespeare, shakespeare_dir
 from model import GPT, GPTConfig
 from support.batches import get_batch
+from support.configurator import ConfigError, describe, parse_args
 from support.corpus import prepare_corpus
 from support.shards import ShardedTokens
 from support.tokenizer import gpt2_encoding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-SHAKESPEARE = os.path.join(os.path.dirname(ROOT), "shared", "data", "tinyshakespeare", "input.txt")
+# where the tests also look: a shared folder beside the checkout
+BESIDE = os.path.join(os.path.dirname(ROOT), "shared", "data", "tinyshakespeare", "input.txt")
+DEFAULTS = dict(
+    parts="speed,memory,step",  # which measurements, comma-separated
+    mb=20,  # size of the speed corpus, MB of text
+    memory_mb="250,1000",  # sizes of the memory corpora, MB of text, comma-separated
+    tmp=tempfile.gettempdir(),  # where the corpora are made (and deleted afterwards)
+)
 
 
 # ---------------------------------------------------------------- the corpus
@@ -54,7 +63,8 @@ def make_parquet_corpus(path, megabytes, seed=0):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    with open(os.environ.get("TINYSHAKESPEARE_PATH", SHAKESPEARE), encoding="utf-8") as f:
+    source = find_shakespeare(shakespeare_dir("char"), also=[BESIDE])
+    with open(source, encoding="utf-8") as f:
         paragraphs = f.read().split("\n\n")
     rng = np.random.default_rng(seed)
     target = megabytes * 1_000_000
@@ -300,46 +310,38 @@ def bench_step(tmp, repeats=20):
 # ---------------------------------------------------------------- main
 
 
-def machine():
-    flags = open("/proc/cpuinfo").read().split("flags")[1].split("\n")[0].split()
-    bf16 = [f for f in ("avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
-    model_name = [
-        line.split(":", 1)[1].strip()
-        for line in open("/proc/cpuinfo")
-        if line.startswith("model name")
-    ][0]
-    return (
-        f"{model_name}, {os.cpu_count()} cores, torch CPU capability "
-        f"{torch.backends.cpu.get_cpu_capability()}, flags: {', '.join(bf16) or 'no bf16/amx'}"
-    )
-
-
 def load():
     return open("/proc/loadavg").read().split()[:3]
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1])
-    parser.add_argument("--parts", default="speed,memory,step")
-    parser.add_argument("--mb", type=int, default=20, help="size of the speed corpus, MB of text")
-    parser.add_argument("--memory_mb", default="250,1000", help="sizes of the memory corpora")
-    parser.add_argument("--tmp", default=tempfile.gettempdir(), help="where corpora are made")
-    args = parser.parse_args()
-    print(machine())
-    print(f"load average before: {' '.join(load())}")
-    tmp = tempfile.mkdtemp(prefix="bench_corpus_", dir=args.tmp)
+def main(argv):
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__.strip() + "\n\noptions (defaults):\n" + describe(DEFAULTS))
+        return 0
     try:
-        parts = args.parts.split(",")
+        args = parse_args(DEFAULTS, argv, allow_files=False)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(common.cpu_class())
+    print(f"load average before: {' '.join(load())}")
+    tmp = tempfile.mkdtemp(prefix="bench_corpus_", dir=args["tmp"])
+    try:
+        parts = args["parts"].split(",")
         if "speed" in parts:
-            bench_speed(tmp, args.mb)
+            bench_speed(tmp, args["mb"])
         if "memory" in parts:
-            bench_memory(tmp, [int(s) for s in args.memory_mb.split(",")])
+            bench_memory(tmp, [int(s) for s in args["memory_mb"].split(",")])
         if "step" in parts:
             bench_step(tmp)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\nload average after: {' '.join(load())}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))

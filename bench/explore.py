@@ -14,7 +14,7 @@ timed alone, and the whole against the peer every analysis needs: one plain
 forward of the same prompt, measured in the same run. The CPU's class is named
 (torch's capability, and whether it multiplies bfloat16 natively).
 
-Self-contained: it shares no helper with the other benchmarks.
+The CPU's class comes from bench/common.py, as for every benchmark.
 """
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
@@ -22,7 +22,6 @@ import support.before_torch  # bfloat16 tried in a child process, before torch l
 import http.client
 import json
 import os
-import platform
 import statistics
 import sys
 import threading
@@ -31,6 +30,7 @@ import time
 import numpy as np
 import torch
 
+from bench import common
 from support import attention_maps, head_measures
 from support.checkpoint import CheckpointError
 from support.configurator import ConfigError, describe, parse_args
@@ -51,21 +51,6 @@ TEXT = (
     "It is the east, and Juliet is the sun.\nArise, fair sun, and kill the envious moon,\n"
     "Who is already sick and pale with grief.\n"
 )
-
-
-def cpu_class():
-    """The CPU's name and class: torch's capability, and bfloat16 in hardware."""
-    flags, name = set(), platform.processor()
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and name in ("", "x86_64"):
-                    name = line.split(":", 1)[1].strip()
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-    native = sorted(f for f in flags if f in ("avx512_bf16", "amx_bf16", "amx_tile"))
-    capability = torch.backends.cpu.get_cpu_capability()
-    return f"{name}; torch {capability}; bf16 in hardware: {', '.join(native) or 'none'}"
 
 
 def median_ms(fn, repeats):
@@ -154,7 +139,7 @@ def main(argv):
     server.server_close()
 
     peer = times["one plain forward (the peer)"]
-    print(f"cpu: {cpu_class()}")
+    print(f"cpu: {common.cpu_class()}")
     print(
         f"model: {c.n_layer} layers x {c.n_head} heads, {c.n_embd} wide, float32; "
         f"prompt {len(ids)} tokens; heads off {heads}; {cfg['threads']} threads; "

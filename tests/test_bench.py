@@ -344,3 +344,34 @@ def test_recipes_table_gives_nanogpt_its_estimate_and_ours_the_whole_split():
     )
     (target,) = recipes.recipe_targets([nanogpt, ours])
     assert target["measured"] == 0.5 and target["met"] is False  # 0.50x is over 0.30x
+
+
+def test_corpus_preparation_bench_runs_every_contender(repo_root, tmp_path):
+    """`python -m bench.corpus` on a 1 MB corpus: the CPU's class named, every contender
+    measured on the same file, the ratios printed; an unknown key is one line."""
+    proc = run_bench(
+        repo_root, "--parts=speed", "--mb=1", f"--tmp={tmp_path}", module="bench.corpus"
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith(common.cpu_class())
+    rates = {}
+    for line in proc.stdout.splitlines():
+        name, _, rate = line.strip().rpartition("  ")
+        if name and rate.replace(",", "").isdigit():
+            rates[name.strip()] = int(rate.replace(",", ""))
+    contenders = [
+        "ours, 1 process",
+        "ours, 2 processes",
+        "tiktoken batch, 1 thread",
+        "tiktoken batch, 2 threads",
+        "nanoGPT method, num_proc=2",
+    ]
+    assert sorted(rates) == sorted(contenders)
+    assert all(rate > 0 for rate in rates.values())
+    assert "2 processes / nanoGPT method:" in proc.stdout
+    assert os.listdir(tmp_path) == []  # the corpora are deleted afterwards
+    bad = run_bench(repo_root, "--mbb=1", module="bench.corpus", timeout=60)
+    assert (
+        bad.returncode == 2
+        and bad.stderr.strip() == "error: unknown config key 'mbb'; did you mean 'mb'?"
+    )
