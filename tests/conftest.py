@@ -90,3 +90,31 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def train_char_model(text, block_size, steps, batch_size, data_chars=None):
+    """A 2-layer, 64-wide character model trained for `steps` AdamW steps on text (its
+    first data_chars characters), seeded, so the tests that need a trained checkpoint
+    share one recipe. Returns a dict: model, tokenizer, config, optimizer, the batch
+    generator and the last loss."""
+    from model import GPT, GPTConfig
+    from support.tokenizer import build_tokenizer
+
+    tok = build_tokenizer("char", text)
+    data = torch.tensor(tok.encode(text[:data_chars]), dtype=torch.long)
+    torch.manual_seed(0)
+    config = GPTConfig(
+        block_size=block_size, vocab_size=tok.vocab_size, n_layer=2, n_head=4, n_embd=64
+    )
+    model = GPT(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        ix = torch.randint(len(data) - block_size - 1, (batch_size,), generator=gen)
+        x = torch.stack([data[i : i + block_size] for i in ix])
+        y = torch.stack([data[i + 1 : i + block_size + 1] for i in ix])
+        _, loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return dict(model=model, tok=tok, config=config, opt=opt, gen=gen, loss=loss.item())

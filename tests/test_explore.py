@@ -21,13 +21,13 @@ import threading
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import train_char_model
 
 from model import GPT, GPTConfig
 from support import attention_maps, explorer, head_measures
 from support.checkpoint import checkpoint_path, save_checkpoint
 from support.explorer import PAGE_DIR, Explorer, ExplorerServer
 from support.loading import load_model
-from support.tokenizer import build_tokenizer
 
 BLOCK = 32
 TIMEOUT = 60  # seconds: no request in these tests may hang the suite
@@ -47,30 +47,17 @@ def trained(tmp_path_factory, corpus_path):
     """A checkpoint folder: a 2-layer, 64-wide char model after 80 AdamW steps."""
     with open(corpus_path, encoding="utf-8") as f:
         text = f.read()
-    tok = build_tokenizer("char", text)
-    data = torch.tensor(tok.encode(text[:200_000]), dtype=torch.long)
-    torch.manual_seed(0)
-    config = GPTConfig(
-        block_size=BLOCK, vocab_size=tok.vocab_size, n_layer=2, n_head=4, n_embd=64, dropout=0.0
-    )
-    model = GPT(config)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(80):
-        ix = torch.randint(len(data) - BLOCK - 1, (16,), generator=gen)
-        x = torch.stack([data[i : i + BLOCK] for i in ix])
-        y = torch.stack([data[i + 1 : i + BLOCK + 1] for i in ix])
-        _, loss = model(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+    run = train_char_model(text, BLOCK, steps=80, batch_size=16, data_chars=200_000)
+    model = run["model"]
+    tok = run["tok"]
+    config = run["config"]
     folder = tmp_path_factory.mktemp("ckpt")
     save_checkpoint(
         {
             "model": model.state_dict(),
             "model_args": dataclasses.asdict(config),
             "iter_num": 80,
-            "best_val_loss": loss.item(),
+            "best_val_loss": run["loss"],
             "config": {},
             "tokenizer": tok.describe(),
             "dataset": "shakespeare_char",

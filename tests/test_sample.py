@@ -19,12 +19,13 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import train_char_model
 
 import sample
 from model import GPT, GPTConfig
 from support import attention_maps
 from support.checkpoint import checkpoint_path, save_checkpoint
-from support.tokenizer import build_tokenizer, get_tokenizer
+from support.tokenizer import get_tokenizer
 
 BLOCK = 32
 DASHES = "-" * 40
@@ -43,24 +44,14 @@ def trained(tmp_path_factory, corpus_path):
     """A checkpoint folder: a 2-layer, 64-wide char model after 150 AdamW steps."""
     with open(corpus_path, encoding="utf-8") as f:
         text = f.read()
-    tok = build_tokenizer("char", text)
-    data = torch.tensor(tok.encode(text), dtype=torch.long)
-    torch.manual_seed(0)
-    config = GPTConfig(
-        block_size=BLOCK, vocab_size=tok.vocab_size, n_layer=2, n_head=4, n_embd=64, dropout=0.0
-    )
-    model = GPT(config)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(150):
-        ix = torch.randint(len(data) - BLOCK - 1, (32,), generator=gen)
-        x = torch.stack([data[i : i + BLOCK] for i in ix])
-        y = torch.stack([data[i + 1 : i + BLOCK + 1] for i in ix])
-        _, loss = model(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    assert loss.item() < 3.0  # well below log(65) = 4.17: it has learned something
+    run = train_char_model(text, BLOCK, steps=150, batch_size=32)
+    model = run["model"]
+    tok = run["tok"]
+    config = run["config"]
+    opt = run["opt"]
+    gen = run["gen"]
+    # well below log(65) = 4.17: it has learned something
+    assert run["loss"] < 3.0
     folder = tmp_path_factory.mktemp("ckpt")
     save_checkpoint(
         {
@@ -68,7 +59,7 @@ def trained(tmp_path_factory, corpus_path):
             "optimizer": opt.state_dict(),
             "model_args": dataclasses.asdict(config),
             "iter_num": 150,
-            "best_val_loss": loss.item(),
+            "best_val_loss": run["loss"],
             "config": {"batch_size": 32, "learning_rate": 3e-3},
             "tokenizer": tok.describe(),
             "dataset": "shakespeare_char",
