@@ -230,12 +230,9 @@ def sorted_shards(folder):
     return sorted(os.path.join(folder, n) for n in os.listdir(folder) if n.startswith("train_"))
 
 
-def test_exact_resume_on_a_sharded_dataset(tmp_path, documents):
-    write_jsonl(str(tmp_path / "src" / "d.jsonl"), documents)
-    prepare_corpus(
-        str(tmp_path / "src"), str(tmp_path / "data" / "docs"), "gpt2", 1, shard_tokens=30_000
-    )
-    common = [
+def tiny_run(tmp_path):
+    """train.py's settings for a one-layer model on the dataset prepared as data/docs."""
+    return [
         "--dataset=docs",
         f"--data_root={tmp_path / 'data'}",
         "--n_layer=1",
@@ -248,6 +245,16 @@ def test_exact_resume_on_a_sharded_dataset(tmp_path, documents):
         "--compile=False",
         "--dtype=float32",
         "--eval_iters=2",
+    ]
+
+
+def test_exact_resume_on_a_sharded_dataset(tmp_path, documents):
+    write_jsonl(str(tmp_path / "src" / "d.jsonl"), documents)
+    prepare_corpus(
+        str(tmp_path / "src"), str(tmp_path / "data" / "docs"), "gpt2", 1, shard_tokens=30_000
+    )
+    common = [
+        *tiny_run(tmp_path),
         "--eval_interval=3",
         "--lr_decay_iters=6",
         "--dropout=0.1",
@@ -436,18 +443,7 @@ def test_two_processes_match_one_on_shards_with_hellaswag(tmp_path, documents):
             f.write(json.dumps({"ctx": f"Scene {i}. Enter", "endings": endings, "label": i % 4}))
             f.write("\n")
     common = [
-        "--dataset=docs",
-        f"--data_root={tmp_path / 'data'}",
-        "--n_layer=1",
-        "--n_head=2",
-        "--n_embd=32",
-        "--block_size=32",
-        "--batch_size=4",
-        "--gradient_accumulation_steps=2",
-        "--device=cpu",
-        "--compile=False",
-        "--dtype=float32",
-        "--eval_iters=2",
+        *tiny_run(tmp_path),
         "--eval_interval=2",
         "--max_iters=2",
         "--dropout=0.0",
