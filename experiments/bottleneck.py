@@ -28,6 +28,7 @@ import math
 import multiprocessing
 import os
 import sys
+import textwrap
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -78,7 +79,7 @@ DEFAULTS = dict(
     hidden_size=64,  # the encoder's per direction: encoder states and decoders are twice that
     gpt_layers=2,
     gpt_heads=4,
-    gpt_embd=128,
+    gpt_embd=64,
     jobs=2,  # models trained at once, in processes of one thread each
     seed=0,
 )
@@ -233,12 +234,30 @@ def aligned_weight(weights, align):
     return torch.gather(weights, 3, index).squeeze(-1)
 
 
+def alignment_masses(weights, align):
+    """Per head, summed over sentences and steps: the weight on the true source word
+    ("aligned"), on it and its two neighbours ("near"), and on source word j at step j
+    whatever the alignment ("diagonal": where a swap is read from the encoder's context
+    rather than by moving the attention). weights (B, heads, T, S), align (B, T)."""
+    S = weights.size(-1)
+    steps = torch.arange(align.size(1))  # (T,)
+    distance = (torch.arange(S)[None, None, :] - align[:, :, None]).abs()  # (B, T, S)
+    near = (weights * (distance <= 1)[:, None]).sum(-1)  # (B, heads, T)
+    diagonal = weights[:, :, steps, steps]  # (B, heads, T)
+    return dict(
+        aligned=aligned_weight(weights, align).sum(dim=(0, 2)),
+        near=near.sum(dim=(0, 2)),
+        diagonal=diagonal.sum(dim=(0, 2)),
+    )
+
+
 def evaluate(model, name, cfg):
-    """Greedy accuracy per length, and the weight on the true alignment per head."""
+    """Greedy accuracy per length, and per head the means of alignment_masses (None
+    without attention)."""
     model.eval()
     s_max = max(cfg["lengths"])
     accuracy = {}
-    mass_sum = None
+    sums = None
     count = 0
     for L in cfg["lengths"]:
         gen = torch.Generator().manual_seed(1000 + L)  # the same sentences for every model
@@ -248,15 +267,17 @@ def evaluate(model, name, cfg):
         ended = (tokens == EOS).long().cumsum(dim=1) > 0  # a word after EOS was never said
         correct = (tokens == y_out[:, :L]) & ~ended  # (B, L)
         accuracy[str(L)] = correct.float().mean().item()
-        if weights is not None:
-            per_head = aligned_weight(weights, align).sum(dim=(0, 2))  # (heads,)
-            if mass_sum is None:
-                mass_sum = torch.zeros_like(per_head)
-            mass_sum += per_head
-            count += L * cfg["eval_sentences"]
-    if mass_sum is None:
+        if weights is None:
+            continue
+        masses = alignment_masses(weights, align)
+        if sums is None:
+            sums = {key: torch.zeros_like(value) for key, value in masses.items()}
+        for key, value in masses.items():
+            sums[key] += value
+        count += L * cfg["eval_sentences"]
+    if sums is None:
         return accuracy, None
-    return accuracy, (mass_sum / count).tolist()
+    return accuracy, {key: (value / count).tolist() for key, value in sums.items()}
 
 
 def example_sentence(length):
@@ -289,17 +310,22 @@ def run_model(name, cfg, slot):
     model = build(name, cfg)
     losses, cpu_seconds, wall_seconds = train(model, name, cfg, slot)
     eval_cpu = time.process_time()
-    accuracy, per_head = evaluate(model, name, cfg)
+    accuracy, masses = evaluate(model, name, cfg)
     result = dict(
         accuracy=accuracy,
-        params=sum(p.numel() for p in model.parameters()),
+        params=model.num_params(),
         train_seconds=cpu_seconds,
         train_wall_seconds=wall_seconds,
         losses=losses,
     )
-    if per_head is not None:
+    if masses is not None:
+        per_head = masses["aligned"]
         head = max(range(len(per_head)), key=per_head.__getitem__)
-        alignment = dict(aligned_mass=per_head[head])
+        alignment = dict(
+            aligned_mass=per_head[head],
+            near_mass=masses["near"][head],
+            diagonal_mass=masses["diagonal"][head],
+        )
         if name == "gpt":
             n_head = model.config.n_head
             alignment.update(layer=head // n_head, head=head % n_head, by_head=per_head)
@@ -477,92 +503,127 @@ def table(data):
     return lines
 
 
+def paragraph(text):
+    """One paragraph of the page, wrapped."""
+    return textwrap.fill(text, width=90, break_on_hyphens=False)
+
+
+def item(text):
+    """One list item of the page, wrapped under its dash."""
+    return textwrap.fill(
+        text, width=90, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False
+    )
+
+
 def write_page(data, path):
     """bottleneck.md: the figures and the tables, read in the lectures' words."""
     cfg = data["settings"]
     lengths = data["lengths"]
+    machine = data["machine"]
     command = "python -m experiments.bottleneck"
     if cfg["quick"]:
         command += " --quick"
+    intro = (
+        "The lectures start before the transformer: an RNN encoder reads the source into "
+        "one fixed-size vector, the decoder writes the translation from that vector alone, "
+        "and translation quality falls apart on long sentences. Bahdanau's attention lets "
+        "the decoder read every encoder state at every step, weighted by how well each one "
+        "matches what it is about to write (a soft alignment); Luong's scores make the match "
+        "a product; self-attention drops the recurrence. This page runs that story on a toy "
+        "translation whose right alignment is known."
+    )
+    record = (
+        f"(`experiments/bottleneck.py`, the models trained {cfg['jobs']} at a time, one "
+        "thread each; "
+        f"{machine['cpu']}. {data['cpu_seconds']:.0f} s of CPU time in all, "
+        f"{data['wall_seconds']:.0f} s wall; load average {machine['load_average_before']} "
+        f"before and {machine['load_average_after']} after, on a machine other jobs shared.)"
+    )
+    task_text = (
+        "`experiments/toy_translation.py`: a source sentence is a string of nouns `n1..n60` "
+        "and adjectives `a1..a40`; its translation replaces each word by its dictionary entry "
+        "(`n7` -> `N7`) and moves an adjective after the noun it precedes, as French does "
+        "(`a3 n7` -> `N7 A3`). Target word j translates exactly one source word: the true "
+        "alignment is a diagonal with local swaps."
+    )
+    training = (
+        f"Every model trains for {cfg['steps']} Adam steps (peak learning rate {cfg['lr']}) "
+        f"on the same batches of {cfg['batch_size']} sentences, each batch of lengths within "
+        f"4 words of a length drawn evenly from 3 to {lengths[-1]}, and is scored on "
+        f"{cfg['eval_sentences']} held-out sentences of each length by greedy decoding: each "
+        "word it writes is fed back as its next input, and a word counts when it equals the "
+        "reference at its place."
+    )
+    models = [
+        f"**none**: a bidirectional GRU encoder ({cfg['hidden_size']} wide each way); the "
+        f"decoder, a GRU of width {2 * cfg['hidden_size']}, gets the encoder's final states "
+        "as its first state and again beside every input: the fixed vector "
+        "(`experiments/seq2seq.py`: `BottleneckDecoder`).",
+        "**additive**: Bahdanau: the previous decoder state scores every encoder state with "
+        "`v^T tanh(W s + U h)`, and the context enters the GRU step (`BahdanauDecoder`, "
+        "`AdditiveScore`); the steps run in a loop.",
+        "**dot**, **general**, **concat**: Luong: the GRU steps first, its new state scores "
+        "the encoder states with `s^T h`, `s^T W h` or `v^T tanh(W [s; h])`, and the context "
+        "shapes the output (`LuongDecoder`, `DotScore`, `GeneralScore`, `ConcatScore`); a "
+        "whole target is one GRU call and one batched matmul.",
+        f"**gpt**: `model.py`'s GPT ({cfg['gpt_layers']} layers, {cfg['gpt_heads']} heads, "
+        f"width {cfg['gpt_embd']}, rotary positions) reads the source padded to "
+        f"{lengths[-1]} slots, a separator and the target as one sequence under the causal "
+        "mask, and is trained on the target's words only. The padding puts target word j a "
+        "fixed distance after source word j, so that position alone can find it.",
+    ]
+    heatmaps = (
+        "Each panel is one model translating the same sentence: row j is the attention of "
+        "the step that writes target word j, over the source words, and a red circle marks "
+        "the source word that target word j translates. aligned_mass is the mean weight on "
+        "that word over every step of every held-out sentence (for the GPT, of its head with "
+        "the most; every head's is in the JSON); near_mass the weight on that word or a "
+        "neighbour of it; diagonal_mass the weight on source word j at step j, which ignores "
+        "the swaps."
+    )
     lines = [
         "# The bottleneck, measured: seq2seq without and with attention, and a GPT",
         "",
-        "The lectures start before the transformer: an RNN encoder reads the source into one",
-        "fixed-size vector, the decoder writes the translation from that vector alone, and",
-        "translation quality falls apart on long sentences. Bahdanau's attention lets the",
-        "decoder read every encoder state at every step, weighted by how well each one",
-        "matches what it is about to write (soft alignment); Luong's scores make that match",
-        "a product; self-attention drops the recurrence. This page runs that story on a",
-        "toy translation where the right alignment is known. Made by",
+        paragraph(intro),
         "",
         "```sh",
         command,
         "```",
         "",
-        f"(`experiments/bottleneck.py`; {data['machine']['cpu']}; {data['cpu_seconds']:.0f} s "
-        f"of CPU time, {data['wall_seconds']:.0f} s wall, load average "
-        f"{data['machine']['load_average_before']} before and "
-        f"{data['machine']['load_average_after']} after on a machine other jobs shared).",
+        paragraph(record),
         "",
         "## The task and the models",
         "",
-        "`experiments/toy_translation.py`: a source sentence is a string of nouns `n1..n60`",
-        "and adjectives `a1..a40`; its translation replaces each word by its dictionary",
-        "entry (`n7` -> `N7`) and moves an adjective after the noun it precedes, as French",
-        "does (`a3 n7` -> `N7 A3`). Target word j translates exactly one source word: the",
-        "true alignment is a diagonal with local swaps.",
+        paragraph(task_text),
         "",
-        f"Every model trains for {cfg['steps']} Adam steps on the same batches of "
-        f"{cfg['batch_size']} sentences, each batch of lengths within 4 words of a length",
-        f"drawn evenly from 3 to {lengths[-1]}, and is scored on {cfg['eval_sentences']} "
-        "held-out sentences per length by greedy decoding: each word it writes is fed back",
-        "as the next input, and a word counts when it equals the reference at its place.",
-        "",
-        "- **none**: a bidirectional GRU encoder; the decoder (a GRU of width "
-        f"{2 * cfg['hidden_size']}) gets the encoder's final states as its first state and",
-        "  beside every input: the fixed vector. (`experiments/seq2seq.py`: `BottleneckDecoder`)",
-        "- **additive**: Bahdanau: the previous decoder state scores every encoder state",
-        "  with `v^T tanh(W s + U h)`, and the context enters the GRU step (`BahdanauDecoder`,",
-        "  `AdditiveScore`); the steps run in a loop.",
-        "- **dot**, **general**, **concat**: Luong: the GRU steps first, its new state",
-        "  scores the encoder states with `s^T h`, `s^T W h` or `v^T tanh(W [s; h])`, and",
-        "  the context shapes the output (`LuongDecoder`, `DotScore`, `GeneralScore`,",
-        "  `ConcatScore`); the whole decoder is one GRU call and one batched matmul.",
-        f"- **gpt**: `model.py`'s GPT ({cfg['gpt_layers']} layers, {cfg['gpt_heads']} heads, "
-        f"width {cfg['gpt_embd']}) reads the source padded to {lengths[-1]} slots, a",
-        "  separator and the target as one sequence under the causal mask; it is trained",
-        "  on the target's words only. The padding puts target word j a fixed distance",
-        "  after source word j, so that position alone can find it.",
-        "",
-        "## Accuracy against length",
-        "",
-        "![accuracy against source length](bottleneck.png)",
+        paragraph(training),
         "",
     ]
-    lines += table(data)
+    lines += [item(text) for text in models]
+    lines += ["", "## Accuracy against length", "", "![accuracy against length](bottleneck.png)"]
+    lines += [""] + table(data)
     lines += ["", "The goals set for this run:", "", "| goal | measured | met |", "|---|---|---|"]
     for g in data["goals"]:
         lines.append(f"| {g['goal']} | {g['measured']:.3f} | {'yes' if g['met'] else 'no'} |")
-    lines += ["", reading(data), "", "## Soft alignment", ""]
-    lines += ["![alignment heatmaps](bottleneck_alignment.png)", ""]
+    lines += ["", paragraph(reading(data)), "", "## Soft alignment", ""]
+    lines += ["![alignment heatmaps](bottleneck_alignment.png)", "", paragraph(heatmaps), ""]
     lines += [
-        "Each panel is one model translating the same sentence: row j is the attention of",
-        "the step that writes target word j, over the source words; a red circle marks the",
-        "source word that target word j translates. aligned_mass is the mean weight on that",
-        "word over every step of every held-out sentence (for the GPT, the head with the",
-        "most; its other heads are in the JSON):",
-        "",
-        "| model | aligned_mass |",
-        "|---|---|",
+        "| model | aligned_mass | near_mass (the word or a neighbour) | diagonal_mass "
+        "(source word j at step j) |",
+        "|---|---|---|---|",
     ]
     for name, a in data["alignment"].items():
-        lines.append(f"| {LABELS[name]} | {a['aligned_mass']:.3f} |")
-    lines += ["", "The numbers are in `bottleneck.json`; its keys:", ""]
+        lines.append(
+            f"| {LABELS[name]} | {a['aligned_mass']:.3f} | {a['near_mass']:.3f} | "
+            f"{a['diagonal_mass']:.3f} |"
+        )
+    lines += ["", paragraph(reading_alignment(data))]
     lines += [
-        "- `lengths`; `models.<name>.accuracy.<length>` (greedy per-token accuracy),",
-        "  `params`, `train_seconds` (CPU seconds of training; `train_wall_seconds` beside);",
-        "- `alignment.<name>.aligned_mass`, for the models with attention;",
-        "- `goals`, `examples` (the heatmaps' sentence), `settings`, `machine`.",
+        "",
+        "The numbers are in `bottleneck.json`: `lengths`; `models.<name>` with `accuracy` "
+        "(by length), `params`, `train_seconds` (CPU seconds of training) and "
+        "`train_wall_seconds`; `alignment.<name>.aligned_mass`; `goals`, `examples` (the "
+        "heatmaps' sentence), `settings` and `machine`.",
         "",
     ]
     with open(path, "w") as f:
@@ -595,6 +656,38 @@ def reading(data):
             parts.append(f"At least 0.9 at every length: {', '.join(held)}.")
         if fell:
             parts.append(f"Below 0.9 somewhere: {', '.join(fell)}.")
+    return " ".join(parts)
+
+
+def reading_alignment(data):
+    """The paragraph that reads the alignment table, from the numbers."""
+    alignment = data["alignment"]
+    cross = [n for n in CROSS_ATTENTION if n in alignment]
+    parts = []
+    held = [n for n in cross if alignment[n]["aligned_mass"] >= 0.5]
+    fell = [n for n in cross if alignment[n]["aligned_mass"] < 0.5]
+    if held:
+        names = ", ".join(LABELS[n] for n in held)
+        parts.append(f"At least half the weight on the true source word: {names}.")
+    for n in fell:
+        a = alignment[n]
+        parts.append(
+            f"{LABELS[n]} puts {a['aligned_mass']:.2f} of its weight on the true word and "
+            f"{a['near_mass']:.2f} on it or a neighbour: its attention is a band around the "
+            "alignment rather than a point on it. The encoder is bidirectional, so the state "
+            "of a neighbouring word holds the word itself too, and reading it is enough to "
+            "translate."
+        )
+    swapping = [
+        n for n in alignment if alignment[n]["diagonal_mass"] > alignment[n]["aligned_mass"]
+    ]
+    if swapping:
+        names = ", ".join(LABELS[n] for n in swapping)
+        parts.append(
+            f"More weight on the diagonal than on the true alignment: {names}. At a swapped "
+            "pair these keep reading source word j at step j and take the swap from the "
+            "context that state carries."
+        )
     return " ".join(parts)
 
 

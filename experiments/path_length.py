@@ -16,7 +16,7 @@ All of the same width, each reading out the answer from the query's position.
 
 Part 2, parallelism. A forward and backward pass of a GRU layer (T steps, one after the
 other) and of one attention layer (its T x T scores in one batched matmul), same width,
-batch 8, one thread, against T: the median of --repeats timings.
+batch 8, one thread, against T: the median CPU time of --repeats passes.
 
 Writes path_length.json and path_length.png into --out_dir (default docs/);
 docs/path_length.md reads them.
@@ -153,16 +153,18 @@ def part_recall(cfg):
 
 
 def time_pass(layer, x, repeats):
-    """The median seconds of a forward and backward pass of layer on x."""
+    """The median CPU seconds of a forward and backward pass of layer on x. CPU time of
+    this process, one thread: on a machine other jobs share, the wall clock would count
+    their turns too."""
     times = []
     for i in range(repeats + 1):
-        start = time.perf_counter()
+        start = time.process_time()
         out = layer(x)
         if isinstance(out, tuple):
             out = out[0]  # nn.GRU returns (states, last state)
         out.sum().backward()
         if i > 0:  # the first pass warms up
-            times.append(time.perf_counter() - start)
+            times.append(time.process_time() - start)
     return statistics.median(times)
 
 
@@ -227,7 +229,7 @@ def plot(data, path):
     right.set_xscale("log", base=2)
     right.set_yscale("log")
     right.set_xlabel("T (sequence length)")
-    right.set_ylabel("forward + backward, ms (median)")
+    right.set_ylabel("forward + backward, CPU ms (median)")
     right.set_title(f"Batch 8, width {data['settings']['timing_width']}, one thread")
     right.legend(fontsize=8)
     right.grid(alpha=0.3)

@@ -105,8 +105,6 @@ class ConcatScore(nn.Module):
 
 def make_score(kind, dec_size, enc_size, attn_size):
     """The score module a decoder uses, by the name the lectures give it."""
-    if kind in ("additive", "concat") and attn_size < 1:
-        raise ValueError(f"the {kind} score needs attn_size >= 1, got {attn_size}")
     if kind == "additive":
         return AdditiveScore(dec_size, enc_size, attn_size)
     if kind == "concat":
@@ -258,6 +256,8 @@ ATTENTION = ("none", "additive", "dot", "general", "concat")
 
 @dataclass
 class Seq2SeqConfig:
+    """The sizes and the attention of a Seq2Seq, checked once."""
+
     src_vocab_size: int
     tgt_vocab_size: int
     attention: str = "none"  # one of ATTENTION: "additive" is Bahdanau's model, the rest Luong's
@@ -283,7 +283,7 @@ class Seq2Seq(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        c = config
+        c = config  # short, for the sizes below
         D = 2 * c.hidden_size
         self.encoder = Encoder(c.src_vocab_size, c.emb_size, c.hidden_size)
         # the decoder's first state, s_0 = tanh(W_init summary), as Bahdanau et al. set it
@@ -298,6 +298,7 @@ class Seq2Seq(nn.Module):
             self.decoder = LuongDecoder(c.tgt_vocab_size, c.emb_size, D, score)
 
     def num_params(self):
+        """Parameters, as GPT.num_params counts them, for the comparison table."""
         return sum(p.numel() for p in self.parameters())
 
     def start(self, src, lengths):

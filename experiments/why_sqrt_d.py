@@ -24,8 +24,8 @@ gives q and k unit-variance entries (the lecture's assumption). At initialisatio
 training: the scores' variance, the largest weight, the entropy, the gradient reaching the
 scores and the one reaching W_Q; during training the loss; at the end greedy accuracy.
 
-Writes why_sqrt_d.json and why_sqrt_d.png into out_dir (default docs/); docs/why_sqrt_d.md
-reads them.
+Writes why_sqrt_d.json and why_sqrt_d.png into --out_dir (default docs/);
+docs/why_sqrt_d.md reads them.
 """
 
 import json
@@ -36,6 +36,7 @@ import time
 
 import torch
 
+from bench.common import cpu_class
 from experiments import toy_translation as task
 from experiments.explicit_attention import explicit_attention
 from experiments.seq2seq import EOS
@@ -234,6 +235,7 @@ def part_gpt(cfg):
 
 # The figure ----------
 def plot(results, path):
+    """One figure: five panels of part 1 against d, and part 2's training losses."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -241,45 +243,38 @@ def plot(results, path):
 
     d = results["d"]
     fig, axes = plt.subplots(2, 3, figsize=(13, 7.5))
+    uniform = math.log(results["n_keys"])
     panels = [
         ("var", "variance of the scores", "log"),
         ("max_weight", "largest softmax weight", "linear"),
-        (
-            "entropy",
-            f"softmax entropy (nats; uniform = {math.log(results['n_keys']):.2f})",
-            "linear",
-        ),
-        ("grad", "mean |dL/ds| per query", "log"),
-        ("grad_median", "median |dL/ds| per query", "log"),
-        ("grad_q", "mean |dL/dq| per query", "log"),
+        ("entropy", f"softmax entropy (nats; uniform = {uniform:.2f})", "linear"),
+        ("grad", "|dL/ds| per query: mean (solid), median (dashed)", "log"),
+        ("grad_q", "|dL/dq| per query: mean (solid), median (dashed)", "log"),
     ]
     for ax, (key, title, yscale) in zip(axes.flat, panels):
         ax.plot(d, results[f"{key}_unscaled"], "o-", color="tab:red", label="q . k")
         ax.plot(d, results[f"{key}_scaled"], "o-", color="tab:blue", label="q . k / sqrt(d)")
+        if key.startswith("grad"):
+            ax.plot(d, results[f"{key}_median_unscaled"], "o--", color="tab:red")
+            ax.plot(d, results[f"{key}_median_scaled"], "o--", color="tab:blue")
         ax.set_xscale("log", base=2)
         ax.set_yscale(yscale)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("d")
         ax.grid(alpha=0.3)
     axes[0, 0].legend()
-    fig.suptitle(
-        f"Random q, k with unit-variance entries, {results['n_keys']} keys per query: "
-        "unscaled scores saturate the softmax as d grows",
-        fontsize=11,
-    )
-    fig.tight_layout()
-    fig.savefig(path + ".png", dpi=80)
-    plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    ax = axes[1, 2]
     colors = {"gpt2": "tab:green", "unit": "tab:purple"}
     for name, run in results["gpt"].items():
         init, _, scaling = name.partition("_")
         window = max(1, len(run["losses"]) // 30)
         smooth = torch.tensor(run["losses"]).unfold(0, window, window).mean(1)
         steps = torch.arange(len(smooth)) * window + window / 2
-        style = "-" if scaling == "scaled" else "--"
-        label = f"{init} init, {scaling} (accuracy {run['accuracy']:.2f})"
+        style = "-"
+        if scaling == "unscaled":
+            style = "--"
+        label = f"{init} init, {scaling}: accuracy {run['accuracy']:.2f}"
         ax.plot(steps, smooth, style, color=colors[init], label=label)
     ax.set_yscale("log")
     ax.set_xlabel("training step")
@@ -287,8 +282,13 @@ def plot(results, path):
     ax.set_title(f"model.py's GPT, one head of size {results['head_size']}", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
+    fig.suptitle(
+        f"Random q, k with unit-variance entries, {results['n_keys']} keys per query, "
+        "and a GPT trained with and without the scale",
+        fontsize=11,
+    )
     fig.tight_layout()
-    fig.savefig(path + "_gpt.png", dpi=80)
+    fig.savefig(path + ".png", dpi=80)
     plt.close(fig)
 
 
@@ -312,13 +312,13 @@ def main(argv):
     results["samples"] = cfg["samples"]
     results["head_size"] = cfg["head_size"]
     results["gpt"] = part_gpt(cfg)
-    results["cpu_seconds"] = time.process_time() - t0
-    results["load"] = os.getloadavg()
+    results["cpu_seconds"] = round(time.process_time() - t0, 1)
+    results["machine"] = dict(cpu=cpu_class(), load_average=round(os.getloadavg()[0], 2))
     path = os.path.join(cfg["out_dir"], "why_sqrt_d")
     with open(path + ".json", "w") as f:
         json.dump(results, f, indent=1)
     plot(results, path)
-    print(f"wrote {path}.json, {path}.png and {path}_gpt.png")
+    print(f"wrote {path}.json and {path}.png")
 
 
 def run(argv):

@@ -216,6 +216,23 @@ def test_bottleneck_decoder_reads_only_the_summary():
     assert torch.equal(model.decoder(y_in, scrambled, state)[0], logits)
 
 
+@pytest.mark.parametrize("kind", ["additive", "dot", "general", "concat"])
+def test_attention_decoder_reads_every_encoder_state(kind):
+    """Pull, not push: changing any one encoder state changes what the decoder writes."""
+    model = tiny_seq2seq(kind)
+    lengths = torch.tensor([6])
+    src, y_in, _, _ = task.batch(lengths, torch.Generator().manual_seed(2))
+    memory, state = model.start(src, lengths)
+    logits, _, _ = model.decoder(y_in, memory, state)
+    for i in range(6):
+        h = memory.h.clone()
+        h[0, i] += 1.0
+        changed = Memory(
+            h=h, mask=memory.mask, keys=model.decoder.score.keys(h), summary=memory.summary
+        )
+        assert not torch.allclose(model.decoder(y_in, changed, state)[0], logits)
+
+
 @pytest.mark.parametrize("kind", ["dot", "general", "concat", "none"])
 def test_one_gru_call_equals_the_step_loop(kind):
     """Luong's decoder (and the bottleneck's) runs the target in one nn.GRU call; fed one
@@ -365,6 +382,19 @@ def test_attention_is_a_soft_dictionary_lookup():
     assert torch.allclose(out, values.mean(0, keepdim=True))
 
 
+def test_keys_decide_the_weights_and_values_the_content():
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 4, generator=gen)
+    k = torch.randn(5, 4, generator=gen)
+    v = torch.randn(5, 2, generator=gen)
+    out, weights = attention(q, k, v)
+    other_out, other_weights = attention(q, k, v * 2 + 1)
+    assert torch.equal(other_weights, weights)  # new values: the same weights
+    assert torch.allclose(other_out, out * 2 + 1, atol=1e-6)  # the same mix of the new content
+    _, moved = attention(q, k.flip(0), v)
+    assert not torch.allclose(moved, weights)  # new keys: new weights
+
+
 def test_attention_weights_depend_on_the_input():
     """Unlike a fully connected layer's fixed weights, the same trained weights route
     differently for different inputs."""
@@ -416,7 +446,9 @@ def test_bottleneck_command_end_to_end(tmp_path, repo_root):
         assert isinstance(m["train_seconds"], float)
     assert set(data["alignment"]) == {"additive", "dot", "general", "concat", "gpt"}
     for a in data["alignment"].values():
-        assert 0.0 <= a["aligned_mass"] <= 1.0
+        assert 0.0 <= a["aligned_mass"] <= a["near_mass"] + 1e-6
+        assert a["near_mass"] <= 1.0 + 1e-6
+        assert 0.0 <= a["diagonal_mass"] <= 1.0 + 1e-6
     for name in ("bottleneck.png", "bottleneck_alignment.png", "bottleneck.md"):
         assert os.path.getsize(out / name) > 0
 

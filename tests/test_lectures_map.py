@@ -1,0 +1,85 @@
+"""docs/lectures.md points only at things that exist: every `file:name` is defined in its
+file, every `tests/...::test_name` is a test function, every linked page or figure is a
+file in docs/, and every row of its tables names code and a test."""
+
+import ast
+import os
+import re
+
+import pytest
+
+CODE = re.compile(r"`([\w/]+\.py):([\w.]+)`")
+TEST = re.compile(r"`(tests/[\w/]+\.py)::(\w+)`")
+LINK = re.compile(r"\]\(([\w./-]+)\)")
+
+
+def rows(repo_root):
+    """The table rows of docs/lectures.md, header and rule lines left out."""
+    with open(os.path.join(repo_root, "docs", "lectures.md"), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    table = [line for line in lines if line.startswith("|")]
+    return [line for line in table if not line.startswith(("| lectures", "|---"))]
+
+
+def defined_names(path):
+    """Top-level functions, classes and assigned names of a Python file, and Class.method."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    names.add(f"{node.name}.{item.name}")
+        if isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+def test_the_page_has_rows(repo_root):
+    assert len(rows(repo_root)) >= 30
+
+
+def test_every_row_names_code_and_a_test(repo_root):
+    for row in rows(repo_root):
+        assert CODE.search(row), f"no file:name in: {row[:80]}"
+        assert TEST.search(row), f"no test in: {row[:80]}"
+
+
+def test_every_file_name_exists(repo_root):
+    missing = []
+    for row in rows(repo_root):
+        for path, name in CODE.findall(row):
+            full = os.path.join(repo_root, path)
+            if not os.path.isfile(full) or name not in defined_names(full):
+                missing.append(f"{path}:{name}")
+    assert not missing
+
+
+def test_every_test_named_exists(repo_root):
+    missing = []
+    for row in rows(repo_root):
+        for path, name in TEST.findall(row):
+            full = os.path.join(repo_root, path)
+            if not os.path.isfile(full) or name not in defined_names(full):
+                missing.append(f"{path}::{name}")
+    assert not missing
+
+
+def test_every_linked_page_and_figure_exists(repo_root):
+    with open(os.path.join(repo_root, "docs", "lectures.md"), encoding="utf-8") as f:
+        links = LINK.findall(f.read())
+    assert links
+    missing = [link for link in links if not os.path.isfile(os.path.join(repo_root, "docs", link))]
+    assert not missing
+
+
+@pytest.mark.parametrize("text", ["`model.py:nothing_here`", "`tests/test_model.py::test_nothing`"])
+def test_the_checks_can_fail(repo_root, text):
+    """A made-up name is not found by the same lookups."""
+    code = CODE.findall(text)
+    tests = TEST.findall(text)
+    for path, name in code + tests:
+        assert name not in defined_names(os.path.join(repo_root, path))
