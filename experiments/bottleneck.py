@@ -48,11 +48,11 @@ MODELS = ("none", "additive", "dot", "general", "concat", "gpt")
 CROSS_ATTENTION = ("additive", "dot", "general", "concat")
 LABELS = {
     "none": "no attention (the bottleneck)",
-    "additive": "Bahdanau, additive",
-    "dot": "Luong, dot",
-    "general": "Luong, general",
-    "concat": "Luong, concat",
-    "gpt": "GPT, self-attention",
+    "additive": "Bahdanau (additive)",
+    "dot": "Luong (dot)",
+    "general": "Luong (general)",
+    "concat": "Luong (concat)",
+    "gpt": "GPT (self-attention)",
 }
 COLORS = {
     "none": "black",
@@ -236,19 +236,24 @@ def aligned_weight(weights, align):
 
 def alignment_masses(weights, align):
     """Per head, summed over sentences and steps: the weight on the true source word
-    ("aligned"), on it and its two neighbours ("near"), and on source word j at step j
-    whatever the alignment ("diagonal": where a swap is read from the encoder's context
-    rather than by moving the attention). weights (B, heads, T, S), align (B, T)."""
+    ("aligned"), on it or a neighbour ("near"), and, at the steps whose word a swap moved,
+    the weight on the true word ("at_swaps") and on source word j at step j
+    ("diagonal_at_swaps": where attention that ignores the swap looks).
+    weights (B, heads, T, S), align (B, T). Returns the sums and the swapped steps' count."""
     S = weights.size(-1)
     steps = torch.arange(align.size(1))  # (T,)
+    swapped = align != steps  # (B, T)
     distance = (torch.arange(S)[None, None, :] - align[:, :, None]).abs()  # (B, T, S)
+    aligned = aligned_weight(weights, align)  # (B, heads, T)
     near = (weights * (distance <= 1)[:, None]).sum(-1)  # (B, heads, T)
     diagonal = weights[:, :, steps, steps]  # (B, heads, T)
-    return dict(
-        aligned=aligned_weight(weights, align).sum(dim=(0, 2)),
+    sums = dict(
+        aligned=aligned.sum(dim=(0, 2)),
         near=near.sum(dim=(0, 2)),
-        diagonal=diagonal.sum(dim=(0, 2)),
+        at_swaps=(aligned * swapped[:, None]).sum(dim=(0, 2)),
+        diagonal_at_swaps=(diagonal * swapped[:, None]).sum(dim=(0, 2)),
     )
+    return sums, swapped.sum().item()
 
 
 def evaluate(model, name, cfg):
@@ -259,6 +264,7 @@ def evaluate(model, name, cfg):
     accuracy = {}
     sums = None
     count = 0
+    swapped = 0
     for L in cfg["lengths"]:
         gen = torch.Generator().manual_seed(1000 + L)  # the same sentences for every model
         lengths = torch.full((cfg["eval_sentences"],), L)
@@ -269,15 +275,23 @@ def evaluate(model, name, cfg):
         accuracy[str(L)] = correct.float().mean().item()
         if weights is None:
             continue
-        masses = alignment_masses(weights, align)
+        masses, n_swapped = alignment_masses(weights, align)
         if sums is None:
             sums = {key: torch.zeros_like(value) for key, value in masses.items()}
         for key, value in masses.items():
             sums[key] += value
         count += L * cfg["eval_sentences"]
+        swapped += n_swapped
     if sums is None:
         return accuracy, None
-    return accuracy, {key: (value / count).tolist() for key, value in sums.items()}
+    means = {}
+    for key, value in sums.items():
+        steps = count
+        if key in ("at_swaps", "diagonal_at_swaps"):
+            steps = max(swapped, 1)
+        means[key] = (value / steps).tolist()
+    means["swapped_share"] = swapped / count
+    return accuracy, means
 
 
 def example_sentence(length):
@@ -324,7 +338,9 @@ def run_model(name, cfg, slot):
         alignment = dict(
             aligned_mass=per_head[head],
             near_mass=masses["near"][head],
-            diagonal_mass=masses["diagonal"][head],
+            mass_at_swaps=masses["at_swaps"][head],
+            diagonal_at_swaps=masses["diagonal_at_swaps"][head],
+            swapped_share=masses["swapped_share"],
         )
         if name == "gpt":
             n_head = model.config.n_head
@@ -578,8 +594,9 @@ def write_page(data, path):
         "the source word that target word j translates. aligned_mass is the mean weight on "
         "that word over every step of every held-out sentence (for the GPT, of its head with "
         "the most; every head's is in the JSON); near_mass the weight on that word or a "
-        "neighbour of it; diagonal_mass the weight on source word j at step j, which ignores "
-        "the swaps."
+        "neighbour of it. At the steps whose word a swap moved, mass_at_swaps is the weight "
+        "on the true word, and diagonal_at_swaps the weight on source word j at step j, "
+        "where attention that ignores the swap would look."
     )
     lines = [
         "# The bottleneck, measured: seq2seq without and with attention, and a GPT",
@@ -608,24 +625,21 @@ def write_page(data, path):
     lines += ["", paragraph(reading(data)), "", "## Soft alignment", ""]
     lines += ["![alignment heatmaps](bottleneck_alignment.png)", "", paragraph(heatmaps), ""]
     lines += [
-        "| model | aligned_mass | near_mass (the word or a neighbour) | diagonal_mass "
-        "(source word j at step j) |",
-        "|---|---|---|---|",
+        "| model | aligned_mass | near_mass | mass_at_swaps | diagonal_at_swaps |",
+        "|---|---|---|---|---|",
     ]
     for name, a in data["alignment"].items():
         lines.append(
             f"| {LABELS[name]} | {a['aligned_mass']:.3f} | {a['near_mass']:.3f} | "
-            f"{a['diagonal_mass']:.3f} |"
+            f"{a['mass_at_swaps']:.3f} | {a['diagonal_at_swaps']:.3f} |"
         )
-    lines += ["", paragraph(reading_alignment(data))]
-    lines += [
-        "",
+    keys = (
         "The numbers are in `bottleneck.json`: `lengths`; `models.<name>` with `accuracy` "
         "(by length), `params`, `train_seconds` (CPU seconds of training) and "
-        "`train_wall_seconds`; `alignment.<name>.aligned_mass`; `goals`, `examples` (the "
-        "heatmaps' sentence), `settings` and `machine`.",
-        "",
-    ]
+        "`train_wall_seconds`; `alignment.<name>` with `aligned_mass` and the masses above; "
+        "`goals`, `examples` (the heatmaps' sentence), `settings` and `machine`."
+    )
+    lines += ["", paragraph(reading_alignment(data)), "", paragraph(keys), ""]
     with open(path, "w") as f:
         f.write("\n".join(lines))
 
@@ -653,9 +667,9 @@ def reading(data):
         held = [LABELS[n] for n in attention if lows[n] >= 0.9]
         fell = [f"{LABELS[n]} (lowest {lows[n]:.2f})" for n in attention if lows[n] < 0.9]
         if held:
-            parts.append(f"At least 0.9 at every length: {', '.join(held)}.")
+            parts.append(f"At least 0.9 at every length: {'; '.join(held)}.")
         if fell:
-            parts.append(f"Below 0.9 somewhere: {', '.join(fell)}.")
+            parts.append(f"Below 0.9 somewhere: {'; '.join(fell)}.")
     return " ".join(parts)
 
 
@@ -667,7 +681,7 @@ def reading_alignment(data):
     held = [n for n in cross if alignment[n]["aligned_mass"] >= 0.5]
     fell = [n for n in cross if alignment[n]["aligned_mass"] < 0.5]
     if held:
-        names = ", ".join(LABELS[n] for n in held)
+        names = "; ".join(LABELS[n] for n in held)
         parts.append(f"At least half the weight on the true source word: {names}.")
     for n in fell:
         a = alignment[n]
@@ -678,16 +692,23 @@ def reading_alignment(data):
             "of a neighbouring word holds the word itself too, and reading it is enough to "
             "translate."
         )
-    swapping = [
-        n for n in alignment if alignment[n]["diagonal_mass"] > alignment[n]["aligned_mass"]
+    share = next(iter(alignment.values()))["swapped_share"]
+    parts.append(
+        f"A swap moves {share:.0%} of the target words. Attention that follows the "
+        "reordering puts its weight on the moved word there too (mass_at_swaps); attention "
+        "that reads source word j at step j, and leaves the swap to the context its state "
+        "carries, puts it on the diagonal (diagonal_at_swaps)."
+    )
+    follow = [LABELS[n] for n in alignment if alignment[n]["mass_at_swaps"] >= 0.5]
+    ignore = [
+        LABELS[n]
+        for n in alignment
+        if alignment[n]["diagonal_at_swaps"] > alignment[n]["mass_at_swaps"]
     ]
-    if swapping:
-        names = ", ".join(LABELS[n] for n in swapping)
-        parts.append(
-            f"More weight on the diagonal than on the true alignment: {names}. At a swapped "
-            "pair these keep reading source word j at step j and take the swap from the "
-            "context that state carries."
-        )
+    if follow:
+        parts.append(f"Following the swaps: {'; '.join(follow)}.")
+    if ignore:
+        parts.append(f"More on the diagonal than on the moved word: {'; '.join(ignore)}.")
     return " ".join(parts)
 
 

@@ -318,6 +318,19 @@ def test_gpt_layout_puts_target_word_j_a_fixed_distance_after_source_word_j():
         assert torch.equal(targets[b, s_max : s_max + n], y_out[b, :n] + task.SRC_VOCAB)
 
 
+def test_alignment_masses_of_attention_on_the_alignment_and_on_the_diagonal():
+    align = torch.tensor([[1, 0, 2, 4, 3]])  # two swapped pairs: four moved words
+    following = torch.eye(5)[align[0]][None, None]  # (1, 1, T, S): one-hot on the truth
+    sums, swapped = bottleneck.alignment_masses(following, align)
+    assert swapped == 4
+    assert sums["aligned"].item() == 5 and sums["near"].item() == 5
+    assert sums["at_swaps"].item() == 4 and sums["diagonal_at_swaps"].item() == 0
+    diagonal = torch.eye(5)[None, None]  # reads source word j at step j
+    sums, _ = bottleneck.alignment_masses(diagonal, align)
+    assert sums["aligned"].item() == 1 and sums["near"].item() == 5
+    assert sums["at_swaps"].item() == 0 and sums["diagonal_at_swaps"].item() == 4
+
+
 # ---------------------------------------------------------------------------
 # why sqrt(d)
 
@@ -448,7 +461,8 @@ def test_bottleneck_command_end_to_end(tmp_path, repo_root):
     for a in data["alignment"].values():
         assert 0.0 <= a["aligned_mass"] <= a["near_mass"] + 1e-6
         assert a["near_mass"] <= 1.0 + 1e-6
-        assert 0.0 <= a["diagonal_mass"] <= 1.0 + 1e-6
+        assert 0.0 <= a["mass_at_swaps"] <= 1.0 + 1e-6
+        assert 0.0 <= a["diagonal_at_swaps"] <= 1.0 + 1e-6
     for name in ("bottleneck.png", "bottleneck_alignment.png", "bottleneck.md"):
         assert os.path.getsize(out / name) > 0
 
