@@ -94,8 +94,9 @@ def precision_context(device_type, dtype, block_size):
 
 def time_cpu_dtypes(cfg, model, data):
     """('bfloat16' or 'float32', why) for dtype='auto' on a CPU with native bfloat16:
-    whichever runs a forward and backward of this model faster (best of 4, on up
-    to 2048 tokens at the run's shapes), timed once per shape (hardware.py)."""
+    whichever runs a forward and backward of this model faster (on up to 2048
+    tokens at the run's shapes, the best of rounds that alternate the two), timed
+    once per shape (hardware.py)."""
     n = max(1, min(cfg.batch_size, 2048 // cfg.block_size))
     x, y = get_batch(data, torch.zeros(n, dtype=torch.long), cfg.block_size, torch.device("cpu"))
 
@@ -103,7 +104,7 @@ def time_cpu_dtypes(cfg, model, data):
         best = float("inf")
         # dropout draws here must not shift the run's random numbers
         with torch.random.fork_rng(devices=[]):
-            for _ in range(4):  # the first picks kernels and allocates
+            for _ in range(2):  # the first picks kernels and allocates
                 t0 = time.perf_counter()
                 with precision_context("cpu", dtype, cfg.block_size):
                     loss = model(x, y)[1]

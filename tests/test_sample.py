@@ -165,7 +165,7 @@ def runs(trained, tmp_path_factory, repo_root):
             text=True,
             env=env,
             cwd=tmp,
-            timeout=120,
+            timeout=600,  # a hang guard: --compile on a slow, busy CPU takes minutes
         )
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
