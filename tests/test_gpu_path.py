@@ -548,7 +548,9 @@ def test_smoke_test_commands_are_valid_settings(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     parsers = {
         "train.py": train.get_config,
-        "sample.py": sample.parse_options,
+        "sample.py": lambda argv: sample.check_options(
+            parse_args(sample.DEFAULTS, argv, allow_files=False)
+        ),
         "bench": lambda argv: parse_args(bench.__main__.DEFAULTS, argv, allow_files=False),
     }
     seen = set()

@@ -172,7 +172,7 @@ def test_a_malformed_line_is_one_line(tmp_path, hf_gpt2, line, words):
     result = run_hellaswag(
         f"--init_from={hf_gpt2[1]}", f"--data={tmp_path / 'bad.jsonl'}", f"--out={out}"
     )
-    assert result.returncode == 1
+    assert result.returncode == 2  # bad input
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
     assert words in result.stderr
