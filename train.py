@@ -30,7 +30,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from data.prepare import ensure_dataset, load_meta
-from support import cli, hellaswag
+from support import cli, hellaswag, settings
 from support.batches import load_split, step_batches
 from support.checkpoint import (
     CheckpointError,
@@ -39,7 +39,7 @@ from support.checkpoint import (
     first_line,
     save_checkpoint,
 )
-from support.configurator import describe_settings, parse_settings
+from support.configurator import parse_settings
 from support.context_parallel import ContextParallel
 from support.context_parallel import check as check_context_parallel
 from support.device import explain_device, pick_device, precision_context, time_cpu_dtypes
@@ -433,7 +433,7 @@ def fail(message, code):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if cli.wants_help(argv):
-        cli.print_help(__doc__, describe_settings(Settings))
+        cli.print_help(__doc__, settings.describe())
         return
     try:
         try:
