@@ -7,8 +7,8 @@ and what switching heads off does to the next token, the loss and the text.
     python explore.py --out_dir=out --host=0.0.0.0             # reachable from other machines
 
 It serves one page (no file from outside: it works offline) and the JSON API
-the page uses, POST /api/analyze and POST /api/generate (the README's "Explore
-a model" documents them). Ctrl-C stops it. Options are --key=value;
+the page uses, POST /api/analyze and POST /api/generate (docs/explorer.md
+documents them). Ctrl-C stops it. Options are --key=value;
 `python explore.py --help` lists them.
 """
 
