@@ -44,15 +44,17 @@ def fresh(monkeypatch, tmp_path):
     return tmp_path / "cache"
 
 
-def python(code, **env):
-    """Run code in a fresh interpreter from the repo root: (exit code, stdout, stderr)."""
+def python(code, without=(), **env):
+    """Run code in a fresh interpreter from the repo root, in this environment less
+    the variables named in without, plus env: (exit code, stdout, stderr)."""
+    kept = {k: v for k, v in os.environ.items() if k not in without}
     r = subprocess.run(
         [sys.executable, "-c", code],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
-        env=dict(os.environ, OMP_NUM_THREADS="1", **env),
+        env=dict(kept, OMP_NUM_THREADS="1", **env),
     )
     return r.returncode, r.stdout, r.stderr
 
@@ -97,18 +99,11 @@ def test_a_cpu_whose_amx_crashes_gets_bfloat16_through_the_onednn_cap(tmp_path):
         "print(v['runs'], v['env'], v['amx_crashed'], os.environ['ONEDNN_MAX_CPU_ISA'], x.dtype); "
         "print(hardware.auto_dtype('cpu')[1])"
     )
-    env = dict(XDG_CACHE_HOME=str(tmp_path), GPT_SIMULATE_SIGILL="amx")
-    env_without_cap = {k: v for k, v in os.environ.items() if k != hardware.ISA}
-    r = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(env_without_cap, OMP_NUM_THREADS="1", **env),
+    code_rc, out, err = python(
+        code, without=(hardware.ISA,), XDG_CACHE_HOME=str(tmp_path), GPT_SIMULATE_SIGILL="amx"
     )
-    assert r.returncode == 0, r.stderr
-    first, why = r.stdout.splitlines()
+    assert code_rc == 0, err
+    first, why = out.splitlines()
     assert (
         first
         == "True {'ONEDNN_MAX_CPU_ISA': 'AVX512_CORE_BF16'} SIGILL AVX512_CORE_BF16 torch.bfloat16"
