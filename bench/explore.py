@@ -31,12 +31,9 @@ import numpy as np
 import torch
 
 from bench import common
-from support import attention_maps, head_measures
-from support.checkpoint import CheckpointError
-from support.configurator import ConfigError, describe, parse_args
+from support import attention_maps, cli, head_measures
 from support.explorer import SEED, Explorer, ExplorerServer
-from support.loading import LoadError, load_model
-from support.tokenizer import TokenizerError
+from support.loading import load_model
 
 DEFAULTS = dict(
     out_dir="out-shakespeare-char-cpu",  # the CPU recipe's checkpoint
@@ -74,11 +71,7 @@ def post(port, body):
     return data
 
 
-def main(argv):
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.strip() + "\n\noptions (defaults):\n" + describe(DEFAULTS))
-        return
-    cfg = parse_args(DEFAULTS, argv, allow_files=False)
+def main(cfg):
     torch.set_num_threads(cfg["threads"])
     model, tok, _ = load_model(cfg)
     model.eval()
@@ -158,14 +151,5 @@ def main(argv):
         print(f"{name:<36} {ms:8.2f} {ms / peer:10.1f}  x{count}")
 
 
-def run(argv):
-    try:
-        main(argv)
-        return 0
-    except (ConfigError, CheckpointError, TokenizerError, LoadError) as e:
-        print(f"error: {e}", file=sys.stderr)
-    return 1
-
-
 if __name__ == "__main__":
-    sys.exit(run(sys.argv[1:]))
+    sys.exit(cli.run(main, sys.argv[1:], __doc__, DEFAULTS))

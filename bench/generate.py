@@ -207,48 +207,26 @@ def generate_targets(rows, quick):
     --quick, whose short generations stop well before the full context)."""
     found = []
     for r in rows:
+        batch = f"generation batch {r['batch']}"
         x = r["cache_over_nocache"]
-        found.append(
-            dict(
-                target=f"generation batch {r['batch']}: cache >= {TARGET_CACHE_VS_NOCACHE}x "
-                "no-cache",
-                measured=x,
-                met=x >= TARGET_CACHE_VS_NOCACHE,
-            )
-        )
+        text = f"{batch}: cache >= {TARGET_CACHE_VS_NOCACHE}x no-cache"
+        found.append(common.target(text, x, x >= TARGET_CACHE_VS_NOCACHE, quick))
         x = r["cache_over_hf"]
-        found.append(
-            dict(
-                target=f"generation batch {r['batch']}: cache >= {TARGET_CACHE_VS_HF}x "
-                "Hugging Face generate",
-                measured=x,
-                met=x >= TARGET_CACHE_VS_HF,
-            )
-        )
+        text = f"{batch}: cache >= {TARGET_CACHE_VS_HF}x Hugging Face generate"
+        found.append(common.target(text, x, x >= TARGET_CACHE_VS_HF, quick))
         x = r["compiled_over_hf"]
         if x is not None:
-            found.append(
-                dict(
-                    target=f"generation batch {r['batch']}: compiled cache >= "
-                    f"{TARGET_CACHE_VS_HF}x Hugging Face generate",
-                    measured=x,
-                    met=x >= TARGET_CACHE_VS_HF,
-                )
-            )
-    if quick:
-        for t in found:
-            t["met"] = None
+            text = f"{batch}: compiled cache >= {TARGET_CACHE_VS_HF}x Hugging Face generate"
+            found.append(common.target(text, x, x >= TARGET_CACHE_VS_HF, quick))
     return found
 
 
 def section(args, log):
     """The figures, the table and (on a CPU) the targets, for common.run."""
-    gpu = args["device"] == "cuda"
     rows = bench_generate(args, log)
+    gpu = args["device"] == "cuda"
     table = "## Generation (greedy, 1-token prompt, baby model)\n\n" + generate_table(rows, gpu)
-    found = []
-    if not gpu:
-        found = generate_targets(rows, args["quick"])
+    found = [] if gpu else generate_targets(rows, args["quick"])
     return dict(generate=rows), [table], found
 
 

@@ -510,7 +510,7 @@ def test_command_bad_options_give_one_line(trained, repo_root, argv, words):
     argv = [f"--out_dir={trained['dir']}", *argv]
     proc = start(repo_root, *argv)
     out, err = proc.communicate(timeout=TIMEOUT)
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # bad input
     assert err.startswith("error: ") and err.count("\n") == 1 and words in err
 
 

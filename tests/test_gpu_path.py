@@ -7,7 +7,6 @@ bench/smoke_gpu.py. Tests marked cuda run only on a GPU (python -m bench.smoke_g
 import datetime
 import functools
 import inspect
-import json
 import os
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import types
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import child_env, read_log, tiny_run, torchrun
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -36,36 +36,11 @@ from support.settings import Settings, model_args
 
 REPO = os.path.dirname(os.path.abspath(train.__file__))
 META = torch.device("meta")
-TINY = [
-    "--n_layer=2",
-    "--n_head=2",
-    "--n_embd=32",
-    "--block_size=32",
-    "--batch_size=4",
-    "--device=cpu",
-    "--dtype=float32",
-    "--eval_iters=2",
-    "--log_interval=1",
-    "--warmup_iters=2",
-    "--learning_rate=3e-3",
-    "--min_lr=3e-4",
-    "--dropout=0.0",
-    "--seed=7",
-]
 
 
 def train_args(data_root, out_dir, *extra):
-    return [
-        "--dataset=shakespeare_char",
-        f"--data_root={data_root}",
-        f"--out_dir={out_dir}",
-        *TINY,
-        *extra,
-    ]
-
-
-def child_env():
-    return dict(os.environ, OMP_NUM_THREADS="1")
+    """The tiny run at batch 4; each test sets compile and the micro-steps."""
+    return tiny_run(data_root, out_dir, *extra, batch_size=4)
 
 
 # -----------------------------------------------------------------------------
@@ -474,11 +449,6 @@ def test_ddp_splits_the_compiled_graph_at_its_buckets(tmp_path, monkeypatch):
         torch._dynamo.reset()
 
 
-def read_log(out_dir):
-    with open(os.path.join(out_dir, "log.jsonl")) as f:
-        return [json.loads(line) for line in f]
-
-
 def test_ddp_compiled_with_no_sync_matches_one_process(data_root, tmp_path):
     """Two gloo processes with the compiled model and two micro-steps each (the
     first under no_sync) log the losses of one process doing all four."""
@@ -499,22 +469,7 @@ def test_ddp_compiled_with_no_sync_matches_one_process(data_root, tmp_path):
         timeout=300,
     )
     assert single.returncode == 0, single.stderr[-3000:]
-    pair = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "train.py",
-            *train_args(data_root, two, *common),
-        ],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    pair = torchrun(2, train_args(data_root, two, *common), timeout=300)
     assert pair.returncode == 0, (pair.stdout[-2000:], pair.stderr[-4000:])
     log_one, log_two = read_log(one), read_log(two)
     assert [r["iter"] for r in log_one] == [r["iter"] for r in log_two] == [0, 2, 4]
@@ -548,7 +503,9 @@ def test_smoke_test_commands_are_valid_settings(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     parsers = {
         "train.py": train.get_config,
-        "sample.py": sample.parse_options,
+        "sample.py": lambda argv: sample.check_options(
+            parse_args(sample.DEFAULTS, argv, allow_files=False)
+        ),
         "bench": lambda argv: parse_args(bench.__main__.DEFAULTS, argv, allow_files=False),
     }
     seen = set()

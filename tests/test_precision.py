@@ -46,15 +46,17 @@ def fresh(monkeypatch, tmp_path):
     return tmp_path / "cache"
 
 
-def python(code, **env):
-    """Run code in a fresh interpreter from the repo root: (exit code, stdout, stderr)."""
+def python(code, without=(), **env):
+    """Run code in a fresh interpreter from the repo root, in this environment less
+    the variables named in without, plus env: (exit code, stdout, stderr)."""
+    kept = {k: v for k, v in os.environ.items() if k not in without}
     r = subprocess.run(
         [sys.executable, "-c", code],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
-        env=dict(os.environ, OMP_NUM_THREADS="1", **env),
+        env=dict(kept, OMP_NUM_THREADS="1", **env),
     )
     return r.returncode, r.stdout, r.stderr
 
@@ -97,18 +99,11 @@ def test_a_cpu_whose_amx_crashes_gets_bfloat16_through_the_onednn_cap(tmp_path):
         "print(v['runs'], v['env'], v['amx_crashed'], os.environ['ONEDNN_MAX_CPU_ISA'], x.dtype); "
         "print(hardware.auto_dtype('cpu')[1])"
     )
-    env = dict(XDG_CACHE_HOME=str(tmp_path), GPT_SIMULATE_CPU="amx_sigill")
-    env_without_cap = {k: v for k, v in os.environ.items() if k != hardware.ISA}
-    r = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(env_without_cap, OMP_NUM_THREADS="1", **env),
+    code_rc, out, err = python(
+        code, without=(hardware.ISA,), XDG_CACHE_HOME=str(tmp_path), GPT_SIMULATE_CPU="amx_sigill"
     )
-    assert r.returncode == 0, r.stderr
-    first, why = r.stdout.splitlines()
+    assert code_rc == 0, err
+    first, why = out.splitlines()
     assert (
         first
         == "True {'ONEDNN_MAX_CPU_ISA': 'AVX512_CORE_BF16'} SIGILL AVX512_CORE_BF16 torch.bfloat16"
@@ -174,13 +169,11 @@ def test_every_class_is_simulated():
 @pytest.mark.parametrize("simulated", CLASSES)
 def test_each_cpu_class_gets_its_verdict_its_cache_and_its_dtype(tmp_path, simulated):
     runs, dtype, why, refused = CLASSES[simulated]
-    env = {k: v for k, v in os.environ.items() if k not in (hardware.ISA, hardware.SIMULATE)}
-    env = dict(env, XDG_CACHE_HOME=str(tmp_path), GPT_SIMULATE_CPU=simulated)
-    first = subprocess.run(
-        [sys.executable, "-c", VERDICT_CODE], cwd=REPO, env=env, capture_output=True, text=True
-    )
-    assert first.returncode == 0, first.stderr
-    verdict = json.loads(first.stdout)
+    without = (hardware.ISA, hardware.SIMULATE)
+    env = dict(XDG_CACHE_HOME=str(tmp_path), GPT_SIMULATE_CPU=simulated)
+    code_rc, out, err = python(VERDICT_CODE, without, **env)
+    assert code_rc == 0, err
+    verdict = json.loads(out)
     assert verdict["simulated"] == simulated and verdict["runs"] == runs
     assert verdict["auto"][0] == dtype and verdict["auto"][1].startswith(why), verdict
     assert verdict["auto"][1].endswith("python -m support.hardware --again measures again")
@@ -192,10 +185,7 @@ def test_each_cpu_class_gets_its_verdict_its_cache_and_its_dtype(tmp_path, simul
         # really emulated in the probe's child: oneDNN and ATen capped there
         assert verdict["slowdown"] > hardware.NATIVE_SLOWDOWN
     # the second process reads the same verdict from the cache, measured_at included
-    second = subprocess.run(
-        [sys.executable, "-c", VERDICT_CODE], cwd=REPO, env=env, capture_output=True, text=True
-    )
-    assert json.loads(second.stdout) == verdict
+    assert json.loads(python(VERDICT_CODE, without, **env)[1]) == verdict
     cache = json.loads((tmp_path / "hackable-gpt" / "bf16.json").read_text())
     assert [entry["verdict"]["simulated"] for entry in cache.values()] == [simulated]
 

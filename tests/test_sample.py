@@ -232,7 +232,7 @@ def test_long_prompt_is_cropped_with_a_notice(runs):
 
 
 def one_line_error(code, stderr):
-    assert code != 0
+    assert code == 2  # bad input (support/cli.py)
     assert "Traceback" not in stderr
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1, stderr
