@@ -103,7 +103,7 @@ def main(argv):
 
     def forward_maps():
         with torch.no_grad(), head_measures.ablated(model, heads):
-            model(idx, return_attention=True)
+            model.attention_maps(idx)
 
     def continuation():
         with torch.no_grad(), head_measures.ablated(model, heads):
