@@ -18,6 +18,8 @@ block_size). sys.settrace records every line event in the file. The columns:
 Counting lines is deterministic: tests/test_plain_gpt.py holds model.py to its goals.
 """
 
+import support.before_torch  # bfloat16 tried in a child process, before torch loads
+
 import ast
 import importlib.util
 import os
