@@ -21,8 +21,7 @@ import time
 
 import torch
 
-from support import attention_maps, cli
-from support.engine import compiled_decoder, generate_compiled
+from support import attention_maps, cli, engine
 from support.loading import load_model, pick_device, pick_dtype
 
 DEFAULTS = dict(
@@ -149,22 +148,20 @@ def generate_one(model, idx, cfg, generator, attention=False, on_token=None):
     n_new = cfg["max_new_tokens"]
     # a linear-attention model's state keeps no keys to weigh: its maps come from whole forwards
     linear = attention and model.config.attention == "linear"
-    decoder = None
-    if cfg["compile"]:
-        # built at the warm-up in main, and kept: this finds it
-        decoder = compiled_decoder(model, idx.size(0))
-    stream = model.generate_stream(
+    # compiled: the step built at the warm-up in main, and kept, is found again
+    stream = engine.stream(
+        model,
         idx,
         n_new + int(attention),
-        cfg["temperature"],
-        cfg["top_k"],
-        cfg["top_p"],
-        use_cache=not (cfg["no_cache"] or linear),
+        temperature=cfg["temperature"],
+        top_k=cfg["top_k"],
+        top_p=cfg["top_p"],
         generator=generator,
-        return_attention=attention,
+        use_cache=not (cfg["no_cache"] or linear),
         window=cfg["window"],
         sinks=cfg["sinks"],
-        decoder=decoder,
+        compiled=cfg["compile"],
+        attention=attention,
     )
     new, steps = [], []
     for i in range(n_new + int(attention)):
@@ -263,7 +260,7 @@ def main(cfg):
             )
         t0 = time.perf_counter()
         # the second token compiles the step
-        generate_compiled(model, idx, 2, temperature=0.0)
+        engine.generate_compiled(model, idx, 2, temperature=0.0)
         sync(device)
         print(f"compiled the decode step in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     elapsed, attention = 0.0, None
@@ -310,7 +307,7 @@ def main(cfg):
 @torch.no_grad()
 def final_window_maps(model, ids, device):
     start = max(0, len(ids) - model.config.block_size)
-    maps = model(torch.tensor([ids[start:]], device=device), return_attention=True)[2]
+    _, maps = model.attention_maps(torch.tensor([ids[start:]], device=device))
     return [([m[0].float().cpu().numpy() for m in maps], start)]
 
 

@@ -96,7 +96,7 @@ def main(cfg):
 
     def forward_maps():
         with torch.no_grad(), head_measures.ablated(model, heads):
-            model(idx, return_attention=True)
+            model.attention_maps(idx)
 
     def continuation():
         with torch.no_grad(), head_measures.ablated(model, heads):

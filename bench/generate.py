@@ -16,6 +16,7 @@ import torch
 
 from bench import common
 from model import GPT, GPTConfig
+from support import engine
 
 # Targets for the CPU figures (docs/benchmarks.md says whether they are met)
 TARGET_CACHE_VS_NOCACHE = 5.0  # generation at full context, baby model
@@ -25,8 +26,8 @@ TARGET_CACHE_VS_HF = 2.0
 def check_greedy_agree(ours, hf, device, n=8):
     """The first n greedy tokens of ours (cache and no cache) and Hugging Face's must agree."""
     prompt = torch.zeros(1, 1, dtype=torch.long, device=device)
-    a = ours.generate(prompt, n, temperature=0.0, use_cache=True)
-    b = ours.generate(prompt, n, temperature=0.0, use_cache=False)
+    a = ours.generate(prompt, n, temperature=0.0)
+    b = engine.generate(ours, prompt, n, temperature=0.0, use_cache=False)
     with torch.no_grad():
         c = hf.generate(
             prompt,
@@ -56,7 +57,7 @@ def bench_batch(ours, hf, batch, new_tokens, agree, args, log):
     mask = torch.ones_like(prompt)
 
     def ours_gen(use_cache, n=new_tokens):
-        out = ours.generate(prompt, n, temperature=0.0, use_cache=use_cache)
+        out = engine.generate(ours, prompt, n, temperature=0.0, use_cache=use_cache)
         assert out.shape == (batch, 1 + n)
         return out
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from bench import common
 from model import GPT, GPTConfig, MultiHeadAttention, attention, causal_mask, windowed_attention
+from support import engine
 
 DEFAULTS = dict(
     common.DEFAULTS,
@@ -136,7 +137,7 @@ def rate(model, prompt, n, window=None, sinks=0):
     from its median step). The median is what a passing stall of a shared machine moves
     least; a step that does more work (a dense model's slide) does not move it either."""
     stamps = [time.perf_counter()]
-    for _ in model.generate_stream(prompt, n, temperature=0, window=window, sinks=sinks):
+    for _ in engine.stream(model, prompt, n, temperature=0, window=window, sinks=sinks):
         stamps.append(time.perf_counter())
     steps = [b - a for a, b in zip(stamps, stamps[1:])]
     tenth = n // 10

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from support import attention_maps, head_measures
+from support import attention_maps, engine, head_measures
 from support.tokenizer import TokenizerError
 
 PAGE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "explorer_page")
@@ -184,7 +184,7 @@ class Explorer:
         """One analysis of ids with heads ablated."""
         idx = torch.tensor([ids], dtype=torch.long, device=self.device)
         with self.lock, head_measures.ablated(self.model, heads):
-            logits, _, maps = self.model(idx, return_attention=True)
+            logits, maps = self.model.attention_maps(idx)
             probe = self.probe(heads)
             continuation = self.greedy(idx, n_new)
         logits = logits[0].float()  # (T, vocab)
@@ -259,10 +259,12 @@ class Explorer:
 
     @torch.no_grad()
     def sample(self, ids, heads, n_new, temperature, top_k, seed):
-        """Yield each new token as model.generate_stream samples it, with heads off."""
+        """Yield each new token as engine.stream samples it, with heads off."""
         generator = torch.Generator(device=self.device).manual_seed(seed)
         idx = torch.tensor([ids], dtype=torch.long, device=self.device)
-        stream = self.model.generate_stream(idx, n_new, temperature, top_k, generator=generator)
+        stream = engine.stream(
+            self.model, idx, n_new, temperature=temperature, top_k=top_k, generator=generator
+        )
         try:
             for _ in range(n_new):
                 # the lock per token: another tab's analysis may run between two of them

@@ -148,7 +148,7 @@ def test_attached_model_of_one_rank_is_the_model(tmp_path, float32_cuda_matmuls,
         for (name, a), b in zip(split.named_parameters(), model.parameters()):
             torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=1e-5, msg=name)
         with pytest.raises(ValueError, match="no attention maps"):
-            split(idx, return_attention=True)
+            split.attention_maps(idx)
         with pytest.raises(ValueError, match="no attention maps"):
             split.generate(idx[:, :2], 2)
     finally:

@@ -128,7 +128,7 @@ def zeroed(model, heads):
 def forward(model, tok, prompt):
     """(ids, maps, next-token probabilities, per-token loss) from the model directly."""
     idx = torch.tensor([tok.encode(prompt)])
-    logits, _, maps = model(idx, return_attention=True)
+    logits, maps = model.attention_maps(idx)
     loss = model(idx[:, :-1], idx[:, 1:])[1]  # the model's own mean loss, as a check
     token_loss = F.cross_entropy(logits[0, :-1], idx[0, 1:], reduction="none")
     assert token_loss.mean().item() == pytest.approx(loss.item(), abs=1e-5)

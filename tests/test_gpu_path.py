@@ -27,7 +27,7 @@ import train
 from bench import smoke_gpu
 from bench.common import BenchError
 from model import GPT, GPTConfig, attention, causal_mask
-from support import batches, distributed, loading
+from support import batches, distributed, engine, loading
 from support.configurator import parse_args
 from support.engine import compiled_decoder, generate_compiled
 from support.mfu import estimate_mfu, flops_per_token
@@ -97,14 +97,18 @@ def test_generation_on_the_meta_device(options):
     with OneDevicePerOp():
         for use_cache in (True, False):
             for temperature in (0.0, 0.8):
-                out = model.generate(
-                    prompt, n, temperature=temperature, top_k=10, top_p=0.9, use_cache=use_cache
+                out = engine.generate(
+                    model,
+                    prompt,
+                    n,
+                    temperature=temperature,
+                    top_k=10,
+                    top_p=0.9,
+                    use_cache=use_cache,
                 )
                 assert out.shape == (2, 5 + n) and out.device == META
         starts = set()
-        for token, maps, start in model.generate_stream(
-            prompt, n, temperature=0.0, return_attention=True
-        ):
+        for token, maps, start in engine.stream(model, prompt, n, temperature=0.0, attention=True):
             assert token.device == META and all(m.device == META for m in maps)
             starts.add(start)
         assert len(starts) > 1  # the window slid
@@ -233,7 +237,7 @@ def test_cuda_branch_of_the_compiled_decoder_on_cpu(inductor_graphs):
         logits = model(idx, kv_cache=cache)[0][:, -1]  # the prefill, eager, as generate does it
         for _ in range(6):
             idx = torch.cat([idx, logits.argmax(-1, keepdim=True)], dim=1)
-            logits = step(idx[:, -1:])[0][:, -1]  # advances the cache, on the host and the device
+            logits = step(idx[:, -1:])[:, -1]  # advances the cache, on the host and the device
             expected = model(idx)[0][:, -1]  # a full forward, no cache
             torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-5)
     (graph,) = inductor_graphs

@@ -270,7 +270,7 @@ def test_induction_scores_of_a_model_are_its_maps_scored():
     got = head_measures.induction_scores(model, seed=5)
     idx, L = head_measures.probe_tokens(model.config, seed=5)
     with torch.no_grad():
-        _, _, maps = model(idx, return_attention=True)
+        _, maps = model.attention_maps(idx)
     for layer, m in enumerate(maps):
         for h in range(2):
             expected = np.mean(
@@ -405,7 +405,7 @@ def test_patterns_over_windows_are_the_sum_of_each_window(tiny):
     for start, length in spans:
         ids = np.asarray(data[start : start + length], dtype=np.int64)
         with torch.no_grad():
-            _, _, maps = model(torch.from_numpy(ids)[None], return_attention=True)
+            _, maps = model.attention_maps(torch.from_numpy(ids)[None])
         for layer, m in enumerate(maps):
             sums[layer] = am.add_sums(
                 sums[layer], am.pattern_sums(m[0].numpy(), tok.token_strings(ids))

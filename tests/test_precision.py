@@ -630,6 +630,7 @@ ENTRY_POINTS = [
     "experiments/linear_attention.py",
     "experiments/ring_attention_measure.py",
     "experiments/long_context.py",
+    "experiments/trace_plain_gpt.py",
     "support/hellaswag.py",
     "bench/corpus.py",
 ]

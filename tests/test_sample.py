@@ -336,7 +336,7 @@ def check_html(path, z):
 
 def full_forward_maps(model, ids):
     with torch.no_grad():
-        _, _, maps = model(torch.tensor([ids]), return_attention=True)
+        _, maps = model.attention_maps(torch.tensor([ids]))
     return [m[0].numpy() for m in maps]
 
 
