@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from data.prepare import DataError, ensure_dataset, load_meta
 from model import GPT
-from support import hellaswag
+from support import hellaswag, timeline
 from support.batches import load_split, step_batches
 from support.checkpoint import (
     CheckpointError,
@@ -133,6 +133,7 @@ def evaluate(run, iter_num, elapsed, final):
     if not (math.isfinite(rec["train_loss"]) and math.isfinite(rec["val_loss"])):
         raise diverged(rec["val_loss"], iter_num)
     if run.master:
+        rec.update(timeline.at_evaluation(run.cfg, run.raw, run.meta, run.splits["val"], iter_num))
         log_evaluation(rec, run.cfg.out_dir, run.wandb)
     return rec
 
