@@ -10,8 +10,9 @@ train.py --log_heads=True adds, at every evaluation, each head's induction score
 on the first windows of the val split) to log.jsonl (support/timeline.py). This
 draws one row per layer: on the left each head's induction score against the
 iter, the label threshold dashed; on the right each head's label at each
-evaluation, one colour per kind of label. It writes <out_dir>/head_timeline.png
-(or --out) and prints the iter at which each head first passed the threshold.
+evaluation, one colour per label (every "mixed: A+B" one colour). It writes
+<out_dir>/head_timeline.png (or --out) and prints the iter at which each head
+first passed the threshold.
 """
 
 import json
@@ -28,32 +29,24 @@ DEFAULTS = dict(
     out="",  # the picture; "" = <out_dir>/head_timeline.png
 )
 
-# the kinds of label, in the legend's order: "weak X" and "mixed: A+B" count as one kind each
-KINDS = (
-    "induction",
-    "previous",
-    "self",
-    "band",
-    "first",
-    "newline",
-    "space",
-    "punct",
-    "block",
-    "earlier",
-    "mixed",
-    "weak",
-    "broad",
-    "other",
-)
-
 
 class TimelineError(Exception):
     """The log cannot be drawn; the message is one line saying what to do."""
 
 
 def kind(label):
-    """A label's kind: its first word ('mixed: a+b' -> 'mixed', 'weak first' -> 'weak')."""
-    return label.split(":")[0].split(" ")[0]
+    """A label as the picture colours it: every 'mixed: A+B' is one colour, 'mixed'."""
+    return label.split(":")[0]
+
+
+def kinds_of(labels):
+    """The kinds of label in the log, in the order they first appear."""
+    seen = {}
+    for evaluation in labels:
+        for row in evaluation:
+            for label in row:
+                seen.setdefault(kind(label), len(seen))
+    return list(seen)
 
 
 def read_timeline(out_dir):
@@ -108,10 +101,11 @@ def draw(iters, induction, labels, out):
         gridspec_kw={"width_ratios": [1, 1.2]},
         constrained_layout=True,
     )
-    colours = plt.get_cmap("tab20").colors[: len(KINDS)]
+    names = kinds_of(labels)
+    colours = [plt.get_cmap("tab20")(k % 20) for k in range(len(names))]
     # (n_layer, n_head, E): each head's kind of label at each evaluation
     kinds = np.array(
-        [[[KINDS.index(kind(labels[e][layer][h])) for e in range(E)] for h in range(n_head)]
+        [[[names.index(kind(labels[e][layer][h])) for e in range(E)] for h in range(n_head)]
          for layer in range(n_layer)]
     )  # fmt: skip
     for layer in range(n_layer):
@@ -129,7 +123,7 @@ def draw(iters, induction, labels, out):
             interpolation="nearest",
             cmap=ListedColormap(colours),
             vmin=-0.5,
-            vmax=len(KINDS) - 0.5,
+            vmax=len(names) - 0.5,
         )
         right.set_yticks(range(n_head), [f"H{h}" for h in range(n_head)])
         ticks = np.unique(np.linspace(0, E - 1, min(E, 10)).round().astype(int))
@@ -138,11 +132,10 @@ def draw(iters, induction, labels, out):
     axes[-1][1].set_xlabel("iter (one column per evaluation)")
     axes[0][0].set_title(f"induction score (the label's threshold {INDUCTION} dashed)")
     axes[0][1].set_title("label at each evaluation")
-    used = sorted(set(kinds.ravel().tolist()))
     fig.legend(
-        handles=[Patch(color=colours[k], label=KINDS[k]) for k in used],
+        handles=[Patch(color=colours[k], label=name) for k, name in enumerate(names)],
         loc="outside lower center",
-        ncol=min(len(used), 8),
+        ncol=min(len(names), 8),
         fontsize=8,
     )
     fig.savefig(out, dpi=90)
