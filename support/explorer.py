@@ -161,8 +161,9 @@ class Explorer:
         except TokenizerError as e:
             raise RequestError(str(e)) from None
         if len(ids) > self.config.block_size:
+            what = "prompt" if key == "prompt" else f"{key} prompt"
             raise RequestError(
-                f"the {key} has {len(ids)} tokens, more than the model's context of "
+                f"the {what} has {len(ids)} tokens, more than the model's context of "
                 f"{self.config.block_size}; shorten it"
             )
         if max(ids) >= self.config.vocab_size:
@@ -185,7 +186,7 @@ class Explorer:
                     f"{key} {value!r} is {len(ids)} tokens; give one token, or its id"
                 )
             value = ids[0]
-        return integer(body | {key: value}, key, None, 0, self.config.vocab_size - 1)
+        return integer({key: value}, key, None, 0, self.config.vocab_size - 1)
 
     # -------------------------------------------------------------------------
     # A training run's steps
@@ -309,18 +310,20 @@ class Explorer:
     def lens(self, trace):
         """The logit lens as the answer holds it: (n_layer + 1, T, LENS_TOP) of
         {"token", "id", "prob"}; called under the lock."""
-        probs, ids = interpret.logit_lens(self.model, trace)
-        strings = self.tok.token_strings(ids.flatten().tolist())
-        flat = [
-            {"token": s, "id": i, "prob": round(p, DIGITS)}
-            for s, i, p in zip(strings, ids.flatten().tolist(), probs.flatten().tolist())
-        ]
-        k = ids.size(-1)
-        T = ids.size(1)
-        return [
-            [flat[(point * T + t) * k : (point * T + t + 1) * k] for t in range(T)]
-            for point in range(ids.size(0))
-        ]
+        probs, ids = interpret.logit_lens(self.model, trace)  # (n_layer + 1, T, k) each
+        lens = []
+        for point_probs, point_ids in zip(probs.tolist(), ids.tolist()):
+            row = []
+            for cell_probs, cell_ids in zip(point_probs, point_ids):
+                strings = self.tok.token_strings(cell_ids)
+                row.append(
+                    [
+                        {"token": s, "id": i, "prob": round(p, DIGITS)}
+                        for s, i, p in zip(strings, cell_ids, cell_probs)
+                    ]
+                )
+            lens.append(row)
+        return lens
 
     def attributions(self, trace, logits, ids, attribute):
         """The direct logit attribution asked for ("attribution") and, for the page's

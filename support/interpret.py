@@ -151,7 +151,7 @@ def attribution(model, trace, positions, tokens):
     direction = direction - direction.mean(dim=-1, keepdim=True)
     heads = []
     mlp = []
-    bias = torch.zeros(len(positions))
+    bias = torch.zeros(len(positions), device=x.device)
     if ln.bias is not None:
         bias = bias + w_u @ ln.bias.float()
     for layer, block in enumerate(model.transformer.h):

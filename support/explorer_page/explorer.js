@@ -445,17 +445,21 @@ function fillTable(table, rows) {
   }
 }
 
+// cells of width pixels, the first column (the rows' names) 48; returns the height drawn
+const NAME_WIDTH = 48;
 function drawCells(ctx, rows, x, y, width, height) {
   ctx.font = "11px monospace";
   ctx.textBaseline = "middle";
   rows.forEach((row, i) =>
     row.forEach((cell, j) => {
+      const left = j === 0 ? x : x + NAME_WIDTH + (j - 1) * width;
+      const w = j === 0 ? NAME_WIDTH : width;
       if (cell.fill) {
         ctx.fillStyle = cell.fill;
-        ctx.fillRect(x + j * width, y + i * height, width - 1, height - 1);
+        ctx.fillRect(left, y + i * height, w - 1, height - 1);
       }
       ctx.fillStyle = "#222";
-      ctx.fillText(cell.text.slice(0, Math.floor(width / 7)), x + j * width + 2, y + i * height + height / 2);
+      ctx.fillText(cell.text.slice(0, Math.floor(w / 7)), left + 2, y + i * height + height / 2);
     }),
   );
   return rows.length * height;
@@ -730,7 +734,7 @@ function exportPng() {
   const patch = state.patch ? patchRows(state.patch) : [];
   const canvas = document.createElement("canvas");
   const base = 340 + 128 * Math.floor((multiples.length - 1) / 5);
-  canvas.width = Math.max(1000, 20 + 52 * (lens[0].length + 1), 20 + 52 * why[0].length);
+  canvas.width = Math.max(1000, 20 + NAME_WIDTH + 18 * lens[0].length, 20 + NAME_WIDTH + 44 * why[0].length);
   canvas.height = base + 18 * why.length + 16 * lens.length + 18 * patch.length + 110;
   const ctx = canvas.getContext("2d");
   ctx.fillStyle = "#fff";
@@ -757,12 +761,12 @@ function exportPng() {
     y += 22;
   };
   heading(`${whyTitle(r, a)} (direct logit attribution; blue up, red down)`);
-  y += drawCells(ctx, why, 10, y, 52, 18) + 8;
+  y += drawCells(ctx, why, 10, y, 44, 18) + 8;
   heading(`Logit lens: top token after the embeddings and each block${first ? `, the last ${LENS_PNG_POSITIONS} positions` : ""}`);
-  y += drawCells(ctx, lens, 10, y, 52, 16) + 8;
+  y += drawCells(ctx, lens, 10, y, 18, 16) + 8;
   if (state.patch) {
     heading(`Patching "${shown(state.patch.clean.join(""))}" into "${shown(state.patch.corrupt.join(""))}": ${patchSummary(state.patch)}`);
-    drawCells(ctx, patch, 10, y, 52, 18);
+    drawCells(ctx, patch, 10, y, 44, 18);
   }
   canvas.toBlob((blob) => download("attention.png", blob), "image/png");
 }
