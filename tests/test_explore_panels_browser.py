@@ -148,6 +148,9 @@ def test_why_lens_patching_and_steps_from_a_shared_address(trained, run_dir, tmp
         assert driver.find_element(By.ID, "head").get_attribute("value") == "2"
         wait_for(lambda: lens_shown(driver) and lens_shown(driver)[0], "draw the lens")
         # the export carries the new panels, and they work from the file alone
+        # the mouse on token k again (after the reload it may rest on any token), then export
+        token = driver.find_elements(By.CSS_SELECTOR, "#tokens .tok")[k]
+        ActionChains(driver).move_to_element(token).perform()
         driver.find_element(By.ID, "export-html").click()
         driver.find_element(By.ID, "export-png").click()
         for name in ("attention.html", "attention.png"):
@@ -161,7 +164,7 @@ def test_why_lens_patching_and_steps_from_a_shared_address(trained, run_dir, tmp
         wait_for(lambda: same(by_id(driver, patch_ids), want_patch), "reopen the export")
         assert driver.find_element(By.ID, "patch-view").is_displayed()
         driver.find_element(By.ID, "view-why").click()
-        assert shows(driver, earlier["attribution"])
+        assert shows(driver, earlier["token_attribution"][k - 1])
         assert len(lens_shown(driver)) == n_layer + 1
     finally:
         driver.quit()
