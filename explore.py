@@ -7,8 +7,9 @@ and what switching heads off does to the next token, the loss and the text.
     python explore.py --out_dir=out --host=0.0.0.0             # reachable from other machines
 
 It serves one page (no file from outside: it works offline) and the JSON API
-the page uses, POST /api/analyze and POST /api/generate (docs/explorer.md
-documents them). Ctrl-C stops it. Options are --key=value;
+the page uses, POST /api/analyze, /api/generate and /api/patch, GET /api/steps
+(docs/explorer.md documents them). Trained with --snapshots=True, a run's
+folder gives the page a step slider. Ctrl-C stops it. Options are --key=value;
 `python explore.py --help` lists them.
 """
 
@@ -21,6 +22,7 @@ import torch
 from support import cli
 from support.explorer import Explorer, ExplorerServer, address
 from support.loading import load_model, pick_device, pick_dtype
+from support.timeline import checkpoint_step
 
 DEFAULTS = dict(
     out_dir="out-shakespeare-char",  # the checkpoint's folder
@@ -50,9 +52,10 @@ def start_server(cfg):
         torch.set_num_threads(cfg["threads"])
     device = pick_device(cfg["device"])
     dtype = pick_dtype(cfg["dtype"], device)
-    model, tok, _ = load_model(cfg)
+    model, tok, folder = load_model(cfg)
     model.to(device=device, dtype=dtype).eval()
-    explorer = Explorer(model, tok)
+    # a training run's folder: its snapshots are steps the page can go back to
+    explorer = Explorer(model, tok, run_dir=folder, step=checkpoint_step(folder))
     try:
         return ExplorerServer(explorer, cfg["host"], cfg["port"])
     except OSError as e:

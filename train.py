@@ -30,7 +30,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from data.prepare import ensure_dataset, load_meta
-from support import cli, hellaswag, settings
+from support import cli, hellaswag, settings, timeline
 from support.batches import load_split, step_batches
 from support.checkpoint import (
     CheckpointError,
@@ -94,6 +94,7 @@ def evaluate(run, iter_num, elapsed, final):
     if not (math.isfinite(rec["train_loss"]) and math.isfinite(rec["val_loss"])):
         raise diverged(rec["val_loss"], iter_num)
     if run.master:
+        rec.update(timeline.at_evaluation(run.cfg, run.raw, run.meta, run.splits["val"], iter_num))
         log_evaluation(rec, run.cfg.out_dir, run.wandb)
     return rec
 

@@ -47,6 +47,11 @@ class Settings(ModelSettings):
     hellaswag_data: str | None = None
     # False: a fresh run's first evaluation is at eval_interval, not before the first step
     eval_at_start: bool = True
+    # the run's timeline (support/timeline.py): a weights-only checkpoint at every evaluation
+    # in out_dir/snapshots/, for explore.py's steps; at most snapshot_limit, evenly spread
+    snapshots: bool = False
+    snapshot_limit: int = 8
+    log_heads: bool = False  # each head's induction score and label in log.jsonl, every evaluation
     muon_ns_steps: int = 5  # Newton-Schulz iterations per Muon step (torch.optim.Muon's ns_steps)
     always_save_checkpoint: bool = True  # False: save only when val loss improves, and at the end
     # 'scratch', 'resume' (from out_dir), a Hugging Face GPT-2 folder, or 'gpt2*'
@@ -158,6 +163,10 @@ def check(cfg):
     for key in ("data_root", "wandb_run_name"):
         if cfg[key] is not None and not isinstance(cfg[key], str):
             raise ValueError(f"{key} must be a string or None, got {cfg[key]!r}")
+    if cfg.snapshot_limit < 2:
+        raise ValueError(f"snapshot_limit must be 2 or more, got {cfg.snapshot_limit}")
+    if cfg.log_heads and cfg.context_parallel > 1:
+        raise ValueError("log_heads=True needs context_parallel=1: the probe runs the whole model")
     if cfg.attention != "softmax" and cfg.init_from not in ("scratch", "resume"):
         raise ValueError(
             f"init_from={cfg.init_from!r} loads GPT-2's weights, which need softmax attention; "
