@@ -75,6 +75,27 @@ def explain_device(cfg, device, dtype):
         )
 
 
+def pin_cpu_vector_width():
+    """Name the width of the CPU's vector registers to inductor before it compiles.
+
+    Inductor writes its C++ kernels for the vector width it picks from
+    ATEN_CPU_CAPABILITY and the CPU's flags (512 bits on AVX-512, 256 with
+    ATEN_CPU_CAPABILITY=avx2), but its on-disk cache of compiled graphs is keyed by
+    its config, where that width is None either way. A graph compiled in a process
+    capped at AVX2 (the cap docs/benchmarks.md measures the AVX2 class with) is then
+    read back by an uncapped AVX-512 process, whose compiler builds the kernels with
+    16-float vectors where the code steps by 8: each store writes past its buffer
+    and the run dies of heap corruption (malloc: unaligned tcache chunk). Setting
+    cpp.simdlen to the width inductor would pick anyway changes no kernel, and puts
+    the width in the cache key. A width the user set is kept."""
+    from torch._inductor import config
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    if config.cpp.simdlen is None:
+        # 0 where the CPU has no vector ISA inductor uses: scalar code, as before
+        config.cpp.simdlen = pick_vec_isa().bit_width()
+
+
 @contextlib.contextmanager
 def precision_context(device_type, dtype, block_size):
     """Autocast for the forward pass (nothing in float32). On CPU, for contexts of

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from model import StreamingKVCache, sample_next
+from support.device import pin_cpu_vector_width
 
 # read by inductor when it compiles, at the first call: the weights frozen in as constants,
 # so max-autotune writes its own matrix-vector kernels; autotuning kept quiet
@@ -111,6 +112,8 @@ def compiled_decoder(model, batch_size, cuda_graphs=None):
     kept = model.compiled_decoders.get(key)
     if kept is not None and kept[2] == version:
         return kept[0], kept[1]
+    if weight.device.type == "cpu":
+        pin_cpu_vector_width()
     cache = model.make_kv_cache(batch_size, zero=True)
     if cuda_graphs:
         step = cuda_graph_step(model, cache)

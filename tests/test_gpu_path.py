@@ -484,6 +484,51 @@ def test_ddp_compiled_with_no_sync_matches_one_process(data_root, tmp_path):
 
 
 # -----------------------------------------------------------------------------
+# The CPU's vector width in inductor's cache of compiled graphs
+
+# a child compiles a layer norm as train.py's CPU path does, then says how many
+# graphs it found in inductor's cache
+WIDTH_CHILD = """
+import torch
+from torch._dynamo.utils import counters
+
+from support.device import pin_cpu_vector_width
+
+pin_cpu_vector_width()
+norm = torch.compile(lambda x: torch.nn.functional.layer_norm(x, (32,)) * 2)
+norm(torch.randn(4, 32, 32))
+print(counters["inductor"]["fxgraph_cache_hit"])
+"""
+
+
+def test_a_graph_cached_under_the_avx2_cap_is_not_read_back_at_full_width(tmp_path):
+    """A graph compiled with ATEN_CPU_CAPABILITY=avx2 steps by 8 floats; read back by
+    an AVX-512 process, whose kernels are built with 16-float vectors, its stores
+    write past their buffers (heap corruption). The width must part the cache."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    if pick_vec_isa().bit_width() <= 256:
+        pytest.skip("this CPU's vectors are no wider than AVX2's: the cap changes nothing")
+    full = child_env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
+    full.pop("ATEN_CPU_CAPABILITY", None)
+    capped = dict(full, ATEN_CPU_CAPABILITY="avx2")
+    hits = []
+    for env in (capped, full, full):
+        r = subprocess.run(
+            [sys.executable, "-c", WIDTH_CHILD],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        hits.append(int(r.stdout.split()[-1]))
+    # the full-width process compiles its own graph; the next one finds it cached
+    assert hits == [0, 0, 1]
+
+
+# -----------------------------------------------------------------------------
 # bench/smoke_gpu.py
 
 
