@@ -17,6 +17,11 @@ if ROOT not in sys.path:
 # is now; the train.py processes they start inherit the folder and the fix.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="gpt-tests-cache-")
 atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
+# torch.compile's kernel cache of the session's own too: a graph another process
+# cached under another CPU capability (ATEN_CPU_CAPABILITY=avx2, say) is keyed as
+# if it were this one's, and read back at the wrong vector width it corrupts the
+# heap (support/device.py, pin_cpu_vector_width)
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(os.environ["XDG_CACHE_HOME"], "inductor")
 from support import hardware
 
 BF16 = hardware.check_bf16()
