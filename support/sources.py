@@ -20,6 +20,7 @@ one process: they are a Stream, read by the `datasets` library.
 import glob
 import io
 import json
+import math
 import os
 from typing import NamedTuple
 
@@ -135,26 +136,27 @@ def open_source(source, text_column="text", subset=None):
 
 
 def _tasks(pieces):
-    """Consecutive (piece, bytes) gathered into tasks of at least TASK_BYTES,
-    the last one less."""
+    """Consecutive (piece, bytes) gathered into tasks of at most TASK_BYTES
+    (a piece is no bigger, unless it is one row or one .txt file)."""
     tasks = []
     task = []
     size = 0
     for piece, nbytes in pieces:
-        task.append(piece)
-        size += nbytes
-        if size >= TASK_BYTES:
+        if task and size + nbytes > TASK_BYTES:
             tasks.append(tuple(task))
             task = []
             size = 0
+        task.append(piece)
+        size += nbytes
     if task:
         tasks.append(tuple(task))
     return tasks
 
 
 def _cuts(size, count):
-    """count split into about size / TASK_BYTES near-equal parts: their (start, stop)."""
-    parts = max(1, min(count, round(size / TASK_BYTES)))
+    """count (rows or bytes) cut into near-equal parts of at most TASK_BYTES
+    each, out of `size` bytes in all: each part's (start, stop)."""
+    parts = max(1, min(count, math.ceil(size / TASK_BYTES)))
     return [(count * k // parts, count * (k + 1) // parts) for k in range(parts)]
 
 
@@ -170,7 +172,9 @@ def _open_parquet(path):
 def _parquet_pieces(path, source, text_column):
     """(piece, bytes) for each part of each row group: a row group of more than
     TASK_BYTES of text is cut into parts by rows, so that a file of one big row
-    group still spreads over every process."""
+    group still spreads over every process. The text column's size before
+    compression stands for its text (a column dictionary-encoded throughout
+    reads smaller than it is)."""
     parquet = _open_parquet(path)
     columns = parquet.schema_arrow.names
     if text_column not in columns:
@@ -183,7 +187,6 @@ def _parquet_pieces(path, source, text_column):
     for group in range(metadata.num_row_groups):
         row_group = metadata.row_group(group)
         chunks = [row_group.column(i) for i in range(row_group.num_columns)]
-        # the text column's size before compression stands for its text
         size = sum(c.total_uncompressed_size for c in chunks if c.path_in_schema == text_column)
         rows = row_group.num_rows
         for start, stop in _cuts(size, rows):
