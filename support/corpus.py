@@ -231,15 +231,18 @@ def is_val(index, val_docs, val_fraction):
 
 
 def _write_task(writers, ids, lengths, first, val_docs, val_fraction):
-    """Write one task's documents to their splits; returns how many went to val."""
-    flags = [is_val(first + i, val_docs, val_fraction) for i in range(len(lengths))]
-    if not any(flags):
+    """Write one task's documents to their splits, one write to each; returns
+    how many went to val."""
+    flags = np.array(
+        [is_val(first + i, val_docs, val_fraction) for i in range(len(lengths))], dtype=bool
+    )
+    if not flags.any():
         writers["train"].write(ids)
         return 0
-    ends = np.cumsum(lengths)
-    for flag, start, end in zip(flags, ends - lengths, ends):
-        writers["val" if flag else "train"].write(ids[start:end])
-    return sum(flags)
+    in_val = np.repeat(flags, lengths)  # (tokens,) whether each token's document is val
+    writers["train"].write(ids[~in_val])
+    writers["val"].write(ids[in_val])
+    return int(flags.sum())
 
 
 # ---------------------------------------------------------------- preparing

@@ -7,14 +7,14 @@ process can read by itself.
     TaskReader      the documents of a plan's tasks, read in one process
     iter_documents  every document of a source, in order, read in one process
 
-A task names where its documents lie, and holds about TASK_BYTES of text:
-rows of a parquet row group, byte ranges of a jsonl file (the lines that
-start in each), or whole .txt files (one document each). The plan is made
-from file sizes and parquet's metadata alone, so the process that makes it
-reads no text, and each tokenizer process reads its own tasks
-(support/corpus.py). A hub dataset, and a .json file that holds one JSON
-array rather than a document per line, can only be read from the start by
-one process: they are a Stream, read by the `datasets` library.
+A task names where its documents lie, and holds about TASK_BYTES of text (or
+one row group of up to WHOLE_GROUP_BYTES): rows of a parquet row group, byte
+ranges of a jsonl file (the lines that start in each), or whole .txt files
+(one document each). The plan is made from file sizes and parquet's metadata
+alone, so the process that makes it reads no text, and each tokenizer process
+reads its own tasks (support/corpus.py). A hub dataset, and a .json file that
+holds one JSON array rather than a document per line, can only be read from
+the start by one process: they are a Stream, read by the `datasets` library.
 """
 
 import glob
@@ -35,6 +35,10 @@ os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 TASK_BYTES = 1 << 20  # about 1 MB of text per read task
+# A parquet row group decodes from its start only, so processes that share one
+# each decode all of it (the rows of the others' tasks too, 2% of the work of
+# tokenizing them): a row group up to this size is one task, read by one process.
+WHOLE_GROUP_BYTES = 8 * TASK_BYTES
 READ_ROWS = 256  # parquet rows decoded at a time
 # parquet column chunks are read through a buffer of this size, page by page:
 # unbuffered, pyarrow reads a whole column chunk at once, 130 MB for a row group
@@ -153,10 +157,10 @@ def _tasks(pieces):
     return tasks
 
 
-def _cuts(size, count):
-    """count (rows or bytes) cut into near-equal parts of at most TASK_BYTES
-    each, out of `size` bytes in all: each part's (start, stop)."""
-    parts = max(1, min(count, math.ceil(size / TASK_BYTES)))
+def _cuts(count, parts):
+    """count (rows or bytes) cut into `parts` near-equal parts (fewer if count
+    is smaller): each part's (start, stop)."""
+    parts = max(1, min(count, parts))
     return [(count * k // parts, count * (k + 1) // parts) for k in range(parts)]
 
 
@@ -171,10 +175,10 @@ def _open_parquet(path):
 
 def _parquet_pieces(path, source, text_column):
     """(piece, bytes) for each part of each row group: a row group of more than
-    TASK_BYTES of text is cut into parts by rows, so that a file of one big row
-    group still spreads over every process. The text column's size before
-    compression stands for its text (a column dictionary-encoded throughout
-    reads smaller than it is)."""
+    WHOLE_GROUP_BYTES of text is cut by rows into parts of TASK_BYTES, so that a
+    file of one big row group still spreads over every process. The text
+    column's size before compression stands for its text (a column
+    dictionary-encoded throughout reads smaller than it is)."""
     parquet = _open_parquet(path)
     columns = parquet.schema_arrow.names
     if text_column not in columns:
@@ -189,7 +193,8 @@ def _parquet_pieces(path, source, text_column):
         chunks = [row_group.column(i) for i in range(row_group.num_columns)]
         size = sum(c.total_uncompressed_size for c in chunks if c.path_in_schema == text_column)
         rows = row_group.num_rows
-        for start, stop in _cuts(size, rows):
+        parts = 1 if size <= WHOLE_GROUP_BYTES else math.ceil(size / TASK_BYTES)
+        for start, stop in _cuts(rows, parts):
             pieces.append((Piece(path, group, start, stop), size * (stop - start) / max(rows, 1)))
     return pieces
 
@@ -199,7 +204,8 @@ def _jsonl_pieces(path):
     size = os.path.getsize(path)
     if size == 0:
         return []
-    return [(Piece(path, None, start, stop), stop - start) for start, stop in _cuts(size, size)]
+    cuts = _cuts(size, math.ceil(size / TASK_BYTES))
+    return [(Piece(path, None, start, stop), stop - start) for start, stop in cuts]
 
 
 def _text_piece(path):

@@ -176,6 +176,7 @@ def test_processes_read_their_own_tasks_and_write_the_same_bytes(
     time, so batches straddle the tasks' edges. 1, 2 and 3 processes write the
     tokens tiktoken gives each document, byte for byte the same."""
     monkeypatch.setattr(sources, "TASK_BYTES", 4_000)
+    monkeypatch.setattr(sources, "WHOLE_GROUP_BYTES", 32_000)
     monkeypatch.setattr(sources, "READ_ROWS", 5)
     docs = [doc for doc in documents if doc] if layout == "txt" else documents
     docs = docs[:400] if layout == "txt" else docs
@@ -212,6 +213,7 @@ def test_tasks_cut_anywhere_hold_every_document_once(tmp_path, monkeypatch, task
     included, and a row group at every row; read by 1, 2 or 3 readers, each
     skipping the others' tasks, every document comes out once, in order."""
     monkeypatch.setattr(sources, "TASK_BYTES", task_bytes)
+    monkeypatch.setattr(sources, "WHOLE_GROUP_BYTES", 0)  # every row group cut
     monkeypatch.setattr(sources, "READ_ROWS", 3)
     docs = ["", "a", "two\nlines", "Grüße ✓", "x" * 50, "", "b", "end"] * 3
     (tmp_path / "j").mkdir()
@@ -475,12 +477,6 @@ def bad_sources(tmp_path):
     write_jsonl(str(tmp_path / "nocol" / "d.jsonl"), ["a", "b"], column="body")
     write_parquet(str(tmp_path / "nocolpq"), ["a", "b", "c"], files=1, column="body")
     write_jsonl(str(tmp_path / "nodocs" / "d.jsonl"), [])
-    # 1.6 MB: two tasks, so the second process meets the bad document
-    long_docs = [f"{i} " + " ".join(["word"] * 2000) for i in range(160)]
-    write_jsonl(str(tmp_path / "badline" / "d.jsonl"), long_docs)
-    with open(tmp_path / "badline" / "d.jsonl", "a") as f:
-        f.write("not json\n")
-    write_parquet(str(tmp_path / "nulltext"), [*long_docs, None], files=1)
     return tmp_path
 
 
@@ -496,8 +492,6 @@ def bad_sources(tmp_path):
         ("nocolpq", ["--text_column=body", "--tokenizer=bpe:100"], ["too small"]),
         ("nocolpq", ["--text_column=body", "--val_docs=5"], ["too few"]),
         ("nocol/d.jsonl", ["--tokenizer=char"], ["--tokenizer char reads one text"]),
-        ("badline", ["--num_proc=2"], ["is not JSON lines", "byte 1604100"]),
-        ("nulltext", ["--num_proc=2"], ["some 'text' values are not text"]),
     ],
 )
 def test_bad_sources_get_one_line_and_no_dataset(bad_sources, source, extra, words):
@@ -507,6 +501,32 @@ def test_bad_sources_get_one_line_and_no_dataset(bad_sources, source, extra, wor
     assert not (bad_sources / "data" / "out" / "meta.json").exists()
     if (bad_sources / "data" / "out").exists():
         assert os.listdir(bad_sources / "data" / "out") == []  # nothing half-written
+
+
+@pytest.mark.parametrize("layout", ["jsonl", "parquet"])
+def test_a_bad_document_met_by_a_tokenizer_process_is_one_line(
+    tmp_path, documents, layout, monkeypatch
+):
+    """The last task, which a tokenizer process reads, holds a line that is not
+    JSON or a value that is not text: the error is the process's one line, and
+    nothing is left of the dataset."""
+    monkeypatch.setattr(sources, "TASK_BYTES", 4_000)
+    monkeypatch.setattr(sources, "WHOLE_GROUP_BYTES", 0)
+    src = tmp_path / "src"
+    if layout == "jsonl":
+        write_jsonl(str(src / "d.jsonl"), documents[:500])
+        offset = (src / "d.jsonl").stat().st_size
+        with open(src / "d.jsonl", "a") as f:
+            f.write("not json\n")
+        words = f"is not JSON lines (byte {offset}:"
+    else:
+        write_parquet(str(src), [*documents[:500], None], files=1)
+        words = "some 'text' values are not text"
+    assert len(sources.open_source(str(src)).tasks) > 4
+    with pytest.raises(DataError) as error:
+        prepare_corpus(str(src), str(tmp_path / "out"), "gpt2", num_proc=2)
+    assert words in str(error.value) and "\n" not in str(error.value)
+    assert os.listdir(tmp_path / "out") == []
 
 
 def test_hub_id_without_network_is_one_line(tmp_path):
