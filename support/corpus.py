@@ -66,7 +66,7 @@ def _context():
 
 
 @contextlib.contextmanager
-def tokenized(reading, desc, num_proc):
+def _tokenized(reading, desc, num_proc):
     """An iterator over (ids, lengths) of _encode_task for each task of a Plan,
     or each batch of a Stream, in order; the processes it starts end with the
     `with` block."""
@@ -109,6 +109,8 @@ def _worker(plan, worker, num_proc, desc, results):
 
 
 def _hand_over(results, item, parent):
+    """Put item on a worker's queue, waiting while it is full, unless the main
+    process is gone."""
     while True:
         try:
             results.put(item, timeout=WAIT_S)
@@ -120,23 +122,19 @@ def _hand_over(results, item, parent):
 
 
 def _take(results, process):
-    """The next item a worker put on its queue."""
+    """The next item a worker put on its queue. A worker's queue is flushed
+    before it ends, so an ended worker with an empty queue has died."""
     while True:
         try:
             kind, value = results.get(timeout=WAIT_S)
             break
         except queue.Empty:
-            if process.is_alive():
-                continue
-        try:
-            # what it put just before it ended
-            kind, value = results.get(timeout=WAIT_S)
-            break
-        except queue.Empty:
-            raise DataError(
-                f"a tokenizer process ended without its tokens (exit code {process.exitcode}: "
-                "killed, or out of memory); run the command again, with a smaller --num_proc"
-            ) from None
+            if not process.is_alive() and results.empty():
+                raise DataError(
+                    f"a tokenizer process ended without its tokens (exit code "
+                    f"{process.exitcode}: killed, or out of memory); run the command again, "
+                    "with a smaller --num_proc"
+                ) from None
     if kind == "error":
         raise DataError(value)
     if kind == "failed":
@@ -256,7 +254,7 @@ def _write_splits(reading, tok, num_proc, writers, val_docs, val_fraction):
     start = time.perf_counter()
     # the processes start before the bar's thread does: fork copies no threads
     with (
-        tokenized(reading, tok.describe(), num_proc) as results,
+        _tokenized(reading, tok.describe(), num_proc) as results,
         tqdm(total=reading.documents, unit="doc", unit_scale=True, desc="tokenizing") as bar,
     ):
         for ids, lengths in results:

@@ -302,6 +302,30 @@ def test_sigkill_then_the_same_command_gives_the_same_bytes(tmp_path, documents)
     assert shard_bytes(str(folder)) == shard_bytes(str(tmp_path / "ref"))
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="finds the processes in /proc")
+def test_a_tokenizer_process_killed_is_one_line_and_no_dataset(tmp_path, documents):
+    write_jsonl(str(tmp_path / "src" / "docs.jsonl"), documents * 12)  # 8 tasks
+    command = [str(tmp_path / "src"), "--tokenizer=gpt2", "--name=k", f"--data_root={tmp_path}"]
+    proc = subprocess.Popen(
+        [sys.executable, "data/prepare.py", *command, "--num_proc=2"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    workers = []
+    deadline = time.time() + 60
+    while len(workers) < 2 and time.time() < deadline:
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+            workers = f.read().split()
+        time.sleep(0.01)
+    os.kill(int(workers[1]), signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=120)
+    line = assert_one_line_error(subprocess.CompletedProcess([], proc.returncode, "", stderr))
+    assert "a tokenizer process ended without its tokens (exit code -9" in line
+    assert os.listdir(tmp_path / "k") == []
+
+
 # ---------------------------------------------------------------- reading shards
 
 
