@@ -28,6 +28,7 @@ in one run are what count; the machine's load average is printed with them.
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
+import contextlib
 import json
 import os
 import shutil
@@ -61,6 +62,7 @@ DEFAULTS = dict(
     one_row_group=False,  # memory: each corpus written as a single row group
     tmp=tempfile.gettempdir(),  # where the corpora are made (and deleted afterwards)
 )
+POLL_S = 0.02  # how often a timed command's processes are looked at
 BARE_BATCH = 4096  # documents per encode_ordinary_batch call: the token lists of a
 # whole 250 MB corpus as Python ints would take gigabytes
 
@@ -131,29 +133,54 @@ def cpu_seconds(pid):
 
 
 def run_command(command):
-    """A command run to its end: its wall seconds, and the CPU seconds of its
-    main process and of the processes it started (waited for)."""
+    """A command run to its end: its wall seconds; the CPU seconds of its main
+    process, before it started any other and in all, and of the processes it
+    started, each as last seen and all of them as counted at their end."""
     start = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    # wait for its end but leave it unreaped, so /proc still holds its times
-    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+    start_cpu = None
+    workers = {}
+    # poll until it ends, and leave it unreaped, so /proc still holds its times
+    while os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is None:
+        pids = children(proc.pid)
+        if pids and start_cpu is None:
+            start_cpu = cpu_seconds(proc.pid)[0]
+        for pid in pids:
+            with contextlib.suppress(OSError):  # it may have ended meanwhile
+                workers[pid] = cpu_seconds(pid)[0]
+        time.sleep(POLL_S)
     seconds = time.perf_counter() - start
-    own, children = cpu_seconds(proc.pid)
+    own, others = cpu_seconds(proc.pid)
     proc.wait()
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed (exit code {proc.returncode})")
-    return seconds, own, children
+    return dict(
+        seconds=seconds,
+        main_cpu=own,
+        start_cpu=own if start_cpu is None else start_cpu,
+        workers_cpu=sorted(workers.values()),
+        others_cpu=others,
+    )
 
 
 def ours(path, tmp, num_proc):
-    """data/prepare.py with --num_proc num_proc, timed whole: {tokens, seconds,
-    main's and the other processes' CPU seconds}."""
-    seconds, own, children = run_command(prepare_command(path, tmp, num_proc))
+    """data/prepare.py with --num_proc num_proc, timed whole: run_command's
+    figures and the tokens it wrote."""
+    run = run_command(prepare_command(path, tmp, num_proc))
     with open(os.path.join(tmp, f"p{num_proc}", "meta.json")) as f:
         meta = json.load(f)
     shutil.rmtree(os.path.join(tmp, f"p{num_proc}"))
-    tokens = meta["train_tokens"] + meta["val_tokens"]
-    return dict(tokens=tokens, seconds=seconds, main_cpu=own, others_cpu=children)
+    run["tokens"] = meta["train_tokens"] + meta["val_tokens"]
+    return run
+
+
+def free_cores_seconds(run, cores):
+    """The least wall time a run's CPU work could take on `cores` cores of
+    its own: the main process's start, then the busiest process or the rest of
+    the work spread evenly over the cores, whichever is longer."""
+    rest = run["main_cpu"] - run["start_cpu"] + run["others_cpu"]
+    busiest = max(run["workers_cpu"], default=0.0)
+    return run["start_cpu"] + max(busiest, rest / cores)
 
 
 def bare_tiktoken(docs, threads):
@@ -240,12 +267,15 @@ def bench_speed(tmp, megabytes, rounds, num_procs):
     )
     for name, rate in best.items():
         print(f"  {name:30s} {rate:12,.0f}")
-    print("  the command, whole (wall s; CPU s of the main process / of the tokenizer processes):")
+    print("  the command, whole: wall s; CPU s of the main process (before it started")
+    print("  the tokenizer processes) and of each tokenizer process:")
     for num_proc, run in commands.items():
         share = run["main_cpu"] / (run["main_cpu"] + run["others_cpu"])
+        workers = ", ".join(f"{cpu:.2f}" for cpu in run["workers_cpu"])
         print(
-            f"    --num_proc {num_proc}: {run['seconds']:.2f} s; CPU {run['main_cpu']:.2f} / "
-            f"{run['others_cpu']:.2f} s, the main process {100 * share:.1f}% of the CPU time"
+            f"    --num_proc {num_proc}: {run['seconds']:.2f} s; main {run['main_cpu']:.2f} "
+            f"({run['start_cpu']:.2f}), tokenizers {workers or '-'}; the main process "
+            f"{100 * share:.1f}% of the CPU time"
         )
     if 1 in commands and 2 in commands:
         one = best[process_name(1)]
@@ -259,13 +289,13 @@ def bench_speed(tmp, megabytes, rounds, num_procs):
             f"  2 processes / nanoGPT method:      {two / best['nanoGPT method, num_proc=2']:.2f}x "
             "(goal 3.0)"
         )
-        # what two free cores could give at most: one process's CPU time over
-        # half the two-process run's, as if that split evenly over the two
-        cpu_one = commands[1]["main_cpu"] + commands[1]["others_cpu"]
-        cpu_two = commands[2]["main_cpu"] + commands[2]["others_cpu"]
+        # on a busy machine the wall times say more about the load than the
+        # design: the CPU times bound what two cores of its own would give
+        cpu_one = free_cores_seconds(commands[1], 1)
+        cpu_two = free_cores_seconds(commands[2], 2)
         print(
-            f"  CPU time, all processes: 1 process {cpu_one:.2f} s, 2 processes {cpu_two:.2f} s "
-            f"(on two free cores, 2 processes could be at most {2 * cpu_one / cpu_two:.2f}x 1)"
+            f"  on two free cores, 2 processes / 1 process at most {cpu_one / cpu_two:.2f}x "
+            f"({cpu_one:.2f} s of CPU work, against {cpu_two:.2f} s)"
         )
     for num_proc in num_procs[1:]:
         ratio = best[process_name(num_proc)] / best[process_name(num_procs[0])]
