@@ -2,16 +2,22 @@
 Preparing a corpus and reading its shards, against peers measured in the same run.
 
     python -m bench.corpus                 # every part; figures for docs/benchmarks.md
-    python -m bench.corpus --parts=speed --mb=20
+    python -m bench.corpus --parts=speed --mb=250
+    python -m bench.corpus --parts=speed --num_procs=1,2,3,4
     python -m bench.corpus --parts=memory --memory_mb=250,1000
 
-speed   tokens/s of data/prepare.py with 1 and 2 processes, of bare tiktoken
-        (encode_ordinary_batch, 1 and 2 threads) over the same documents held
-        in memory, and of nanoGPT's OpenWebText method (data/openwebtext/
-        prepare.py: `datasets` map with num_proc, then one memmap write of
-        each split), all on one local parquet corpus.
+speed   the command as a user runs it, `python data/prepare.py SOURCE
+        --tokenizer gpt2 --name NAME --num_proc N`, timed whole in a child
+        process (start-up, reading, tokenizing, writing), for each N of
+        --num_procs, with the CPU time of its main process and of its tokenizer
+        processes; bare tiktoken (encode_ordinary_batch, 1 and 2 threads) over
+        the same documents held in memory; and nanoGPT's OpenWebText method
+        (data/openwebtext/prepare.py: `datasets` map with num_proc=2, then one
+        memmap write of each split). All read the same parquet file, one after
+        the other in each round; the best of --rounds rounds counts.
 memory  the peak RSS of every process of `data/prepare.py --num_proc 2` on
-        corpora of the sizes given, in MB of text.
+        corpora of the sizes given, in MB of text (--one_row_group=True: each
+        corpus one row group, the reading's worst case).
 step    a training step whose batches come from shards, against the same
         tokens read from one file.
 
@@ -22,6 +28,8 @@ in one run are what count; the machine's load average is printed with them.
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
+import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -38,7 +46,6 @@ from data.prepare import DataError, find_shakespeare, shakespeare_dir
 from model import GPT, GPTConfig
 from support.batches import get_batch
 from support.configurator import ConfigError, describe, parse_args
-from support.corpus import prepare_corpus
 from support.shards import ShardedTokens
 from support.tokenizer import gpt2_encoding
 
@@ -48,18 +55,25 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BESIDE = os.path.join(os.path.dirname(ROOT), "shared", "data", "tinyshakespeare", "input.txt")
 DEFAULTS = dict(
     parts="speed,memory,step",  # which measurements, comma-separated
-    mb=20,  # size of the speed corpus, MB of text
+    mb=250,  # size of the speed corpus, MB of text
+    rounds=3,  # speed: every contender once per round, in turn; the best round counts
+    num_procs="1,2",  # speed: the --num_proc values the command is timed with
     memory_mb="250,1000",  # sizes of the memory corpora, MB of text, comma-separated
+    one_row_group=False,  # memory: each corpus written as a single row group
     tmp=tempfile.gettempdir(),  # where the corpora are made (and deleted afterwards)
 )
+POLL_S = 0.02  # how often a timed command's processes are looked at
+BARE_BATCH = 4096  # documents per encode_ordinary_batch call: the token lists of a
+# whole 250 MB corpus as Python ints would take gigabytes
 
 
 # ---------------------------------------------------------------- the corpus
 
 
-def make_parquet_corpus(path, megabytes, seed=0):
+def make_parquet_corpus(path, megabytes, seed=0, one_row_group=False):
     """A parquet file of about `megabytes` MB of text: tiny Shakespeare's
-    paragraphs shuffled into documents, written a table at a time."""
+    paragraphs shuffled into documents, written a table of 10 MB at a time in
+    row groups of 2,000 documents (about 3 MB), or all as one row group."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -70,16 +84,18 @@ def make_parquet_corpus(path, megabytes, seed=0):
     target = megabytes * 1_000_000
     written = 0
     schema = pa.schema([("text", pa.string())])
+    table_chars = target if one_row_group else 10_000_000
     with pq.ParquetWriter(path, schema) as writer:
         while written < target:
             docs = []
             size = 0
-            while size < 10_000_000 and written + size < target:
+            while size < table_chars and written + size < target:
                 picks = rng.integers(0, len(paragraphs), rng.integers(1, 21))
                 doc = "\n\n".join(paragraphs[i] for i in picks)
                 docs.append(doc)
                 size += len(doc)
-            writer.write_table(pa.table({"text": docs}, schema=schema), row_group_size=2000)
+            rows = len(docs) if one_row_group else 2000
+            writer.write_table(pa.table({"text": docs}, schema=schema), row_group_size=rows)
             written += size
     return path
 
@@ -93,21 +109,91 @@ def read_documents(path):
 # ---------------------------------------------------------------- speed
 
 
-def ours(path, out, num_proc):
-    """tokens/s of this project's preparation, reading and writing included."""
+def prepare_command(path, tmp, num_proc):
+    """data/prepare.py as the README runs it."""
+    script = os.path.join(ROOT, "data", "prepare.py")
+    return [sys.executable, script, path, "--tokenizer", "gpt2", "--name", f"p{num_proc}"] + [
+        "--data_root",
+        tmp,
+        "--num_proc",
+        str(num_proc),
+    ]
+
+
+def cpu_seconds(pid):
+    """(own, children): the CPU seconds (user + system) a process has used
+    itself, and those of its children it has waited for, from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        # the fields after the command's name, which is in parentheses
+        fields = f.read().rpartition(")")[2].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    children = (int(fields[13]) + int(fields[14])) / ticks  # cutime, cstime
+    return own, children
+
+
+def run_command(command):
+    """A command run to its end: its wall seconds; the CPU seconds of its main
+    process, before it started any other and in all, and of the processes it
+    started, each as last seen and all of them as counted at their end."""
     start = time.perf_counter()
-    meta = prepare_corpus(path, out, "gpt2", num_proc=num_proc, val_docs=10)
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    start_cpu = None
+    workers = {}
+    # poll until it ends, and leave it unreaped, so /proc still holds its times
+    while os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is None:
+        pids = children(proc.pid)
+        if pids and start_cpu is None:
+            start_cpu = cpu_seconds(proc.pid)[0]
+        for pid in pids:
+            with contextlib.suppress(OSError):  # it may have ended meanwhile
+                workers[pid] = cpu_seconds(pid)[0]
+        time.sleep(POLL_S)
     seconds = time.perf_counter() - start
-    return (meta["train_tokens"] + meta["val_tokens"]) / seconds
+    own, others = cpu_seconds(proc.pid)
+    proc.wait()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed (exit code {proc.returncode})")
+    return dict(
+        seconds=seconds,
+        main_cpu=own,
+        start_cpu=own if start_cpu is None else start_cpu,
+        workers_cpu=sorted(workers.values()),
+        others_cpu=others,
+    )
+
+
+def ours(path, tmp, num_proc):
+    """data/prepare.py with --num_proc num_proc, timed whole: run_command's
+    figures and the tokens it wrote."""
+    run = run_command(prepare_command(path, tmp, num_proc))
+    with open(os.path.join(tmp, f"p{num_proc}", "meta.json")) as f:
+        meta = json.load(f)
+    shutil.rmtree(os.path.join(tmp, f"p{num_proc}"))
+    run["tokens"] = meta["train_tokens"] + meta["val_tokens"]
+    return run
+
+
+def free_cores_seconds(run, cores):
+    """The least wall time a run's CPU work could take on `cores` cores of
+    its own: the main process's start, then the busiest process or the rest of
+    the work spread evenly over the cores, whichever is longer."""
+    rest = run["main_cpu"] - run["start_cpu"] + run["others_cpu"]
+    busiest = max(run["workers_cpu"], default=0.0)
+    return run["start_cpu"] + max(busiest, rest / cores)
 
 
 def bare_tiktoken(docs, threads):
-    """tokens/s of tiktoken's batch encoding alone, the documents already in memory."""
+    """tokens/s of tiktoken's batch encoding alone, the documents already in
+    memory, BARE_BATCH documents a call."""
     enc = gpt2_encoding()
+    tokens = 0
     start = time.perf_counter()
-    ids = enc.encode_ordinary_batch(docs, num_threads=threads)
+    for first in range(0, len(docs), BARE_BATCH):
+        ids = enc.encode_ordinary_batch(docs[first : first + BARE_BATCH], num_threads=threads)
+        tokens += sum(map(len, ids)) + len(ids)
     seconds = time.perf_counter() - start
-    return (sum(map(len, ids)) + len(ids)) / seconds
+    return tokens / seconds
 
 
 def nanogpt_method(path, out, num_proc):
@@ -147,36 +233,75 @@ def nanogpt_method(path, out, num_proc):
     return tokens / seconds
 
 
-def bench_speed(tmp, megabytes):
+def process_name(num_proc):
+    return f"ours, {num_proc} process" + ("" if num_proc == 1 else "es")
+
+
+def bench_speed(tmp, megabytes, rounds, num_procs):
     path = make_parquet_corpus(os.path.join(tmp, "speed.parquet"), megabytes)
     docs = read_documents(path)
-    rates = {}
-    # interleaved, twice, so a burst of load from elsewhere hits every method alike
-    for _ in range(2):
-        for name, fn in (
-            ("ours, 1 process", lambda: ours(path, os.path.join(tmp, "o1"), 1)),
-            ("ours, 2 processes", lambda: ours(path, os.path.join(tmp, "o2"), 2)),
-            ("tiktoken batch, 1 thread", lambda: bare_tiktoken(docs, 1)),
-            ("tiktoken batch, 2 threads", lambda: bare_tiktoken(docs, 2)),
-            ("nanoGPT method, num_proc=2", lambda: nanogpt_method(path, fresh(tmp, "ng"), 2)),
-        ):
-            rates.setdefault(name, []).append(fn())
-    best = {name: max(values) for name, values in rates.items()}
-    print(f"\nspeed: {megabytes} MB parquet, {len(docs):,} documents (best of 2, tokens/s)")
+    contenders = {}
+    for num_proc in num_procs:
+        contenders[process_name(num_proc)] = lambda n=num_proc: ours(path, tmp, n)
+    contenders["tiktoken batch, 1 thread"] = lambda: bare_tiktoken(docs, 1)
+    contenders["tiktoken batch, 2 threads"] = lambda: bare_tiktoken(docs, 2)
+    contenders["nanoGPT method, num_proc=2"] = lambda: nanogpt_method(path, fresh(tmp, "ng"), 2)
+    runs = {name: [] for name in contenders}
+    # in turn, round after round, so a burst of load from elsewhere hits every contender alike
+    for _ in range(rounds):
+        for name, fn in contenders.items():
+            runs[name].append(fn())
+            print(".", end="", flush=True)
+    shutil.rmtree(os.path.join(tmp, "ng"), ignore_errors=True)
+    commands = {}
+    for num_proc in num_procs:
+        # the round of the shortest wall time, with its CPU times
+        commands[num_proc] = min(runs[process_name(num_proc)], key=lambda run: run["seconds"])
+    best = {process_name(n): run["tokens"] / run["seconds"] for n, run in commands.items()}
+    for name in contenders:
+        if name not in best:
+            best[name] = max(runs[name])
+    print(
+        f"\nspeed: {megabytes} MB parquet, {len(docs):,} documents, "
+        f"{commands[num_procs[0]]['tokens']:,} tokens (best of {rounds}, tokens/s)"
+    )
     for name, rate in best.items():
         print(f"  {name:30s} {rate:12,.0f}")
-    two = best["ours, 2 processes"]
-    print(f"  2 processes / 1 process:           {two / best['ours, 1 process']:.2f}x (goal 1.7)")
-    print(
-        f"  2 processes / tiktoken 2 threads:  {two / best['tiktoken batch, 2 threads']:.2f}x "
-        "(goal 1.0)"
-    )
+    print("  the command, whole: wall s; CPU s of the main process (before it started")
+    print("  the tokenizer processes) and of each tokenizer process:")
+    for num_proc, run in commands.items():
+        share = run["main_cpu"] / (run["main_cpu"] + run["others_cpu"])
+        workers = ", ".join(f"{cpu:.2f}" for cpu in run["workers_cpu"])
+        print(
+            f"    --num_proc {num_proc}: {run['seconds']:.2f} s; main {run['main_cpu']:.2f} "
+            f"({run['start_cpu']:.2f}), tokenizers {workers or '-'}; the main process "
+            f"{100 * share:.1f}% of the CPU time"
+        )
+    if 1 in commands and 2 in commands:
+        one = best[process_name(1)]
+        two = best[process_name(2)]
+        print(f"  2 processes / 1 process:           {two / one:.2f}x (goal 1.8)")
+        print(
+            f"  2 processes / tiktoken 2 threads:  {two / best['tiktoken batch, 2 threads']:.2f}x "
+            "(goal 1.3)"
+        )
+        print(
+            f"  2 processes / nanoGPT method:      {two / best['nanoGPT method, num_proc=2']:.2f}x "
+            "(goal 3.0)"
+        )
+        # on a busy machine the wall times say more about the load than the
+        # design: the CPU times bound what two cores of its own would give
+        cpu_one = free_cores_seconds(commands[1], 1)
+        cpu_two = free_cores_seconds(commands[2], 2)
+        print(
+            f"  on two free cores, 2 processes / 1 process at most {cpu_one / cpu_two:.2f}x "
+            f"({cpu_one:.2f} s of CPU work, against {cpu_two:.2f} s)"
+        )
+    for num_proc in num_procs[1:]:
+        ratio = best[process_name(num_proc)] / best[process_name(num_procs[0])]
+        print(f"  {num_proc} processes / {num_procs[0]}: {ratio:.2f}x")
     threads = best["tiktoken batch, 2 threads"] / best["tiktoken batch, 1 thread"]
     print(f"  tiktoken 2 threads / 1 thread:     {threads:.2f}x")
-    print(
-        f"  2 processes / nanoGPT method:      {two / best['nanoGPT method, num_proc=2']:.2f}x "
-        "(goal 1.5)"
-    )
 
 
 def fresh(tmp, name):
@@ -227,11 +352,13 @@ def prepare_peaks(path, tmp):
     return peaks.pop(proc.pid), sorted(peaks.values()), summary
 
 
-def bench_memory(tmp, sizes):
-    print("\nmemory: data/prepare.py --num_proc 2, peak RSS per process (MB)")
+def bench_memory(tmp, sizes, one_row_group):
+    layout = "one row group" if one_row_group else "row groups of 2,000 documents"
+    print(f"\nmemory: data/prepare.py --num_proc 2, peak RSS per process (MB), {layout}")
     results = {}
     for megabytes in sizes:
-        path = make_parquet_corpus(os.path.join(tmp, f"mem{megabytes}.parquet"), megabytes)
+        path = os.path.join(tmp, f"mem{megabytes}.parquet")
+        make_parquet_corpus(path, megabytes, one_row_group=one_row_group)
         start = time.perf_counter()
         main, workers, summary = prepare_peaks(path, tmp)
         seconds = time.perf_counter() - start
@@ -329,9 +456,11 @@ def main(argv):
     try:
         parts = args["parts"].split(",")
         if "speed" in parts:
-            bench_speed(tmp, args["mb"])
+            num_procs = [int(n) for n in args["num_procs"].split(",")]
+            bench_speed(tmp, args["mb"], args["rounds"], num_procs)
         if "memory" in parts:
-            bench_memory(tmp, [int(s) for s in args["memory_mb"].split(",")])
+            sizes = [int(s) for s in args["memory_mb"].split(",")]
+            bench_memory(tmp, sizes, args["one_row_group"])
         if "step" in parts:
             bench_step(tmp)
     except DataError as e:

@@ -1,180 +1,184 @@
 """
-A corpus of documents, from local files or the Hugging Face hub, streamed
-through tokenizer processes into token shards (shards.py) in bounded memory.
+A corpus of documents, from local files or the Hugging Face hub, tokenized on
+every core into token shards (shards.py) in bounded memory.
 
-    open_source     a source's documents as batches of texts, and how many if known
     prepare_corpus  tokenize a source into a sharded dataset folder
 
-The `datasets` library reads the sources in streaming mode, local files and
-hub ids alike: a folder or glob of .jsonl or .txt files (one document per
-.txt file), or a hub id such as HuggingFaceFW/fineweb-edu. Local parquet is
-read a row group at a time with pyarrow itself (see _parquet_texts).
-Documents are read in batches, tokenized by --num_proc worker processes, and
-written back in their order, so the bytes are the same whatever the number
-of workers.
+Local files are cut into read tasks of about 1 MB of text (sources.py), and
+task i goes to tokenizer process i mod --num_proc, which reads it from the
+files itself, tokenizes it, and hands its tokens back through a queue of
+two. The main process takes the tasks' tokens in the plan's order and only
+writes them, so the bytes are the same whatever the number of processes, and
+no process holds more than a few tasks. A hub dataset can only be read from
+its start, by one process: the main process reads it and hands batches of
+documents to a pool of tokenizer processes.
 """
 
 import collections
-import glob
+import contextlib
 import json
 import math
 import multiprocessing
 import os
+import queue
 import time
+import traceback
 
 import numpy as np
 from tqdm import tqdm
 
-from support.shards import (
-    SHARD_TOKENS,
-    SPLITS,
-    DataError,
-    ShardWriter,
-    dtype_for,
-    is_shard_file,
-)
+from support.shards import SHARD_TOKENS, SPLITS, DataError, ShardWriter, dtype_for, is_shard_file
+from support.sources import Stream, TaskReader, iter_documents, open_source
 from support.tokenizer import TokenizerError, bpe_vocab_size, get_tokenizer, train_bpe
 
-# Arrow's default allocator (jemalloc) keeps pages of the row groups already read, more
-# of them the longer the read: the main process grew from 179 MB for a 250 MB corpus to
-# 225 MB for 1 GB, where the C library's malloc stays flat, 154 and 156 MB (python -m
-# bench.corpus --parts=memory). pyarrow reads this when it loads, so it is set before
-# anything here imports it; a value the user set wins.
-os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
-
-BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
-READ_ROWS = 1024  # documents per read
-BATCH_CHARS = 1 << 20  # about 1 MB of text per tokenizer task
+BATCH_CHARS = 1 << 20  # about 1 MB of a stream's text per tokenizer task
 BPE_SAMPLE_CHARS = 100_000_000  # the share of the corpus a bpe:VOCAB tokenizer learns from
+WAIT_S = 1.0  # how often a process blocked on a queue looks whether the other end is gone
 
 
-# ---------------------------------------------------------------- reading
+# ---------------------------------------------------------------- tokenizing
 
 
-def local_files(source):
-    """The files of a local source (a file, a folder, a glob), or None for a hub id."""
-    if os.path.isdir(source):
-        names = sorted(glob.glob(os.path.join(source, "**", "*"), recursive=True))
-        files = [name for name in names if os.path.splitext(name)[1] in BUILDERS]
-        if not files:
-            kinds = ", ".join(BUILDERS)
-            raise DataError(f"{source} holds no {kinds} files; pass a folder of documents")
-        return files
-    if glob.has_magic(source):
-        files = sorted(glob.glob(source, recursive=True))
-        if not files:
-            raise DataError(f"no files match {source}")
-        return files
-    if os.path.exists(source):
-        return [source]
-    if source.count("/") != 1 or source.startswith((".", "/")):
-        raise DataError(f"{source} does not exist (nor is it a hub id such as owner/name)")
-    return None
+def _start_tokenizer(desc):
+    # one process is one core: the BPE library would otherwise start a thread per core
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    return get_tokenizer(desc)
 
 
-def _builder(files):
-    kinds = {os.path.splitext(name)[1] for name in files}
-    builders = {BUILDERS.get(kind) for kind in kinds}
-    if None in builders or len(builders) != 1:
-        raise DataError(
-            f"the source mixes or holds unknown file kinds ({', '.join(sorted(kinds))}); "
-            "use only .jsonl, only .parquet or only .txt files"
-        )
-    return builders.pop()
+def _encode_task(tok, texts):
+    """The tokens of a task's documents, each followed by the end-of-text token,
+    as one array, and each document's token count (end-of-text included)."""
+    docs = tok.encode_documents(texts)
+    end = np.array([tok.eot_token])
+    pieces = [np.zeros(0, dtype=np.int64)]  # a task can hold no documents
+    for doc in docs:
+        pieces.append(doc)
+        pieces.append(end)
+    ids = np.concatenate(pieces).astype(dtype_for(tok.vocab_size))
+    return ids, np.array([len(doc) + 1 for doc in docs], dtype=np.int64)
 
 
-def _parquet_texts(files, source, text_column):
-    """Local parquet files read row group by row group, on this thread.
-    `datasets` reads parquet ahead of its reader on background threads, so a
-    reader slower than the disk (a tokenizer) would hold more of the file the
-    bigger it is; this reader holds one row group."""
-    import pyarrow.parquet as pq
+def _context():
+    """fork where there is fork: the processes start at once, with the tokenizer
+    already built (GPT-2's takes a second to build from its files); else spawn."""
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
 
-    for name in files:
+
+@contextlib.contextmanager
+def _tokenized(reading, desc, num_proc):
+    """An iterator over (ids, lengths) of _encode_task for each task of a Plan,
+    or each batch of a Stream, in order; the processes it starts end with the
+    `with` block."""
+    if isinstance(reading, Stream):
+        with _stream_tokenized(reading, desc, num_proc) as results:
+            yield results
+    elif num_proc == 1 or len(reading.tasks) <= 1:
+        yield _tokenized_here(reading, desc)
+    else:
+        with _tokenized_by_workers(reading, desc, min(num_proc, len(reading.tasks))) as results:
+            yield results
+
+
+def _tokenized_here(plan, desc):
+    tok = _start_tokenizer(desc)
+    reader = TaskReader(plan)
+    for task in plan.tasks:
+        yield _encode_task(tok, reader.read(task))
+
+
+# ---------------------------------------------------------------- processes that read
+
+
+def _worker(plan, worker, num_proc, desc, results):
+    """A tokenizer process: tasks worker, worker + num_proc, ... of the plan,
+    each read from the files, tokenized and put on its queue, which holds two:
+    it works at most two tasks ahead of the main process's writing."""
+    parent = os.getppid()
+    try:
+        tok = _start_tokenizer(desc)
+        reader = TaskReader(plan)
+        for task in plan.tasks[worker::num_proc]:
+            _hand_over(results, ("tokens", _encode_task(tok, reader.read(task))), parent)
+    except DataError as e:
+        _hand_over(results, ("error", str(e)), parent)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C reached the whole process group; the main process says so
+    except Exception:
+        _hand_over(results, ("failed", traceback.format_exc()), parent)
+
+
+def _hand_over(results, item, parent):
+    """Put item on a worker's queue, waiting while it is full, unless the main
+    process is gone."""
+    while True:
         try:
-            parquet = pq.ParquetFile(name)
-        except (OSError, ValueError) as e:
-            raise DataError(f"cannot read {name} ({str(e).splitlines()[0]})") from None
-        columns = parquet.schema_arrow.names
-        if text_column not in columns:
-            raise DataError(
-                f"{source} has no column {text_column!r} (its columns: {', '.join(columns)}); "
-                "pass --text_column NAME"
-            )
-        # one row group at a time: iter_batches holds more of a file the bigger it is
-        for group in range(parquet.num_row_groups):
-            column = parquet.read_row_group(group, columns=[text_column], use_threads=False)[0]
-            for start in range(0, len(column), READ_ROWS):
-                texts = column.slice(start, READ_ROWS).to_pylist()
-                if not all(isinstance(text, str) for text in texts):
-                    raise DataError(f"{source}: some {text_column!r} values are not text")
-                yield texts
+            results.put(item, timeout=WAIT_S)
+            return
+        except queue.Full:
+            if os.getppid() != parent:
+                # the main process was killed: nobody will take the tokens
+                os._exit(1)
 
 
-def _parquet_rows(files):
-    import pyarrow.parquet as pq
+def _take(results, process):
+    """The next item a worker put on its queue. A worker's queue is flushed
+    before it ends, so an ended worker with an empty queue has died."""
+    while True:
+        try:
+            kind, value = results.get(timeout=WAIT_S)
+            break
+        except queue.Empty:
+            if not process.is_alive() and results.empty():
+                raise DataError(
+                    f"a tokenizer process ended without its tokens (exit code "
+                    f"{process.exitcode}: killed, or out of memory); run the command again, "
+                    "with a smaller --num_proc"
+                ) from None
+    if kind == "error":
+        raise DataError(value)
+    if kind == "failed":
+        raise RuntimeError(f"a tokenizer process failed:\n{value}")
+    return value
 
-    return sum(pq.ParquetFile(name).metadata.num_rows for name in files)
 
-
-def open_source(source, text_column="text", subset=None):
-    """(batches, total): an iterator over lists of document texts, in the
-    source's order, and the number of documents where it is known (else None)."""
-    files = local_files(source)
-    if files is not None and _builder(files) == "parquet":
-        return _parquet_texts(files, source, text_column), _parquet_rows(files)
-    import datasets  # here only: a slow import that only preparation needs
-
-    datasets.disable_progress_bars()
-    total = None
+@contextlib.contextmanager
+def _tokenized_by_workers(plan, desc, num_proc):
+    context = _context()
+    queues = [context.Queue(2) for _ in range(num_proc)]
+    processes = [
+        context.Process(target=_worker, args=(plan, k, num_proc, desc, queues[k]), daemon=True)
+        for k in range(num_proc)
+    ]
+    for process in processes:
+        process.start()
     try:
-        if files is None:
-            stream = datasets.load_dataset(source, name=subset, split="train", streaming=True)
-            info = stream.info.splits
-            total = info["train"].num_examples if info and "train" in info else None
-        else:
-            builder = _builder(files)
-            options = {"sample_by": "document"} if builder == "text" else {}
-            stream = datasets.load_dataset(
-                builder, data_files=files, split="train", streaming=True, **options
-            )
-    except ConnectionError:
-        raise DataError(
-            f"cannot reach the Hugging Face hub for {source}; connect to the internet, "
-            "or download its files and pass their folder"
-        ) from None
-    except StopIteration:  # `datasets` reads the first rows of a json file to learn its columns
-        raise DataError(f"{source} holds no documents") from None
-    except (ValueError, OSError) as e:
-        raise DataError(f"cannot read {source} ({str(e).splitlines()[0]})") from None
-    columns = stream.column_names
-    if columns is not None and text_column not in columns:
-        raise DataError(
-            f"{source} has no column {text_column!r} (its columns: {', '.join(columns)}); "
-            "pass --text_column NAME"
-        )
-    return _texts(stream, source, text_column), total
+        yield (_take(queues[i % num_proc], processes[i % num_proc]) for i in range(len(plan.tasks)))
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+        for process in processes:
+            process.join()
 
 
-def _texts(stream, source, text_column):
-    """The texts of a `datasets` stream, a batch of READ_ROWS documents at a time."""
-    try:
-        for rows in stream.select_columns([text_column]).iter(batch_size=READ_ROWS):
-            texts = rows[text_column]
-            if not all(isinstance(text, str) for text in texts):
-                raise DataError(f"{source}: some {text_column!r} values are not text")
-            yield texts
-    except (KeyError, ValueError) as e:
-        # json files only say which columns they have once read
-        if text_column in str(e) or isinstance(e, KeyError):
-            raise DataError(
-                f"{source} has no column {text_column!r}; pass --text_column NAME"
-            ) from None
-        raise DataError(f"cannot read {source} ({str(e).splitlines()[0]})") from None
+# ---------------------------------------------------------------- one reader, many tokenizers
 
 
-def _task_batches(batches):
-    """Regroup the read batches into tasks of about BATCH_CHARS characters."""
+_pool_tokenizer = None
+
+
+def _start_pool_worker(desc):
+    global _pool_tokenizer
+    _pool_tokenizer = _start_tokenizer(desc)
+
+
+def _encode_in_pool(texts):
+    return _encode_task(_pool_tokenizer, texts)
+
+
+def _stream_tasks(batches):
+    """Regroup a stream's batches into tasks of about BATCH_CHARS characters."""
     task = []
     size = 0
     for texts in batches:
@@ -189,54 +193,27 @@ def _task_batches(batches):
         yield task
 
 
-# ---------------------------------------------------------------- tokenizing
-
-
-_worker_tokenizer = None
-
-
-def _start_worker(desc):
-    global _worker_tokenizer
-    # one worker is one core: the BPE library would otherwise start a thread per core
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _worker_tokenizer = get_tokenizer(desc)
-
-
-def _encode_task(texts):
-    """The tokens of a task's documents, each followed by the end-of-text token,
-    as one array, and each document's token count (end-of-text included)."""
-    tok = _worker_tokenizer
-    docs = tok.encode_documents(texts)
-    end = np.array([tok.eot_token])
-    pieces = []
-    for doc in docs:
-        pieces.append(doc)
-        pieces.append(end)
-    ids = np.concatenate(pieces).astype(dtype_for(tok.vocab_size))
-    return ids, [len(doc) + 1 for doc in docs]
-
-
-def _encoded(tasks, desc, num_proc):
-    """The results of _encode_task for each task, in order. With workers, at
-    most 2 tasks per worker are in flight, so memory stays bounded however
-    fast the source reads."""
+@contextlib.contextmanager
+def _stream_tokenized(stream, desc, num_proc):
     if num_proc == 1:
-        _start_worker(desc)
-        for task in tasks:
-            yield _encode_task(task)
+        tok = _start_tokenizer(desc)
+        yield (_encode_task(tok, task) for task in _stream_tasks(stream.batches))
         return
-    # fork: the workers start at once, with the tokenizer already built (GPT-2's
-    # takes a second to build from its files); spawn where there is no fork
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    with context.Pool(num_proc, initializer=_start_worker, initargs=(desc,)) as pool:
-        pending = collections.deque()
-        for task in tasks:
-            pending.append(pool.apply_async(_encode_task, (task,)))
-            if len(pending) >= 2 * num_proc:
-                yield pending.popleft().get()
-        while pending:
+    pool = _context().Pool(num_proc, initializer=_start_pool_worker, initargs=(desc,))
+    with pool:
+        yield _pool_results(pool, _stream_tasks(stream.batches), num_proc)
+
+
+def _pool_results(pool, tasks, num_proc):
+    """The pool's results in order, at most 2 tasks per process in flight, so
+    memory stays bounded however fast the stream reads."""
+    pending = collections.deque()
+    for task in tasks:
+        pending.append(pool.apply_async(_encode_in_pool, (task,)))
+        if len(pending) >= 2 * num_proc:
             yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()
 
 
 # ---------------------------------------------------------------- the split
@@ -252,29 +229,35 @@ def is_val(index, val_docs, val_fraction):
 
 
 def _write_task(writers, ids, lengths, first, val_docs, val_fraction):
-    """Write one task's documents to their splits; returns how many went to val."""
-    flags = [is_val(first + i, val_docs, val_fraction) for i in range(len(lengths))]
-    if not any(flags):
+    """Write one task's documents to their splits, one write to each; returns
+    how many went to val."""
+    flags = np.array(
+        [is_val(first + i, val_docs, val_fraction) for i in range(len(lengths))], dtype=bool
+    )
+    if not flags.any():
         writers["train"].write(ids)
         return 0
-    ends = np.cumsum(lengths)
-    for flag, start, end in zip(flags, ends - lengths, ends):
-        writers["val" if flag else "train"].write(ids[start:end])
-    return sum(flags)
+    in_val = np.repeat(flags, lengths)  # (tokens,) whether each token's document is val
+    writers["train"].write(ids[~in_val])
+    writers["val"].write(ids[in_val])
+    return int(flags.sum())
 
 
 # ---------------------------------------------------------------- preparing
 
 
-def _write_splits(batches, total, tok, num_proc, writers, val_docs, val_fraction):
+def _write_splits(reading, tok, num_proc, writers, val_docs, val_fraction):
     """Tokenize every document into the writers, with a progress bar; returns
     the number of documents and how many of them went to val."""
     docs = 0
     val = 0
     start = time.perf_counter()
-    bar = tqdm(total=total, unit="doc", unit_scale=True, desc="tokenizing")
-    with bar:
-        for ids, lengths in _encoded(_task_batches(batches), tok.describe(), num_proc):
+    # the processes start before the bar's thread does: fork copies no threads
+    with (
+        _tokenized(reading, tok.describe(), num_proc) as results,
+        tqdm(total=reading.documents, unit="doc", unit_scale=True, desc="tokenizing") as bar,
+    ):
+        for ids, lengths in results:
             val += _write_task(writers, ids, lengths, docs, val_docs, val_fraction)
             docs += len(lengths)
             tokens = writers["train"].tokens + writers["val"].tokens
@@ -304,14 +287,12 @@ def _write_atomic(path, text):
 
 def _bpe_sample(source, text_column, subset):
     """The first BPE_SAMPLE_CHARS characters of the corpus, document by document."""
-    batches, _ = open_source(source, text_column, subset)
     size = 0
-    for texts in batches:
-        for text in texts:
-            yield text
-            size += len(text)
-            if size >= BPE_SAMPLE_CHARS:
-                return
+    for text in iter_documents(source, text_column, subset):
+        yield text
+        size += len(text)
+        if size >= BPE_SAMPLE_CHARS:
+            return
 
 
 def build_corpus_tokenizer(kind, folder, source, text_column, subset):
@@ -355,14 +336,14 @@ def prepare_corpus(
         raise DataError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
     if val_docs is not None and val_docs < 1:
         raise DataError(f"--val_docs must be 1 or more, got {val_docs}")
-    batches, total = open_source(source, text_column, subset)
+    reading = open_source(source, text_column, subset)
     os.makedirs(folder, exist_ok=True)
     clear_dataset(folder)
     tok = build_corpus_tokenizer(kind, folder, source, text_column, subset)
     dtype = dtype_for(tok.vocab_size)
     writers = {split: ShardWriter(folder, split, dtype, shard_tokens) for split in SPLITS}
     try:
-        docs, val = _write_splits(batches, total, tok, num_proc, writers, val_docs, val_fraction)
+        docs, val = _write_splits(reading, tok, num_proc, writers, val_docs, val_fraction)
     except BaseException:
         # a failure here leaves no shards behind; a kill leaves no meta.json
         for writer in writers.values():

@@ -67,7 +67,8 @@ class ShardWriter:
             if self.file is None:
                 self._open()
             room = self.shard_tokens - self.count
-            tokens[:room].tofile(self.file)
+            # file.write: ndarray.tofile opens a second handle on the file at each call
+            self.file.write(np.ascontiguousarray(tokens[:room]))
             self.count += min(room, len(tokens))
             tokens = tokens[room:]
             if self.count == self.shard_tokens:

@@ -347,10 +347,16 @@ def test_recipes_table_gives_nanogpt_its_estimate_and_ours_the_whole_split():
 
 
 def test_corpus_preparation_bench_runs_every_contender(repo_root, tmp_path):
-    """`python -m bench.corpus` on a 1 MB corpus: the CPU's class named, every contender
-    measured on the same file, the ratios printed; an unknown key is one line."""
+    """`python -m bench.corpus` on a 1 MB corpus, one round: the CPU's class named,
+    every contender measured on the same file, the ratios printed; an unknown key
+    is one line."""
     proc = run_bench(
-        repo_root, "--parts=speed", "--mb=1", f"--tmp={tmp_path}", module="bench.corpus"
+        repo_root,
+        "--parts=speed",
+        "--mb=1",
+        "--rounds=1",
+        f"--tmp={tmp_path}",
+        module="bench.corpus",
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith(common.cpu_class())
@@ -369,6 +375,8 @@ def test_corpus_preparation_bench_runs_every_contender(repo_root, tmp_path):
     assert sorted(rates) == sorted(contenders)
     assert all(rate > 0 for rate in rates.values())
     assert "2 processes / nanoGPT method:" in proc.stdout
+    # the command timed whole, its main process's share of the CPU time named
+    assert "--num_proc 2:" in proc.stdout and "the main process" in proc.stdout
     assert os.listdir(tmp_path) == []  # the corpora are deleted afterwards
     bad = run_bench(repo_root, "--mbb=1", module="bench.corpus", timeout=60)
     assert (

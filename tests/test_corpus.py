@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import train
 from data.prepare import DataError, ensure_dataset, load_meta, load_tokens, prepare_text
+from support import sources
 from support.batches import get_batch, load_split, step_batches
 from support.checkpoint import load_checkpoint
 from support.corpus import is_val, prepare_corpus
@@ -106,10 +107,10 @@ def test_tokens_are_tiktoken_of_each_document_plus_end_of_text(tmp_path, documen
         assert tokens[np.arange(len(tokens))].tolist() == expected[split]
 
 
-def test_output_is_the_same_for_one_and_two_processes(tmp_path, documents):
+def test_output_is_the_same_for_one_two_and_three_processes(tmp_path, documents):
     write_jsonl(str(tmp_path / "src" / "docs.jsonl"), documents)
     outputs = []
-    for n in (1, 2):
+    for n in (1, 2, 3):
         result = run_prepare(
             str(tmp_path / "src"),
             "--tokenizer=gpt2",
@@ -123,8 +124,125 @@ def test_output_is_the_same_for_one_and_two_processes(tmp_path, documents):
         assert "tokens/s" in result.stderr  # the progress bar
         assert "documents in" in result.stdout  # the summary line
         outputs.append(shard_bytes(str(tmp_path / f"n{n}")))
-    assert outputs[0] == outputs[1]
+    assert outputs[0] == outputs[1] == outputs[2]
     assert len(outputs[0]) > 4
+
+
+def expected_splits(documents, val_fraction):
+    """Each split's tokens as tiktoken itself gives them, document by document."""
+    enc = gpt2_encoding()
+    expected = {"train": [], "val": []}
+    for i, doc in enumerate(documents):
+        split = "val" if is_val(i, None, val_fraction) else "train"
+        expected[split] += enc.encode_ordinary(doc) + [enc.eot_token]
+    return expected
+
+
+def write_layout(folder, documents, layout):
+    """The documents as one of the layouts the processes split between them."""
+    os.makedirs(folder)
+    if layout == "parquet, many small row groups":
+        write_parquet(folder, documents, files=3)
+        for name in os.listdir(folder):
+            path = os.path.join(folder, name)
+            pq.write_table(pq.read_table(path), path, row_group_size=7)
+    elif layout == "parquet, one big row group":
+        pq.write_table(
+            pa.table({"text": documents}), os.path.join(folder, "one.parquet"), row_group_size=10**6
+        )
+    elif layout == "jsonl":
+        # two files; the second starts with a byte-order mark, has Windows line
+        # ends and blank lines, none of which is a document
+        half = len(documents) // 2
+        write_jsonl(os.path.join(folder, "a.jsonl"), documents[:half])
+        lines = [json.dumps({"text": doc}) for doc in documents[half:]]
+        data = "\ufeff" + "\r\n".join(lines[:100]) + "\r\n\r\n" + "\n".join(lines[100:]) + "\n\n"
+        with open(os.path.join(folder, "b.jsonl"), "w", encoding="utf-8", newline="") as f:
+            f.write(data)
+    else:  # one .txt file per document, named so they sort in order
+        for i, doc in enumerate(documents):
+            with open(os.path.join(folder, f"{i:05d}.txt"), "w", encoding="utf-8") as f:
+                f.write(doc)
+
+
+@pytest.mark.parametrize(
+    "layout", ["parquet, many small row groups", "parquet, one big row group", "jsonl", "txt"]
+)
+def test_processes_read_their_own_tasks_and_write_the_same_bytes(
+    tmp_path, documents, layout, monkeypatch
+):
+    """Tasks of 4 KB, so the source is cut into dozens of tasks (a big row group
+    into row ranges, a jsonl file into byte ranges); parquet decoded 5 rows at a
+    time, so batches straddle the tasks' edges. 1, 2 and 3 processes write the
+    tokens tiktoken gives each document, byte for byte the same."""
+    monkeypatch.setattr(sources, "TASK_BYTES", 4_000)
+    monkeypatch.setattr(sources, "WHOLE_GROUP_BYTES", 32_000)
+    monkeypatch.setattr(sources, "READ_ROWS", 5)
+    docs = [doc for doc in documents if doc] if layout == "txt" else documents
+    docs = docs[:400] if layout == "txt" else docs
+    src = str(tmp_path / "src")
+    write_layout(src, docs, layout)
+    plan = sources.open_source(src)
+    assert len(plan.tasks) >= 12
+    if layout == "parquet, one big row group":
+        assert {piece.group for task in plan.tasks for piece in task} == {0}
+    expected = expected_splits(docs, 0.05)
+    outputs = []
+    for n in (1, 2, 3):
+        folder = str(tmp_path / f"n{n}")
+        prepare_corpus(src, folder, "gpt2", num_proc=n, val_fraction=0.05, shard_tokens=50_000)
+        for split in ("train", "val"):
+            tokens = load_tokens(folder, split)
+            assert tokens[np.arange(len(tokens))].tolist() == expected[split]
+        outputs.append(shard_bytes(folder))
+    assert outputs[0] == outputs[1] == outputs[2]
+
+
+def read_as_processes(plan, num_proc):
+    """The documents as num_proc processes read them: task i by reader i % num_proc."""
+    readers = [sources.TaskReader(plan) for _ in range(num_proc)]
+    texts = []
+    for i, task in enumerate(plan.tasks):
+        texts += readers[i % num_proc].read(task)
+    return texts
+
+
+@pytest.mark.parametrize("task_bytes", [1, 2, 3, 7, 40, 10**6])
+def test_tasks_cut_anywhere_hold_every_document_once(tmp_path, monkeypatch, task_bytes):
+    """Tasks of a single byte cut a jsonl file at every byte, a line's end
+    included, and a row group at every row; read by 1, 2 or 3 readers, each
+    skipping the others' tasks, every document comes out once, in order."""
+    monkeypatch.setattr(sources, "TASK_BYTES", task_bytes)
+    monkeypatch.setattr(sources, "WHOLE_GROUP_BYTES", 0)  # every row group cut
+    monkeypatch.setattr(sources, "READ_ROWS", 3)
+    docs = ["", "a", "two\nlines", "Grüße ✓", "x" * 50, "", "b", "end"] * 3
+    (tmp_path / "j").mkdir()
+    lines = [json.dumps({"text": doc, "n": i}) for i, doc in enumerate(docs)]
+    # blank lines, one of them a single byte, are no documents
+    text = "\r\n".join(lines[:5]) + "\n\n" + "\r\n".join(lines[5:]) + "\r\n\r\n"
+    (tmp_path / "j" / "d.jsonl").write_bytes(text.encode())
+    (tmp_path / "p").mkdir()
+    pq.write_table(pa.table({"text": docs}), tmp_path / "p" / "d.parquet", row_group_size=10)
+    for src in ("j", "p"):
+        plan = sources.open_source(str(tmp_path / src))
+        for n in (1, 2, 3):
+            assert read_as_processes(plan, n) == docs, (src, n)
+        if task_bytes == 1:
+            assert len(plan.tasks) >= len(docs)
+
+
+def test_a_json_array_file_is_read_by_one_process(tmp_path, documents):
+    """A .json file that holds one array cannot be cut into lines: the main
+    process reads it (through `datasets`) and the processes only tokenize."""
+    docs = documents[:300]
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "docs.json").write_text(json.dumps([{"text": d} for d in docs]))
+    assert isinstance(sources.open_source(str(tmp_path / "src")), sources.Stream)
+    prepare_corpus(str(tmp_path / "src"), str(tmp_path / "out"), "gpt2", num_proc=2)
+    expected = expected_splits(docs, 0.01)
+    for split in ("train", "val"):
+        tokens = load_tokens(str(tmp_path / "out"), split)
+        assert tokens[np.arange(len(tokens))].tolist() == expected[split]
 
 
 def test_txt_folder_is_one_document_per_file(tmp_path):
@@ -182,6 +300,30 @@ def test_sigkill_then_the_same_command_gives_the_same_bytes(tmp_path, documents)
     )
     assert reference.returncode == 0, reference.stderr
     assert shard_bytes(str(folder)) == shard_bytes(str(tmp_path / "ref"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="finds the processes in /proc")
+def test_a_tokenizer_process_killed_is_one_line_and_no_dataset(tmp_path, documents):
+    write_jsonl(str(tmp_path / "src" / "docs.jsonl"), documents * 12)  # 8 tasks
+    command = [str(tmp_path / "src"), "--tokenizer=gpt2", "--name=k", f"--data_root={tmp_path}"]
+    proc = subprocess.Popen(
+        [sys.executable, "data/prepare.py", *command, "--num_proc=2"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    workers = []
+    deadline = time.time() + 60
+    while len(workers) < 2 and time.time() < deadline:
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+            workers = f.read().split()
+        time.sleep(0.01)
+    os.kill(int(workers[1]), signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=120)
+    line = assert_one_line_error(subprocess.CompletedProcess([], proc.returncode, "", stderr))
+    assert "a tokenizer process ended without its tokens (exit code -9" in line
+    assert os.listdir(tmp_path / "k") == []
 
 
 # ---------------------------------------------------------------- reading shards
@@ -383,6 +525,32 @@ def test_bad_sources_get_one_line_and_no_dataset(bad_sources, source, extra, wor
     assert not (bad_sources / "data" / "out" / "meta.json").exists()
     if (bad_sources / "data" / "out").exists():
         assert os.listdir(bad_sources / "data" / "out") == []  # nothing half-written
+
+
+@pytest.mark.parametrize("layout", ["jsonl", "parquet"])
+def test_a_bad_document_met_by_a_tokenizer_process_is_one_line(
+    tmp_path, documents, layout, monkeypatch
+):
+    """The last task, which a tokenizer process reads, holds a line that is not
+    JSON or a value that is not text: the error is the process's one line, and
+    nothing is left of the dataset."""
+    monkeypatch.setattr(sources, "TASK_BYTES", 4_000)
+    monkeypatch.setattr(sources, "WHOLE_GROUP_BYTES", 0)
+    src = tmp_path / "src"
+    if layout == "jsonl":
+        write_jsonl(str(src / "d.jsonl"), documents[:500])
+        offset = (src / "d.jsonl").stat().st_size
+        with open(src / "d.jsonl", "a") as f:
+            f.write("not json\n")
+        words = f"is not JSON lines (byte {offset}:"
+    else:
+        write_parquet(str(src), [*documents[:500], None], files=1)
+        words = "some 'text' values are not text"
+    assert len(sources.open_source(str(src)).tasks) > 4
+    with pytest.raises(DataError) as error:
+        prepare_corpus(str(src), str(tmp_path / "out"), "gpt2", num_proc=2)
+    assert words in str(error.value) and "\n" not in str(error.value)
+    assert os.listdir(tmp_path / "out") == []
 
 
 def test_hub_id_without_network_is_one_line(tmp_path):
