@@ -7,8 +7,9 @@ and what switching heads off does to the next token, the loss and the text.
     python explore.py --out_dir=out --host=0.0.0.0             # reachable from other machines
 
 It serves one page (no file from outside: it works offline) and the JSON API
-the page uses, POST /api/analyze and POST /api/generate (the README's "Explore
-a model" documents them). Ctrl-C stops it. Options are --key=value;
+the page uses, POST /api/analyze, /api/generate and /api/patch, GET /api/steps
+(docs/explorer.md documents them). Trained with --snapshots=True, a run's
+folder gives the page a step slider. Ctrl-C stops it. Options are --key=value;
 `python explore.py --help` lists them.
 """
 
@@ -18,11 +19,10 @@ import sys
 
 import torch
 
-from support.checkpoint import CheckpointError
-from support.configurator import ConfigError, describe, parse_args
+from support import cli
 from support.explorer import Explorer, ExplorerServer, address
-from support.loading import LoadError, load_model, pick_device, pick_dtype
-from support.tokenizer import TokenizerError
+from support.loading import load_model, pick_device, pick_dtype
+from support.timeline import checkpoint_step
 
 DEFAULTS = dict(
     out_dir="out-shakespeare-char",  # the checkpoint's folder
@@ -52,9 +52,10 @@ def start_server(cfg):
         torch.set_num_threads(cfg["threads"])
     device = pick_device(cfg["device"])
     dtype = pick_dtype(cfg["dtype"], device)
-    model, tok, _ = load_model(cfg)
+    model, tok, folder = load_model(cfg)
     model.to(device=device, dtype=dtype).eval()
-    explorer = Explorer(model, tok)
+    # a training run's folder: its snapshots are steps the page can go back to
+    explorer = Explorer(model, tok, run_dir=folder, step=checkpoint_step(folder))
     try:
         return ExplorerServer(explorer, cfg["host"], cfg["port"])
     except OSError as e:
@@ -64,11 +65,7 @@ def start_server(cfg):
         ) from None
 
 
-def main(argv):
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.strip() + "\n\noptions (defaults):\n" + describe(DEFAULTS))
-        return
-    cfg = parse_args(DEFAULTS, argv, allow_files=False)
+def main(cfg):
     server = start_server(cfg)
     if cfg["host"] not in LOOPBACK:
         print(
@@ -81,21 +78,15 @@ def main(argv):
     print(f"explorer at {address(server)} (Ctrl-C stops it)", flush=True)
     try:
         server.serve_forever()
+    except KeyboardInterrupt:
+        print("\nstopped", file=sys.stderr)  # Ctrl-C is how the explorer is meant to stop
     finally:
         server.server_close()
 
 
 def run(argv):
-    """main() with every expected failure turned into one line on stderr."""
-    try:
-        main(argv)
-        return 0
-    except (ConfigError, CheckpointError, TokenizerError, LoadError, ExploreError) as e:
-        print(f"error: {e}", file=sys.stderr)
-    except KeyboardInterrupt:
-        print("\nstopped", file=sys.stderr)
-        return 0
-    return 1
+    """The command: what `python explore.py ...` exits with (cli.py)."""
+    return cli.run(main, argv, __doc__, DEFAULTS, (ExploreError,))
 
 
 if __name__ == "__main__":

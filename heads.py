@@ -31,13 +31,9 @@ import os
 import sys
 
 import numpy as np
-import torch
 
-from data.prepare import DataError
-from support import attention_maps
+from support import attention_maps, cli
 from support.attention_maps import CLASSES
-from support.checkpoint import CheckpointError
-from support.configurator import ConfigError, describe, parse_args
 from support.head_measures import (
     BATCH_TOKENS,
     INDUCTION,
@@ -50,8 +46,7 @@ from support.head_measures import (
     val_tokens,
     windows,
 )
-from support.loading import LoadError, load_model, pick_device, pick_dtype
-from support.tokenizer import TokenizerError
+from support.loading import load_model, pick_device, pick_dtype
 
 DEFAULTS = dict(
     out_dir="out-shakespeare-char",  # the checkpoint's folder; the results go to <out_dir>/heads
@@ -244,11 +239,7 @@ def write(rep, folder, n_layer, n_head):
     return table
 
 
-def main(argv):
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.strip() + "\n\noptions (defaults):\n" + describe(DEFAULTS))
-        return
-    cfg = parse_args(DEFAULTS, argv, allow_files=False)
+def main(cfg):
     if cfg["max_windows"] < 0 or cfg["batch_size"] < 0:
         raise HeadsError(
             "--max_windows and --batch_size must be >= 0 (0: all windows, an automatic batch)"
@@ -274,21 +265,13 @@ def main(argv):
     print(f"wrote {os.path.join(out, 'heads.json')}, heads.md and heads.png")
 
 
+# what to try when the GPU runs out of memory
+OUT_OF_MEMORY = "try --device=cpu or a smaller --batch_size"
+
+
 def run(argv):
-    """main() with every expected failure turned into one line on stderr."""
-    try:
-        main(argv)
-        return 0
-    except (ConfigError, CheckpointError, TokenizerError, DataError, LoadError, HeadsError) as e:
-        print(f"error: {e}", file=sys.stderr)
-    except torch.OutOfMemoryError:
-        print(
-            "error: out of GPU memory; try --device=cpu or a smaller --batch_size", file=sys.stderr
-        )
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
-        return 130
-    return 1
+    """The command: what `python heads.py ...` exits with (cli.py)."""
+    return cli.run(main, argv, __doc__, DEFAULTS, (HeadsError,), OUT_OF_MEMORY)
 
 
 if __name__ == "__main__":

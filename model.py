@@ -1,22 +1,26 @@
 """
 A GPT-style causal decoder in one file, meant to be read top to bottom.
 
-The ideas appear in the order they are built:
+Part I is the plain GPT the lectures build, complete and runnable on its own:
    1. attention           softmax(Q K^T / sqrt(d)) V, written out, returning its weights
    2. causal_mask         which keys each query may see (a window and sinks included)
    3. Head                one attention head with its own W_Q, W_K, W_V
    4. KVCache             preallocated keys and values, so decoding feeds one token at a time
    5. rotary embeddings   q and k turned by an angle that grows with their position
-   6. sliding window      windowed_attention in time linear in T, and Mistral's RollingKVCache
-   7. attention sinks     StreamingLLM's StreamingKVCache: the first tokens and a window
-   8. linear attention    linear_attention, O(T) with a fixed-size state, and its LinearState
-   9. MultiHeadAttention  all heads in one projection, the attention picked in one place, W_O
-  10. MLP, Block          the feed-forward layer and the pre-LayerNorm residual block
-  11. GPTConfig           the sizes and options, checked once
-  12. sample_next         the next token from the logits: temperature, top-k, top-p
-  13. GPT                 embeddings, blocks, tied LM head, loss, a fixed-shape decode step
-  14. generation          the cached sampling loop (support/engine.py compiles its step)
-  15. GPT-2 weights       Hugging Face's GPT-2 files mapped onto this model
+   6. MultiHeadAttention  all heads in one projection, the attention kind picked in attend, W_O
+   7. MLP, Block          the feed-forward layer and the pre-LayerNorm residual block
+   8. GPTConfig           the sizes and options, checked once
+   9. sample_next         the next token from the logits: temperature, top-k, top-p
+  10. GPT                 embeddings, blocks, tied LM head, loss, the cache picked in make_kv_cache
+  11. generation          the cached sampling loop (support/engine.py: streaming, compiled, windows)
+  12. for the tools       attention_maps, the fixed-shape decode_step, split_context (a seam)
+  13. GPT-2 weights       Hugging Face's GPT-2 files mapped onto this model
+
+Part II holds the lectures' answers to attention's O(T^2), each plugged into Part I at one
+named place, MultiHeadAttention.attend or GPT.make_kv_cache:
+  14. sliding window      windowed_attention in time linear in T, and Mistral's RollingKVCache
+  15. attention sinks     StreamingLLM's StreamingKVCache: the first tokens and a window
+  16. linear attention    linear_attention, O(T) with a fixed-size state, and its LinearState
 
 Shapes use B = batch, T = sequence length, C = n_embd, nh = heads, nkv = key/value heads,
 hs = head size. Only torch and the standard library are imported at the top; loading GPT-2
@@ -29,6 +33,10 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+
+# ==========================================================================================
+# Part I: the plain GPT
+# ==========================================================================================
 
 
 # 1. Scaled dot-product attention ----------
@@ -101,6 +109,9 @@ class KVCache:
     Allocated once at full length, (B, nkv, length, hs) per layer, and written in place:
     decoding never grows a tensor with torch.cat. `pos` counts the filled positions; `at` is
     the same count on the device, for the fixed-shape decode step (GPT.decode_step)."""
+
+    # whether the cache turns its keys by rotary itself, when they are read (section 15's does)
+    rotates_keys = False
 
     def __init__(
         self, n_layer, batch_size, n_kv_head, length, head_size, device=None, dtype=None, zero=False
@@ -191,7 +202,477 @@ def apply_rotary(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (B, nh, T, hs)
 
 
-# 6. Sliding-window attention (GPTConfig.sliding_window) ----------
+# 6. Multi-head attention ----------
+class MultiHeadAttention(nn.Module):
+    """n_head causal heads computed together, then mixed by W_O. One Linear (c_attn) holds
+    every head's W_Q, W_K, W_V side by side: the same as n_head Heads, concatenated, then W_O.
+    With n_kv_head < n_head (grouped-query attention) each key/value head serves n_head /
+    n_kv_head query heads, which shrinks the KV cache."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.n_head = config.n_head
+        self.n_kv_head = config.n_kv_head
+        self.head_size = config.n_embd // config.n_head
+        kv_width = self.n_kv_head * self.head_size
+        self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * kv_width, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # W_O
+        self.qk_norm = config.qk_norm
+        self.attention = config.attention
+        self.window = config.sliding_window
+        self.sinks = config.sink_tokens
+        self.dropout = config.dropout
+        self.resid_dropout = nn.Dropout(config.dropout)
+        # the fused kernel: a seam, GPT.split_context puts ring attention here
+        self.sdpa = F.scaled_dot_product_attention
+        # a list while GPT.attention_maps records: each forward appends its weights
+        self.maps = None
+
+    def forward(self, x, kv_cache=None, layer=0, rotary=None, at=None):
+        """x (B, T, C) -> y (B, T, C). kv_cache: the cache this layer (number `layer`) reads
+        and writes; rotary: the (cos, sin) tables at the tokens' positions; at: the decode
+        step's position (GPT.decode_step)."""
+        B, T, C = x.size()
+        hs = self.head_size
+        # project: every head's query, key and value in one matmul
+        q, k, v = self.c_attn(x).split([C, self.n_kv_head * hs, self.n_kv_head * hs], dim=2)
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_kv_head, hs).transpose(1, 2)  # (B, nkv, T, hs)
+        v = v.view(B, T, self.n_kv_head, hs).transpose(1, 2)  # (B, nkv, T, hs)
+        # normalise: bounded attention logits let fast recipes use large learning rates
+        if self.qk_norm:
+            q = F.rms_norm(q, (hs,))
+            k = F.rms_norm(k, (hs,))
+        # rotate: a cache that turns its keys itself when they are read (StreamingLLM's,
+        # section 15) stores them unturned
+        if rotary is not None:
+            cos, sin = rotary
+            q = apply_rotary(q, cos, sin)
+            if kv_cache is None or not kv_cache.rotates_keys:
+                k = apply_rotary(k, cos, sin)
+        # cache: the new keys and values join the stored ones; the queries see all of them
+        mask = None
+        if kv_cache is not None:
+            k, v, mask = kv_cache.update(layer, k, v, at)
+        y = self.attend(q, k, v, mask, kv_cache, layer, at)  # (B, nh, T, hs)
+        # merge the heads: side by side again
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        # W_O
+        return self.resid_dropout(self.c_proj(y))
+
+    def attend(self, q, k, v, mask, kv_cache, layer, at):
+        """The one place that picks which attention computes y (B, nh, T, hs), for
+        q (B, nh, T, hs) and k, v (B, nkv, Tk, hs).
+
+        Part II's kinds are named here and defined below it: Python looks a name up when
+        the line runs, so a plain model never needs them (and runs with Part II cut off)."""
+        if self.attention == "linear":
+            return linear_attend(q, k, v, kv_cache, layer, self.maps)
+        # the explicit path gives the weights; in the decode step one query's row is small,
+        # and compiled it beats the fused kernel with a mask
+        if self.maps is not None or at is not None:
+            return self.explicit(q, k, v, mask)
+        # a window over the whole sequence, with no (T, T) mask: time linear in T
+        if self.window is not None and mask is None and q.size(2) == k.size(2):
+            return windowed_attention(q, k, v, self.window, self.sinks, self.dropout_p)
+        return self.fused(q, k, v, mask)
+
+    @property
+    def dropout_p(self):
+        """The attention dropout: while training only, as nn.Dropout does."""
+        if self.training:
+            return self.dropout
+        return 0.0
+
+    def explicit(self, q, k, v, mask):
+        """attention() itself; its weights (B, nh, T, Tk) are kept when they are recorded."""
+        T = q.size(2)
+        Tk = k.size(2)
+        k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, nh, Tk, hs)
+        v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, nh, Tk, hs)
+        if mask is None:
+            mask = causal_mask(T, Tk, self.window, self.sinks, q.device)  # (T, Tk)
+        y, weights = attention(q, k, v, mask)
+        if self.maps is not None:
+            self.maps.append(weights)
+        return y
+
+    def fused(self, q, k, v, mask):
+        """The same result in PyTorch's fused kernel (or the ring, under context parallelism),
+        never materialising the (T, Tk) weights."""
+        # is_causal aligns the queries to the first keys, so a chunk appended to a cache
+        # (T < Tk) comes with its mask instead
+        is_causal = mask is None and q.size(2) == k.size(2)
+        grouped = self.n_kv_head != self.n_head
+        return self.sdpa(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=is_causal,
+            dropout_p=self.dropout_p,
+            enable_gqa=grouped,
+        )
+
+
+# 7. The feed-forward layer and the transformer block ----------
+class MLP(nn.Module):
+    """The position-wise feed-forward layer: each token alone, widened 4x, then back."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.activation = config.activation
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        x = self.c_fc(x)  # (B, T, 4 C)
+        if self.activation == "relu2":
+            x = F.relu(x)
+            # ReLU squared; x * x has a cheaper backward than square() on CPU
+            x = x * x
+        else:
+            x = F.gelu(x, approximate="tanh")  # GPT-2's own GELU approximation
+        return self.dropout(self.c_proj(x))  # (B, T, C)
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = MultiHeadAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x, kv_cache=None, layer=0, rotary=None, at=None):
+        x = x + self.attn(self.ln_1(x), kv_cache, layer, rotary, at)
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+# 8. The configuration ----------
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50304  # GPT-2's 50257 rounded up to a multiple of 64, for speed
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True  # biases in Linear and LayerNorm, as in GPT-2
+    n_kv_head: int | None = None  # None: n_head (plain multi-head attention)
+    # options for fast training runs; the defaults are GPT-2's own architecture
+    rope: bool = False  # rotary embeddings instead of learned positions
+    qk_norm: bool = False  # RMS-normalise queries and keys per head
+    activation: str = "gelu"  # "gelu" (tanh approximation) or "relu2"
+    attention: str = "softmax"  # or "linear": linear_attention, O(T) and a fixed-size state
+    sliding_window: int | None = None  # each query sees its last W positions (itself included)
+    sink_tokens: int = 0  # and the first S positions, whatever the window (needs sliding_window)
+
+    def __post_init__(self):
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head
+        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "n_kv_head"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(
+                f"n_head ({self.n_head}) must be divisible by n_kv_head ({self.n_kv_head})"
+            )
+        if self.rope and (self.n_embd // self.n_head) % 2:
+            raise ValueError("rope needs an even head size (n_embd / n_head)")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        for name, kinds in (
+            ("activation", ("gelu", "relu2")),
+            ("attention", ("softmax", "linear")),
+        ):
+            value = getattr(self, name)
+            if value not in kinds:
+                raise ValueError(f"{name} must be {' or '.join(map(repr, kinds))}, got {value!r}")
+        self.check_window()
+        # the longest sequence: rope with a window, or linear attention, has no end
+        self.context = self.block_size
+        if self.rope and (self.attention == "linear" or self.sliding_window):
+            self.context = math.inf
+
+    def check_window(self):
+        w = self.sliding_window
+        s = self.sink_tokens
+        bad_window = w is not None and (type(w) is not int or w < 1)
+        bad_sinks = type(s) is not int or s < 0 or (s and w is None)
+        if bad_window or bad_sinks:
+            raise ValueError(
+                "need sliding_window None or >= 1, sink_tokens >= 0 and a window for sinks, "
+                f"got {w} {s}"
+            )
+
+
+# 9. Sampling the next token ----------
+def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """Pick the next token (B, 1) from the last position's logits (B, vocab)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        # nucleus: keep the fewest most likely tokens whose probability reaches top_p
+        probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
+        drop = probs.cumsum(dim=-1) - probs >= top_p  # (B, vocab), most likely first
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    probs = torch.softmax(logits, dim=-1)  # (B, vocab)
+    return torch.multinomial(probs, num_samples=1, generator=generator)
+
+
+# 10. The GPT model ----------
+class GPT(nn.Module):
+    """GPT-2's decoder: token (and position) embeddings, n_layer Blocks, a final LayerNorm
+    and an LM head that shares its matrix with the token embedding."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),  # token embedding
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            )
+        )
+        # rope computes its angles at the positions, for any length: no position table
+        if not config.rope:
+            self.transformer["wpe"] = nn.Embedding(config.block_size, config.n_embd)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        # weight tying: reading a token in and writing it out share one matrix
+        self.lm_head.weight = self.transformer.wte.weight
+        # a seam: None, or what split_context plugs in to split each sequence over processes
+        self.context_parallel = None
+
+        self.apply(self._init_weights)
+        # GPT-2: each block adds two residual projections to the stream, so their
+        # init is scaled down to keep the stream's variance from growing with depth
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def num_params(self, non_embedding=False):
+        """Parameters, the tied LM head counted once; non_embedding: less the position embedding."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding and "wpe" in self.transformer:
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+    def make_kv_cache(self, batch_size, dtype=None, zero=False, window=None, sinks=0):
+        """The cache to decode through, on the model's device: a plain KVCache of block_size
+        positions (zero: zeroed, for the decode step), or the one place where Part II's
+        caches plug in: a LinearState for linear attention, a rolling buffer for a window
+        (the model's own, or StreamingLLM's `window` and `sinks`: window_cache)."""
+        c = self.config
+        device = self.transformer.wte.weight.device
+        if dtype is None:
+            dtype = self.transformer.wte.weight.dtype
+        hs = c.n_embd // c.n_head
+        if c.attention == "linear":
+            return LinearState(c.n_layer, batch_size, c.n_head, hs, c.context, device, dtype)
+        if window is not None or sinks or c.sliding_window is not None:
+            return window_cache(c, batch_size, window, sinks, device, dtype)
+        return KVCache(c.n_layer, batch_size, c.n_kv_head, c.block_size, hs, device, dtype, zero)
+
+    def check_whole(self):
+        """Attention maps and a KV cache need each sequence whole, in one process."""
+        if self.context_parallel is not None:
+            raise ValueError(
+                "a model split by context parallelism returns no attention maps and keeps "
+                "no KV cache; load the checkpoint in one process for that"
+            )
+
+    def positions(self, idx, kv_cache=None):
+        """The positions (T,) of idx's T tokens: 0 .. T - 1, after the cached ones, or with
+        context parallelism their places in the whole sequence."""
+        T = idx.size(1)
+        if T > self.config.context:
+            raise ValueError(
+                f"sequence of length {T} is longer than block_size {self.config.block_size}"
+            )
+        if kv_cache is not None:
+            self.check_whole()
+            if not kv_cache.fits(T):
+                raise ValueError(
+                    f"KV cache overflow: {kv_cache.pos} positions cached + {T} new > "
+                    f"block_size {kv_cache.block_size}; reset the cache or slide the window"
+                )
+            return kv_cache.positions(T)
+        if self.context_parallel is not None:
+            return self.context_parallel.positions(T, idx.device)
+        return torch.arange(T, device=idx.device)
+
+    def embed(self, idx, pos):
+        """Token embeddings (B, T, C) of idx at positions pos (T,): plus the learned
+        position embeddings, or with rope, returned with the rotary tables at pos."""
+        x = self.transformer.wte(idx)  # (B, T, C)
+        if self.config.rope:
+            rotary = rotary_tables(self.config.n_embd // self.config.n_head, pos)  # (T, hs/2) each
+            return x, rotary
+        x = x + self.transformer.wpe(pos)  # (T, C) broadcast over B
+        return x, None
+
+    def forward(self, idx, targets=None, kv_cache=None, last_only=False):
+        """idx (B, T) token ids -> (logits (B, T, vocab), loss or None). kv_cache (a KVCache,
+        or a LinearState): attend over its positions plus idx, add idx's to it, advance it.
+        last_only: the last position's logits alone (what generation needs)."""
+        x, rotary = self.embed(idx, self.positions(idx, kv_cache))
+        x = self.transformer.drop(x)
+        for layer, block in enumerate(self.transformer.h):
+            x = block(x, kv_cache, layer, rotary)
+        if kv_cache is not None:
+            kv_cache.advance(idx.size(1))
+        x = self.transformer.ln_f(x)
+
+        if targets is not None:
+            logits = self.lm_head(x)  # (B, T, vocab)
+            # the loss in float32 whatever the weights, for an accurate log-softmax
+            flat_logits = logits.view(-1, logits.size(-1)).float()  # (B T, vocab)
+            loss = F.cross_entropy(flat_logits, targets.reshape(-1), ignore_index=-1)
+            return logits, loss
+        if last_only:
+            x = x[:, -1:]
+        return self.lm_head(x), None  # (B, T or 1, vocab), no loss
+
+    # 11. Generation ----------
+    def context_start(self, length, start):
+        """Where the window of a `length`-token sequence begins for the next token, given
+        that it began at `start`. Positions stop at block_size (rope with a window or linear
+        attention: no end), so a full window slides: the oldest quarter is dropped, the cache
+        rebuilt from the rest once every block_size / 4."""
+        bs = self.config.context
+        if length - start <= bs:
+            return start
+        return length - max(1, bs - bs // 4)
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+        """idx (B, T) with max_new_tokens sampled tokens appended; temperature=0 is greedy.
+        The prompt's last block_size tokens fill the KV cache in one forward, then each new
+        token alone goes through. support/engine.py has the same loop with every option:
+        streaming, top-p, no cache, the compiled step, StreamingLLM's window."""
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        cache = self.make_kv_cache(idx.size(0))
+        start = max(0, idx.size(1) - self.config.context)
+        tokens = idx[:, start:]
+        for _ in range(max_new_tokens):
+            logits, _ = self(tokens, kv_cache=cache, last_only=True)  # (B, 1, vocab)
+            tokens = sample_next(logits[:, -1], temperature, top_k, generator=generator)
+            idx = torch.cat((idx, tokens), dim=1)
+            new_start = self.context_start(idx.size(1), start)
+            if new_start != start:
+                # the window slides: the cache is rebuilt from what is left of it
+                start = new_start
+                cache.reset()
+                tokens = idx[:, start:]
+        return idx
+
+    # 12. For the tools: looking inside, the compiled step, context parallelism ----------
+    def attention_maps(self, idx, kv_cache=None):
+        """forward(idx, kv_cache=kv_cache) with every layer's attention written out, for
+        looking at: (logits (B, T, vocab), one (B, n_head, T, Tk) weight tensor per layer)."""
+        self.check_whole()
+        maps = []
+        for block in self.transformer.h:
+            block.attn.maps = maps
+        try:
+            logits, _ = self(idx, kv_cache=kv_cache)
+        finally:
+            for block in self.transformer.h:
+                block.attn.maps = None
+        return logits, maps
+
+    def decode_step(self, idx, at, kv_cache):
+        """Logits (B, vocab) of one new token per sequence, idx (B, 1), at position `at` (a
+        1-element long tensor), through a zeroed cache read whole with the positions past `at`
+        masked: fixed shapes, so that support/engine.py compiles it once (a CUDA graph on
+        CUDA). The caller advances the cache."""
+        x, rotary = self.embed(idx, at)
+        for layer, block in enumerate(self.transformer.h):
+            x = block(x, kv_cache, layer, rotary, at)
+        x = self.transformer.ln_f(x)
+        return self.lm_head(x)[:, -1]  # (B, vocab)
+
+    def split_context(self, context_parallel):
+        """The seam for context parallelism (support/context_parallel.py): each process holds
+        part of every sequence. context_parallel.positions(T, device) gives its T tokens'
+        places in the whole sequence, and its sdpa (F.scaled_dot_product_attention's
+        signature) attends over the whole sequence in every layer."""
+        self.context_parallel = context_parallel
+        for block in self.transformer.h:
+            block.attn.sdpa = context_parallel.sdpa
+        return self
+
+    # 13. GPT-2 weights in Hugging Face format ----------
+    @classmethod
+    def from_pretrained(cls, path_or_name, **overrides):
+        """GPT-2 from a Hugging Face folder, or by name ('gpt2', 'gpt2-medium', ...) through
+        huggingface_hub. overrides: GPTConfig fields to change, e.g. dropout or a smaller
+        block_size. A bad file, or attention='linear', is a one-line ValueError."""
+        if overrides.get("attention", "softmax") != "softmax":
+            raise ValueError(
+                "GPT-2's weights need softmax attention; train a linear model from scratch"
+            )
+        # safetensors, or a weights_only torch.load
+        from support.checkpoint import read_gpt2_files
+
+        hf, state = read_gpt2_files(path_or_name)
+        if hf["activation_function"] not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise ValueError(
+                f"unsupported activation {hf['activation_function']!r} in {path_or_name}"
+            )
+        block_size = overrides.pop("block_size", hf["n_positions"])
+        if block_size > hf["n_positions"]:
+            raise ValueError(
+                f"block_size {block_size} is larger than the pretrained model's {hf['n_positions']}"
+            )
+        # GPTConfig's defaults are GPT-2's
+        sizes = {key: hf[key] for key in ("vocab_size", "n_layer", "n_head", "n_embd")}
+        model = cls(GPTConfig(**(sizes | overrides), block_size=block_size))
+
+        sd = {}
+        for key, tensor in state.items():
+            key = key.removeprefix("transformer.")
+            # causal-mask buffers, and the LM head tied to wte
+            if key.endswith((".attn.bias", ".attn.masked_bias")) or key == "lm_head.weight":
+                continue
+            # Hugging Face's GPT-2 stores these as Conv1D, (in, out):
+            # transpose to Linear's (out, in)
+            if key.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
+                tensor = tensor.t()
+            sd["transformer." + key] = tensor.float()
+        sd["transformer.wpe.weight"] = sd["transformer.wpe.weight"][:block_size]
+        sd["lm_head.weight"] = sd["transformer.wte.weight"]
+        model.load_state_dict(sd, strict=True)
+        return model
+
+
+# ==========================================================================================
+# Part II: the lectures' answers to O(T^2), each plugged into Part I at one named place
+# ==========================================================================================
+
+
+# 14. Sliding-window attention (GPTConfig.sliding_window) ----------
 def windowed_attention(q, k, v, window, sinks=0, dropout_p=0.0, block=128):
     """causal_mask(T, T, window, sinks) applied in time linear in T, with no (T, T) mask.
     The queries go in blocks of c; a block sees its own keys and those of the n blocks
@@ -315,12 +796,14 @@ class RollingKVCache(KVCache):
         self.slot_pos.fill_(-1)
 
 
-# 7. Attention sinks: StreamingLLM ----------
+# 15. Attention sinks: StreamingLLM ----------
 class StreamingKVCache(RollingKVCache):
     """StreamingLLM (Xiao et al. 2023): a model trained without a window generates past
     block_size through a rolling buffer of S sinks and a window of W. Positions count within
     the cache, never past S + W - 1, the longest the model was trained on. So the keys are
     stored unrotated, and rotated at their place in the cache each time they are read."""
+
+    rotates_keys = True
 
     def lag(self, T):
         """How far the text has run past the cache, with T new tokens."""
@@ -340,7 +823,27 @@ class StreamingKVCache(RollingKVCache):
         return keys, values, mask
 
 
-# 8. Linear attention (GPTConfig.attention = "linear") ----------
+def window_cache(config, batch_size, window=None, sinks=0, device=None, dtype=None):
+    """The rolling cache GPT.make_kv_cache picks: Mistral's for a model trained with a
+    window (its own, or `window` and `sinks`), else StreamingLLM's for a rope model."""
+    kind = RollingKVCache
+    if window is None and not sinks:
+        window = config.sliding_window
+        sinks = config.sink_tokens
+    else:
+        # checked as the config's own window and sinks are
+        replace(config, sliding_window=window, sink_tokens=sinks)
+        if not config.rope or sinks + window > config.block_size:
+            raise ValueError(
+                f"a cache window needs rope, and window + sinks <= block_size ({config.block_size})"
+            )
+        if config.sliding_window is None:
+            kind = StreamingKVCache
+    hs = config.n_embd // config.n_head
+    return kind(config.n_layer, batch_size, config.n_kv_head, hs, window, sinks, device, dtype)
+
+
+# 16. Linear attention (GPTConfig.attention = "linear") ----------
 def linear_attention(q, k, v, state=None, return_attention=False, chunk=64):
     """Linear attention (Katharopoulos et al. 2020): exp(q . k) becomes phi(q) . phi(k),
     with phi = elu + 1 > 0, so the sum over the keys runs through a fixed-size state:
@@ -378,10 +881,27 @@ def linear_attention(q, k, v, state=None, return_attention=False, chunk=64):
     return y, weights
 
 
+def linear_attend(q, k, v, kv_cache=None, layer=0, maps=None):
+    """MultiHeadAttention.attend's linear kind: linear_attention over the heads, through
+    this layer's running state when there is a cache; the weights kept when recorded."""
+    group = q.size(1) // k.size(1)
+    k = k.repeat_interleave(group, dim=1)  # (B, nh, T, hs)
+    v = v.repeat_interleave(group, dim=1)  # (B, nh, T, hs)
+    state = None
+    if kv_cache is not None:
+        state = kv_cache.state[layer]
+    y, weights = linear_attention(q, k, v, state, maps is not None)
+    if maps is not None:
+        maps.append(weights)
+    return y
+
+
 class LinearState:
     """A linear-attention model's cache: per layer the running sums [S (B, nh, hs, hs),
     z (B, nh, hs)], a fixed size however long the text. It has KVCache's interface, so
     generation treats both alike."""
+
+    rotates_keys = False
 
     def __init__(self, n_layer, batch_size, n_head, head_size, block_size, device, dtype):
         S = torch.zeros(batch_size, n_head, head_size, head_size, device=device, dtype=dtype)
@@ -412,553 +932,3 @@ class LinearState:
     @property
     def nbytes(self):
         return sum(S.nbytes + z.nbytes for S, z in self.state)
-
-
-# 9. Multi-head attention ----------
-class MultiHeadAttention(nn.Module):
-    """n_head causal heads computed together, then mixed by W_O. One Linear (c_attn) holds
-    every head's W_Q, W_K, W_V side by side: the same as n_head Heads, concatenated, then W_O.
-    With n_kv_head < n_head (grouped-query attention) each key/value head serves n_head /
-    n_kv_head query heads, which shrinks the KV cache."""
-
-    def __init__(self, config):
-        super().__init__()
-        self.n_head = config.n_head
-        self.n_kv_head = config.n_kv_head
-        self.head_size = config.n_embd // config.n_head
-        kv_width = self.n_kv_head * self.head_size
-        self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * kv_width, bias=config.bias)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # W_O
-        self.qk_norm = config.qk_norm
-        self.attention = config.attention
-        self.window = config.sliding_window
-        self.sinks = config.sink_tokens
-        self.dropout = config.dropout
-        self.resid_dropout = nn.Dropout(config.dropout)
-        # the fused kernel; support/context_parallel.py swaps in ring attention
-        self.sdpa = F.scaled_dot_product_attention
-
-    def forward(self, x, kv_cache=None, layer=0, rotary=None, return_attention=False, at=None):
-        """x (B, T, C) -> (y (B, T, C), the attention weights or None). kv_cache: the cache
-        this layer (number `layer`) reads and writes; rotary: the (cos, sin) tables at the
-        tokens' positions; at: the decode step's position (GPT.decode_step)."""
-        B, T, C = x.size()
-        hs = self.head_size
-        # project: every head's query, key and value in one matmul
-        q, k, v = self.c_attn(x).split([C, self.n_kv_head * hs, self.n_kv_head * hs], dim=2)
-        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_kv_head, hs).transpose(1, 2)  # (B, nkv, T, hs)
-        v = v.view(B, T, self.n_kv_head, hs).transpose(1, 2)  # (B, nkv, T, hs)
-        # normalise: bounded attention logits let fast recipes use large learning rates
-        if self.qk_norm:
-            q = F.rms_norm(q, (hs,))
-            k = F.rms_norm(k, (hs,))
-        # rotate: a StreamingLLM cache keeps its keys unrotated, and rotates them when read
-        if rotary is not None:
-            cos, sin = rotary
-            q = apply_rotary(q, cos, sin)
-            if not isinstance(kv_cache, StreamingKVCache):
-                k = apply_rotary(k, cos, sin)
-        # cache: the new keys and values join the stored ones; the queries see all of them
-        mask = None
-        if kv_cache is not None:
-            k, v, mask = kv_cache.update(layer, k, v, at)
-        # attend
-        y, weights = self.attend(q, k, v, mask, kv_cache, layer, return_attention, at)
-        # merge the heads: side by side again
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
-        # W_O
-        y = self.resid_dropout(self.c_proj(y))
-        return y, weights
-
-    def attend(self, q, k, v, mask, kv_cache, layer, return_attention, at):
-        """The one place that picks which attention computes the scores, for q (B, nh, T, hs)
-        and k, v (B, nkv, Tk, hs). Returns (y (B, nh, T, hs), the weights or None)."""
-        if self.attention == "linear":
-            return self.linear(q, k, v, kv_cache, layer, return_attention)
-        # the explicit path returns the weights; in the decode step one query's row is small,
-        # and compiled it beats the fused kernel with a mask
-        if return_attention or at is not None:
-            return self.explicit(q, k, v, mask)
-        # a window over the whole sequence, with no (T, T) mask: time linear in T
-        if self.window is not None and mask is None and q.size(2) == k.size(2):
-            return self.windowed(q, k, v), None
-        return self.fused(q, k, v, mask), None
-
-    @property
-    def dropout_p(self):
-        """The attention dropout: while training only, as nn.Dropout does."""
-        if self.training:
-            return self.dropout
-        return 0.0
-
-    def explicit(self, q, k, v, mask):
-        """attention() itself, returning the weights (B, nh, T, Tk)."""
-        T = q.size(2)
-        Tk = k.size(2)
-        k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, nh, Tk, hs)
-        v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, nh, Tk, hs)
-        if mask is None:
-            mask = causal_mask(T, Tk, self.window, self.sinks, q.device)  # (T, Tk)
-        return attention(q, k, v, mask)
-
-    def fused(self, q, k, v, mask):
-        """The same result in PyTorch's fused kernel (or the ring, under context parallelism),
-        never materialising the (T, Tk) weights."""
-        # is_causal aligns the queries to the first keys, so a chunk appended to a cache
-        # (T < Tk) comes with its mask instead
-        is_causal = mask is None and q.size(2) == k.size(2)
-        grouped = self.n_kv_head != self.n_head
-        return self.sdpa(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            is_causal=is_causal,
-            dropout_p=self.dropout_p,
-            enable_gqa=grouped,
-        )
-
-    def windowed(self, q, k, v):
-        return windowed_attention(q, k, v, self.window, self.sinks, self.dropout_p)
-
-    def linear(self, q, k, v, kv_cache, layer, return_attention):
-        """linear_attention, through this layer's running state when there is a cache."""
-        k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, nh, T, hs)
-        v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, nh, T, hs)
-        state = None
-        if kv_cache is not None:
-            state = kv_cache.state[layer]
-        return linear_attention(q, k, v, state, return_attention)
-
-
-# 10. The feed-forward layer and the transformer block ----------
-class MLP(nn.Module):
-    """The position-wise feed-forward layer: each token alone, widened 4x, then back."""
-
-    def __init__(self, config):
-        super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
-        self.activation = config.activation
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x):
-        x = self.c_fc(x)  # (B, T, 4 C)
-        if self.activation == "relu2":
-            x = F.relu(x)
-            # ReLU squared; x * x has a cheaper backward than square() on CPU
-            x = x * x
-        else:
-            x = F.gelu(x, approximate="tanh")  # GPT-2's own GELU approximation
-        return self.dropout(self.c_proj(x))  # (B, T, C)
-
-
-class Block(nn.Module):
-    """Pre-LayerNorm block: x + attn(ln(x)), then x + mlp(ln(x))."""
-
-    def __init__(self, config):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = MultiHeadAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.mlp = MLP(config)
-
-    def forward(self, x, kv_cache=None, layer=0, rotary=None, return_attention=False, at=None):
-        a, weights = self.attn(self.ln_1(x), kv_cache, layer, rotary, return_attention, at)
-        x = x + a
-        x = x + self.mlp(self.ln_2(x))
-        return x, weights
-
-
-# 11. The configuration ----------
-@dataclass
-class GPTConfig:
-    block_size: int = 1024
-    vocab_size: int = 50304  # GPT-2's 50257 rounded up to a multiple of 64, for speed
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
-    bias: bool = True  # biases in Linear and LayerNorm, as in GPT-2
-    n_kv_head: int | None = None  # None: n_head (plain multi-head attention)
-    # options for fast training runs; the defaults are GPT-2's own architecture
-    rope: bool = False  # rotary embeddings instead of learned positions
-    qk_norm: bool = False  # RMS-normalise queries and keys per head
-    activation: str = "gelu"  # "gelu" (tanh approximation) or "relu2"
-    attention: str = "softmax"  # or "linear": linear_attention, O(T) and a fixed-size state
-    sliding_window: int | None = None  # each query sees its last W positions (itself included)
-    sink_tokens: int = 0  # and the first S positions, whatever the window (needs sliding_window)
-
-    def __post_init__(self):
-        if self.n_kv_head is None:
-            self.n_kv_head = self.n_head
-        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "n_kv_head"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if self.n_head % self.n_kv_head:
-            raise ValueError(
-                f"n_head ({self.n_head}) must be divisible by n_kv_head ({self.n_kv_head})"
-            )
-        if self.rope and (self.n_embd // self.n_head) % 2:
-            raise ValueError("rope needs an even head size (n_embd / n_head)")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        for name, kinds in (
-            ("activation", ("gelu", "relu2")),
-            ("attention", ("softmax", "linear")),
-        ):
-            value = getattr(self, name)
-            if value not in kinds:
-                raise ValueError(f"{name} must be {' or '.join(map(repr, kinds))}, got {value!r}")
-        self.check_window()
-        # the longest sequence: rope with a window, or linear attention, has no end
-        self.context = self.block_size
-        if self.rope and (self.attention == "linear" or self.sliding_window):
-            self.context = math.inf
-
-    def check_window(self):
-        w = self.sliding_window
-        s = self.sink_tokens
-        bad_window = w is not None and (type(w) is not int or w < 1)
-        bad_sinks = type(s) is not int or s < 0 or (s and w is None)
-        if bad_window or bad_sinks:
-            raise ValueError(
-                "need sliding_window None or >= 1, sink_tokens >= 0 and a window for sinks, "
-                f"got {w} {s}"
-            )
-
-
-# 12. Sampling the next token ----------
-def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
-    """Pick the next token (B, 1) from the last position's logits (B, vocab)."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.float() / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]  # (B, 1)
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        # nucleus: keep the fewest most likely tokens whose probability reaches top_p
-        probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
-        drop = probs.cumsum(dim=-1) - probs >= top_p  # (B, vocab), most likely first
-        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-    probs = torch.softmax(logits, dim=-1)  # (B, vocab)
-    return torch.multinomial(probs, num_samples=1, generator=generator)
-
-
-# 13. The GPT model ----------
-class GPT(nn.Module):
-    """GPT-2's decoder: token (and position) embeddings, n_layer Blocks, a final LayerNorm
-    and an LM head that shares its matrix with the token embedding."""
-
-    def __init__(self, config):
-        super().__init__()
-        self.config = config
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(config.vocab_size, config.n_embd),  # token embedding
-                drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
-            )
-        )
-        # rope computes its angles at the positions, for any length: no position table
-        if not config.rope:
-            self.transformer["wpe"] = nn.Embedding(config.block_size, config.n_embd)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        # weight tying: reading a token in and writing it out share one matrix
-        self.lm_head.weight = self.transformer.wte.weight
-
-        self.apply(self._init_weights)
-        # GPT-2: each block adds two residual projections to the stream, so their
-        # init is scaled down to keep the stream's variance from growing with depth
-        for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
-
-    def _init_weights(self, module):
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
-
-    def num_params(self, non_embedding=False):
-        """Parameters, the tied LM head counted once; non_embedding: less the position embedding."""
-        n = sum(p.numel() for p in self.parameters())
-        if non_embedding and "wpe" in self.transformer:
-            n -= self.transformer.wpe.weight.numel()
-        return n
-
-    def make_kv_cache(self, batch_size, dtype=None, zero=False, window=None, sinks=0):
-        """The cache to decode through, on the model's device: a LinearState for linear
-        attention; Mistral's rolling buffer for a model trained with a sliding window; with
-        `window` (and `sinks`), StreamingLLM's cache for a rope model trained without one;
-        else a plain KVCache of block_size positions (zero: zeroed, for the decode step)."""
-        c = self.config
-        device = self.transformer.wte.weight.device
-        if dtype is None:
-            dtype = self.transformer.wte.weight.dtype
-        hs = c.n_embd // c.n_head
-        if c.attention == "linear":
-            return LinearState(c.n_layer, batch_size, c.n_head, hs, c.context, device, dtype)
-        if window is not None or sinks:
-            # checked as the config's own window and sinks are
-            c = replace(c, sliding_window=window, sink_tokens=sinks)
-            if not c.rope or sinks + window > c.block_size:
-                raise ValueError(
-                    f"a cache window needs rope, and window + sinks <= block_size ({c.block_size})"
-                )
-        if window is not None and self.config.sliding_window is None:
-            return StreamingKVCache(
-                c.n_layer, batch_size, c.n_kv_head, hs, window, sinks, device, dtype
-            )
-        if c.sliding_window is not None:
-            return RollingKVCache(
-                c.n_layer,
-                batch_size,
-                c.n_kv_head,
-                hs,
-                c.sliding_window,
-                c.sink_tokens,
-                device,
-                dtype,
-            )
-        return KVCache(c.n_layer, batch_size, c.n_kv_head, c.block_size, hs, device, dtype, zero)
-
-    def embed(self, idx, pos):
-        """Token embeddings (B, T, C) of idx at positions pos (T,): plus the learned
-        position embeddings, or with rope, returned with the rotary tables at pos."""
-        x = self.transformer.wte(idx)  # (B, T, C)
-        if self.config.rope:
-            rotary = rotary_tables(self.config.n_embd // self.config.n_head, pos)  # (T, hs/2) each
-            return x, rotary
-        x = x + self.transformer.wpe(pos)  # (T, C) broadcast over B
-        return x, None
-
-    def forward(self, idx, targets=None, kv_cache=None, return_attention=False, last_only=False):
-        """idx (B, T) token ids -> (logits (B, T, vocab), loss or None). kv_cache (a KVCache,
-        or a LinearState): attend over its positions plus idx, add idx's to it, advance it.
-        return_attention adds a third item, one (B, n_head, T, Tk) weight tensor per layer.
-        last_only: the last position's logits alone (what generation needs)."""
-        T = idx.size(1)
-        if kv_cache is not None and not kv_cache.fits(T):
-            raise ValueError(
-                f"KV cache overflow: {kv_cache.pos} positions cached + {T} new > block_size "
-                f"{kv_cache.block_size}; reset the cache or slide the window"
-            )
-        if T > self.config.context:
-            raise ValueError(
-                f"sequence of length {T} is longer than block_size {self.config.block_size}"
-            )
-        if kv_cache is None:
-            pos = torch.arange(T, device=idx.device)  # (T,)
-        else:
-            pos = kv_cache.positions(T)  # (T,)
-        x, rotary = self.embed(idx, pos)
-        x = self.transformer.drop(x)
-        maps = []
-        for layer, block in enumerate(self.transformer.h):
-            x, weights = block(x, kv_cache, layer, rotary, return_attention)
-            maps.append(weights)
-        if kv_cache is not None:
-            kv_cache.advance(T)
-        x = self.transformer.ln_f(x)
-
-        if targets is not None:
-            logits = self.lm_head(x)  # (B, T, vocab)
-            # the loss in float32 whatever the weights, for an accurate log-softmax
-            flat_logits = logits.view(-1, logits.size(-1)).float()  # (B T, vocab)
-            loss = F.cross_entropy(flat_logits, targets.reshape(-1), ignore_index=-1)
-        elif last_only:
-            logits = self.lm_head(x[:, -1:])  # (B, 1, vocab)
-            loss = None
-        else:
-            logits = self.lm_head(x)  # (B, T, vocab)
-            loss = None
-        if return_attention:
-            return logits, loss, maps
-        return logits, loss
-
-    def decode_step(self, idx, at, kv_cache):
-        """Logits (B, vocab) of one new token per sequence, idx (B, 1), at position `at` (a
-        1-element long tensor), through a zeroed cache read whole with the positions past `at`
-        masked: fixed shapes, so that support/engine.py compiles it once (a CUDA graph on
-        CUDA). The caller advances the cache."""
-        x, rotary = self.embed(idx, at)
-        for layer, block in enumerate(self.transformer.h):
-            x, _ = block(x, kv_cache, layer, rotary, at=at)
-        x = self.transformer.ln_f(x)
-        return self.lm_head(x)[:, -1]  # (B, vocab)
-
-    # 14. Generation ----------
-    def context_start(self, length, start):
-        """Where the window of a `length`-token sequence begins for the next token, given
-        that it began at `start`. Positions stop at block_size (rope with a window or linear
-        attention: no end), so a full window slides: the oldest quarter is dropped, the cache
-        rebuilt from the rest once every block_size / 4."""
-        bs = self.config.context
-        if length - start <= bs:
-            return start
-        return length - max(1, bs - bs // 4)
-
-    def prompt_start(self, length, cache):
-        """Where the first window begins in a `length`-token prompt: its last block_size
-        tokens. A rolling cache on a rope model never slides: it takes the whole prompt,
-        StreamingLLM's cache the last S + W tokens, all it has positions for."""
-        keep = self.config.context
-        if isinstance(cache, StreamingKVCache):
-            keep = cache.block_size
-        elif self.config.rope and isinstance(cache, RollingKVCache):
-            keep = length
-        return max(0, length - keep)
-
-    @torch.no_grad()
-    def generate_stream(
-        self,
-        idx,
-        max_new_tokens,
-        temperature=1.0,
-        top_k=None,
-        top_p=None,
-        use_cache=True,
-        generator=None,
-        return_attention=False,
-        window=None,
-        sinks=0,
-        decoder=None,
-    ):
-        """Yield (next_token (B, 1), attention, window_start) for each new token.
-
-        The window (the prompt, or what is left after a slide) goes through the model
-        in one forward that fills the cache; then only the newest token does.
-        use_cache=False runs the whole window every time; decoder: a (step, cache) pair
-        from support.engine.compiled_decoder that runs the newest token compiled; window,
-        sinks: StreamingLLM's cache (make_kv_cache). attention (with return_attention): the
-        per-layer weights of the forward that gave this token, over idx[:, window_start:]:
-        (B, nh, T, T) maps, then one (B, nh, 1, Tk) row per step (a rolling cache's: by slot)."""
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        if idx.size(1) < 1:
-            raise ValueError("generation needs at least one prompt token")
-        eager_only = return_attention or not use_cache or window is not None or sinks
-        if decoder is not None and eager_only:
-            raise ValueError(
-                "a compiled decoder decodes through the full KV cache, without attention maps "
-                "or a window; pass decoder=None for those"
-            )
-        if decoder is None:
-            cache = None
-            if use_cache:
-                cache = self.make_kv_cache(idx.size(0), window=window, sinks=sinks)
-
-            def step(token):
-                """The newest tokens (B, 1) attend to the cache."""
-                return self(token, kv_cache=cache, return_attention=return_attention)
-
-        else:
-            step, cache = decoder
-        rolls = self.config.rope and isinstance(cache, RollingKVCache)
-        start = self.prompt_start(idx.size(1), cache)
-        fresh = True
-        for _ in range(max_new_tokens):
-            new_start = start
-            if not rolls:
-                new_start = self.context_start(idx.size(1), start)
-            if cache is None or fresh or new_start != start:
-                # the whole window in one forward: the prompt, after a slide, or without a cache
-                start = new_start
-                fresh = False
-                if cache is not None:
-                    cache.reset()
-                window_idx = idx[:, start:]
-                out = self(
-                    window_idx, kv_cache=cache, return_attention=return_attention, last_only=True
-                )
-            else:
-                out = step(idx[:, -1:])
-            logits = out[0][:, -1, :]  # (B, vocab)
-            idx_next = sample_next(logits, temperature, top_k, top_p, generator)  # (B, 1)
-            idx = torch.cat((idx, idx_next), dim=1)
-            attention = None
-            if return_attention:
-                attention = out[2]
-            yield idx_next, attention, start
-
-    @torch.no_grad()
-    def generate(
-        self,
-        idx,
-        max_new_tokens,
-        temperature=1.0,
-        top_k=None,
-        top_p=None,
-        use_cache=True,
-        generator=None,
-        window=None,
-        sinks=0,
-        decoder=None,
-    ):
-        """idx (B, T) with max_new_tokens sampled tokens appended; temperature=0 is greedy.
-        use_cache=False (the whole window every step, the same slides) and a compiled decoder
-        (support/engine.py, in float32) give the same greedy tokens."""
-        steps = self.generate_stream(
-            idx,
-            max_new_tokens,
-            temperature,
-            top_k,
-            top_p,
-            use_cache,
-            generator,
-            window=window,
-            sinks=sinks,
-            decoder=decoder,
-        )
-        new_tokens = [token for token, _, _ in steps]
-        return torch.cat([idx] + new_tokens, dim=1)
-
-    # 15. GPT-2 weights in Hugging Face format ----------
-    @classmethod
-    def from_pretrained(cls, path_or_name, **overrides):
-        """GPT-2 from a Hugging Face folder, or by name ('gpt2', 'gpt2-medium', ...) through
-        huggingface_hub. overrides: GPTConfig fields to change, e.g. dropout or a smaller
-        block_size. A bad file, or attention='linear', is a one-line ValueError."""
-        if overrides.get("attention", "softmax") != "softmax":
-            raise ValueError(
-                "GPT-2's weights need softmax attention; train a linear model from scratch"
-            )
-        # safetensors, or a weights_only torch.load
-        from support.checkpoint import read_gpt2_files
-
-        hf, state = read_gpt2_files(path_or_name)
-        if hf["activation_function"] not in ("gelu_new", "gelu_pytorch_tanh"):
-            raise ValueError(
-                f"unsupported activation {hf['activation_function']!r} in {path_or_name}"
-            )
-        block_size = overrides.pop("block_size", hf["n_positions"])
-        if block_size > hf["n_positions"]:
-            raise ValueError(
-                f"block_size {block_size} is larger than the pretrained model's {hf['n_positions']}"
-            )
-        # GPTConfig's defaults are GPT-2's
-        sizes = {key: hf[key] for key in ("vocab_size", "n_layer", "n_head", "n_embd")}
-        model = cls(GPTConfig(**(sizes | overrides), block_size=block_size))
-
-        sd = {}
-        for key, tensor in state.items():
-            key = key.removeprefix("transformer.")
-            # causal-mask buffers, and the LM head tied to wte
-            if key.endswith((".attn.bias", ".attn.masked_bias")) or key == "lm_head.weight":
-                continue
-            # Hugging Face's GPT-2 stores these as Conv1D, (in, out):
-            # transpose to Linear's (out, in)
-            if key.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
-                tensor = tensor.t()
-            sd["transformer." + key] = tensor.float()
-        sd["transformer.wpe.weight"] = sd["transformer.wpe.weight"][:block_size]
-        sd["lm_head.weight"] = sd["transformer.wte.weight"]
-        model.load_state_dict(sd, strict=True)
-        return model

@@ -21,14 +21,8 @@ import time
 
 import torch
 
-from support import attention_maps
-from support.checkpoint import (
-    CheckpointError,
-)
-from support.configurator import ConfigError, describe, parse_args
-from support.engine import compiled_decoder, generate_compiled
-from support.loading import LoadError, load_model, pick_device, pick_dtype
-from support.tokenizer import TokenizerError
+from support import attention_maps, cli, engine
+from support.loading import load_model, pick_device, pick_dtype
 
 DEFAULTS = dict(
     out_dir="out-shakespeare-char",  # the folder config/shakespeare.py trains into
@@ -61,8 +55,8 @@ class SampleError(Exception):
 # Options
 
 
-def parse_options(argv):
-    cfg = parse_args(DEFAULTS, argv, allow_files=False)
+def check_options(cfg):
+    """cfg with its values checked (SampleError) and a few tidied."""
     if cfg["max_new_tokens"] < 1:
         raise SampleError(f"--max_new_tokens must be at least 1, got {cfg['max_new_tokens']}")
     if cfg["num_samples"] < 1:
@@ -154,22 +148,20 @@ def generate_one(model, idx, cfg, generator, attention=False, on_token=None):
     n_new = cfg["max_new_tokens"]
     # a linear-attention model's state keeps no keys to weigh: its maps come from whole forwards
     linear = attention and model.config.attention == "linear"
-    decoder = None
-    if cfg["compile"]:
-        # built at the warm-up in main, and kept: this finds it
-        decoder = compiled_decoder(model, idx.size(0))
-    stream = model.generate_stream(
+    # compiled: the step built at the warm-up in main, and kept, is found again
+    stream = engine.stream(
+        model,
         idx,
         n_new + int(attention),
-        cfg["temperature"],
-        cfg["top_k"],
-        cfg["top_p"],
-        use_cache=not (cfg["no_cache"] or linear),
+        temperature=cfg["temperature"],
+        top_k=cfg["top_k"],
+        top_p=cfg["top_p"],
         generator=generator,
-        return_attention=attention,
+        use_cache=not (cfg["no_cache"] or linear),
         window=cfg["window"],
         sinks=cfg["sinks"],
-        decoder=decoder,
+        compiled=cfg["compile"],
+        attention=attention,
     )
     new, steps = [], []
     for i in range(n_new + int(attention)):
@@ -220,11 +212,8 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def main(argv):
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.strip() + "\n\noptions (defaults):\n" + describe(DEFAULTS))
-        return
-    cfg = parse_options(argv)
+def main(cfg):
+    cfg = check_options(cfg)
     device = pick_device(cfg["device"])
     if device.startswith("cuda"):
         # synchronize, the CUDA graphs and the bf16 check act on the current device, else GPU 0
@@ -271,7 +260,7 @@ def main(argv):
             )
         t0 = time.perf_counter()
         # the second token compiles the step
-        generate_compiled(model, idx, 2, temperature=0.0)
+        engine.generate_compiled(model, idx, 2, temperature=0.0)
         sync(device)
         print(f"compiled the decode step in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     elapsed, attention = 0.0, None
@@ -318,7 +307,7 @@ def main(argv):
 @torch.no_grad()
 def final_window_maps(model, ids, device):
     start = max(0, len(ids) - model.config.block_size)
-    maps = model(torch.tensor([ids[start:]], device=device), return_attention=True)[2]
+    _, maps = model.attention_maps(torch.tensor([ids[start:]], device=device))
     return [([m[0].float().cpu().numpy() for m in maps], start)]
 
 
@@ -340,26 +329,13 @@ def save_attention(attn_dir, tok, steps, ids):
     print(attention_maps.format_table(stats))
 
 
+# what to try when the GPU runs out of memory
+OUT_OF_MEMORY = "try --device=cpu, a smaller --max_new_tokens or --num_samples"
+
+
 def run(argv):
-    """main() with every expected failure turned into one line on stderr."""
-    try:
-        main(argv)
-        return 0
-    except (ConfigError, CheckpointError, TokenizerError, SampleError, LoadError) as e:
-        print(f"error: {e}", file=sys.stderr)
-    except torch.OutOfMemoryError:
-        print(
-            "error: out of GPU memory; try --device=cpu, a smaller --max_new_tokens "
-            "or --num_samples",
-            file=sys.stderr,
-        )
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        # the reader (e.g. `| head`) went away: stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return 1
+    """The command: what `python sample.py ...` exits with (cli.py)."""
+    return cli.run(main, argv, __doc__, DEFAULTS, (SampleError,), OUT_OF_MEMORY)
 
 
 if __name__ == "__main__":

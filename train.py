@@ -24,15 +24,13 @@ import math
 import os
 import sys
 import time
-from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from data.prepare import DataError, ensure_dataset, load_meta
-from model import GPT
-from support import hellaswag
+from data.prepare import ensure_dataset, load_meta
+from support import cli, hellaswag, settings, timeline
 from support.batches import load_split, step_batches
 from support.checkpoint import (
     CheckpointError,
@@ -41,7 +39,7 @@ from support.checkpoint import (
     first_line,
     save_checkpoint,
 )
-from support.configurator import ConfigError, describe_settings, parse_settings
+from support.configurator import parse_settings
 from support.context_parallel import ContextParallel
 from support.context_parallel import check as check_context_parallel
 from support.device import explain_device, pick_device, precision_context, time_cpu_dtypes
@@ -53,53 +51,16 @@ from support.optim import get_lr, make_optimizers
 from support.resume import out_of_memory, restore, rng_state, set_rng_state
 from support.run_estimate import print_run_estimate
 from support.run_log import LogError, log_evaluation, start_log, start_wandb
+from support.run_state import Run
 from support.settings import Settings, check
 from support.signals import Stopped, StopSignals, stop_requested
-from support.tokenizer import TokenizerError
 
-USER_ERRORS = (ConfigError, DataError, CheckpointError, TokenizerError, ValueError)
+# what the user can fix: the settings' checks raise ValueError
+USER_ERRORS = cli.USER_ERRORS + (ValueError,)
 
 
 class TrainingError(Exception):
     """Training cannot go on (the loss diverged); the message is for the user."""
-
-
-@dataclasses.dataclass
-class Run:
-    """Everything setup() builds for the training loop, evaluation and saving."""
-
-    cfg: Settings  # the model keys are the model's own (a checkpoint's, or GPT-2's)
-    rank: int  # this process among all (torchrun's RANK); 0 prints, logs and saves
-    world: int  # processes in all (torchrun's WORLD_SIZE)
-    dp_rank: int  # this process's data-parallel place: a sequence's ranks share it
-    dp_world: int  # data-parallel places: world // context_parallel
-    split: Callable  # this rank's part of a sequence (context parallelism), else as is
-    split_unit: int  # a context-parallel sequence's length is a multiple of this
-    device: torch.device
-    dtype: str  # 'float32', 'bfloat16' or 'float16': the forward pass's autocast
-    ctx: Callable  # a new precision_context for this device, dtype and block_size
-    raw: GPT  # the model itself: what is saved and what the whole val split scores
-    model: torch.nn.Module  # raw, compiled if compile is on: what evaluates
-    ddp_model: torch.nn.Module  # model, inside DDP with more than one process: what trains
-    optimizers: list  # [AdamW], or [Muon, AdamW]; they step together
-    scaler: torch.amp.GradScaler  # loss scaling, enabled for float16 only
-    data_gen: torch.Generator  # draws the training batches, the same on every process
-    splits: dict  # 'train' and 'val' tokens: a tensor on the device, or a memmap
-    meta: dict  # the dataset's vocabulary size and tokenizer
-    tokens_per_iter: int  # in all processes together
-    wandb: Any  # the wandb module once a run is started there, else None
-    resumed: bool  # whether the run started from out_dir's checkpoint
-    start_iter: int  # the iter the run started at
-    # whether start_iter's evaluation is in the log: a checkpoint saved by a stop
-    # signal was not evaluated at its iter, older checkpoints always were, and
-    # eval_at_start=False counts a fresh run as evaluated
-    start_evaluated: bool
-    best_val_loss: float  # the best evaluation yet, in this run or the one it resumes
-    signals: StopSignals | None = None  # set while training, for evaluations and steps
-
-    @property
-    def master(self):
-        return self.rank == 0
 
 
 # -----------------------------------------------------------------------------
@@ -133,6 +94,7 @@ def evaluate(run, iter_num, elapsed, final):
     if not (math.isfinite(rec["train_loss"]) and math.isfinite(rec["val_loss"])):
         raise diverged(rec["val_loss"], iter_num)
     if run.master:
+        rec.update(timeline.at_evaluation(run.cfg, run.raw, run.meta, run.splits["val"], iter_num))
         log_evaluation(rec, run.cfg.out_dir, run.wandb)
     return rec
 
@@ -305,80 +267,83 @@ def agree(run, loss_sum, wants_stop):
 
 
 def train(run):
-    """The loop: evaluate (and save) every eval_interval, step, show progress;
-    stop at max_iters, at max_time or on a stop signal, and say how it ended."""
-    cfg, iter_num, best = run.cfg, run.start_iter, run.best_val_loss
-    clock = {"start": time.perf_counter(), "paused": 0.0}  # training time leaves evaluations out
-
-    def elapsed():
-        return time.perf_counter() - clock["start"] - clock["paused"]
-
-    def evaluate_and_save(final):
-        nonlocal best
-        if run.device.type == "cuda":
-            torch.cuda.synchronize()  # charge the queued steps to training time
-        paused_at = time.perf_counter()
-        rec = evaluate(run, iter_num, elapsed(), final)
-        improved = rec["val_loss"] < best
-        best = min(best, rec["val_loss"])
-        if final or (iter_num > 0 and (improved or cfg.always_save_checkpoint)):
-            save(run, iter_num, best)
-        clock["paused"] += time.perf_counter() - paused_at
-
-    last_log = (iter_num, 0.0)  # (iter, elapsed) at the last log step
-    stop = None  # what ended training early: a signal's name, or 'max_time'
-    phase = "training"
-    bar = tqdm(
-        total=cfg.max_iters,
-        initial=iter_num,
-        dynamic_ncols=True,
-        disable=not run.master or cfg.eval_only,
-    )
+    """The loop: evaluate (and save) every eval_interval and at the end, step,
+    show progress; stop at max_iters, at max_time or on a stop signal, and say
+    how it ended."""
+    cfg = run.cfg
+    iter_num = run.start_iter
+    best_val_loss = run.best_val_loss
+    t_start = time.perf_counter()
+    t_evaluating = 0.0  # seconds spent evaluating and saving: training time leaves them out
+    last_log = (iter_num, 0.0)  # (iter, seconds of training) at the last log step
+    out_of_time = False  # max_time reached: evaluate, save and stop
+    final = False  # whether the final evaluation has begun
+    done = False  # whether the final evaluation is done
+    bar = tqdm(total=cfg.max_iters, initial=iter_num, dynamic_ncols=True, disable=not run.master)
     with StopSignals() as signals, bar:
         run.signals = signals  # evaluations and steps look at it too (stop_requested)
+        if run.master and run.world == 1 and cfg.device == "auto" and run.device.type == "cpu":
+            tqdm.write("timing one step for an estimate of the run time...")
+            print_run_estimate(run)  # no GPU was found: say what that costs
+            t_start = time.perf_counter()  # timing the estimate is not training
         try:
-            if cfg.eval_only:
-                phase = "evaluation"
-                evaluate(run, iter_num, 0.0, final=True)
-                return
-            if run.master and run.world == 1 and cfg.device == "auto" and run.device.type == "cpu":
-                tqdm.write("timing one step for an estimate of the run time...")
-                print_run_estimate(run)  # no GPU was found: say what that costs
-                clock["start"] = time.perf_counter()  # timing the estimate is not training
-            while iter_num < cfg.max_iters and stop is None:
-                # a resumed run was usually evaluated just before its checkpoint was saved
+            while True:
+                # evaluate and save every eval_interval and at the end; a resumed run
+                # was usually evaluated just before its checkpoint was saved
+                final = iter_num >= cfg.max_iters or out_of_time
                 evaluated = run.start_evaluated and iter_num == run.start_iter
-                if iter_num % cfg.eval_interval == 0 and not evaluated:
-                    evaluate_and_save(final=False)
+                if final or (iter_num % cfg.eval_interval == 0 and not evaluated):
+                    if run.device.type == "cuda":
+                        torch.cuda.synchronize()  # charge the queued steps to training time
+                    t0 = time.perf_counter()
+                    rec = evaluate(run, iter_num, t0 - t_start - t_evaluating, final)
+                    improved = rec["val_loss"] < best_val_loss
+                    best_val_loss = min(best_val_loss, rec["val_loss"])
+                    if final or (iter_num > 0 and (improved or cfg.always_save_checkpoint)):
+                        save(run, iter_num, best_val_loss)
+                    t_evaluating += time.perf_counter() - t0
+                if final:
+                    done = True
+                    break
+
+                # one iter, then its progress; the processes agree on the loss and on
+                # stopping at log steps only, as that waits for the device
                 loss_sum = train_step(run, get_lr(iter_num, cfg))
                 iter_num += 1
                 bar.update()
-                wants_stop = signals.name is not None or 0 < cfg.max_time <= elapsed()
+                seconds = time.perf_counter() - t_start - t_evaluating
+                wants_stop = signals.name is not None or 0 < cfg.max_time <= seconds
                 if iter_num % cfg.log_interval == 0 or iter_num == cfg.max_iters:
                     loss, wants_stop = agree(run, loss_sum, wants_stop)
                     if not math.isfinite(loss):
                         raise diverged(loss, iter_num - 1)
-                    dt = (elapsed() - last_log[1]) / (iter_num - last_log[0])  # seconds per iter
-                    last_log = (iter_num, elapsed())
+                    seconds = time.perf_counter() - t_start - t_evaluating
+                    dt = (seconds - last_log[1]) / (iter_num - last_log[0])  # seconds per iter
+                    last_log = (iter_num, seconds)
                     bar.set_postfix_str(progress(run, loss, get_lr(iter_num - 1, cfg), dt))
                 elif run.world > 1:
                     wants_stop = False  # not before the processes agree, at the next log step
-                if wants_stop:
-                    stop = signals.name or "max_time"
-            if signals.name is None:
-                phase = "final evaluation"
-                evaluate_and_save(final=True)
-                phase = "done"
+                if wants_stop and signals.name is not None:
+                    break  # no evaluation: the process may have little time left
+                out_of_time = wants_stop
         except Stopped:  # in an evaluation, or between micro-steps (the step is undone)
-            stop = signals.name
-            if phase == "evaluation":  # eval_only
-                if run.master:
-                    print(f"stopped by {stop} during the evaluation; nothing was saved")
-                return
-    if phase != "done":
-        stopped(run, stop, iter_num, best, during_final=phase == "final evaluation")
+            pass
+    if not done:
+        stopped(run, signals.name, iter_num, best_val_loss, during_final=final)
     elif run.master:
-        finished(run, iter_num, best, elapsed(), max_time=stop is not None)
+        seconds = time.perf_counter() - t_start - t_evaluating
+        finished(run, iter_num, best_val_loss, seconds, max_time=out_of_time)
+
+
+def evaluate_only(run):
+    """--eval_only: one evaluation of the model as it is, logged; nothing is saved."""
+    with StopSignals() as signals:
+        run.signals = signals  # the evaluation stops within a batch on a stop signal
+        try:
+            evaluate(run, run.start_iter, 0.0, final=True)
+        except Stopped:
+            if run.master:
+                print(f"stopped by {signals.name} during the evaluation; nothing was saved")
 
 
 def progress(run, loss, lr, dt):
@@ -462,39 +427,42 @@ def get_config(argv):
 
 
 def fail(message, code):
-    print(f"error: {message}", file=sys.stderr)
+    cli.error(message)
     sys.exit(code)
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if "--help" in argv or "-h" in argv:
-        print(__doc__.strip() + "\n\nkeys and their defaults:\n" + describe_settings(Settings))
+    if cli.wants_help(argv):
+        cli.print_help(__doc__, settings.describe())
         return
     try:
         try:
             run = setup(get_config(argv))
         except USER_ERRORS as e:
-            fail(e, 2)
+            fail(e, cli.BAD_INPUT)
         except (RuntimeError, MemoryError) as e:
             if not out_of_memory(e):
                 raise
             fail(
                 "out of memory building the model or loading the data; use a smaller model, "
                 "--block_size or --batch_size",
-                2,
+                cli.BAD_INPUT,
             )
         try:
-            train(run)
+            if run.cfg.eval_only:
+                evaluate_only(run)
+            else:
+                train(run)
         except (CheckpointError, LogError, TrainingError) as e:
-            fail(e, 1)
+            fail(e, cli.FAILED)
         except (RuntimeError, MemoryError) as e:
             if out_of_memory(e):
                 fail(
                     "out of memory while training; lower --batch_size (raise "
                     "--gradient_accumulation_steps to keep the batch) or --block_size; "
                     "the last checkpoint is kept",
-                    1,
+                    cli.FAILED,
                 )
             if not lost_peer(e, run.world):
                 raise
@@ -502,13 +470,13 @@ def main(argv=None):
                 f"process {run.rank} lost contact with the others ({first_line(e)}); another "
                 "process failed or stopped responding (see its error above); the last "
                 "checkpoint is kept",
-                1,
+                cli.FAILED,
             )
         finally:
             if run.wandb is not None:
                 run.wandb.finish()
     except KeyboardInterrupt:
-        fail("interrupted", 130)
+        fail("interrupted", cli.INTERRUPTED)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -231,6 +231,13 @@ def verdict(met):
     return "NOT met"
 
 
+def target(text, measured, met, quick=False):
+    """A target as the results list it: what it asks, the figure measured, and
+    whether it is met; None after --quick, whose short runs judge nothing."""
+    met = None if quick else met
+    return dict(target=text, measured=measured, met=met)
+
+
 def targets_list(targets):
     return "## Targets\n\n" + "\n".join(
         f"- {t['target']}: {t['measured']:.2f}x, {verdict(t['met'])}" for t in targets

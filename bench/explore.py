@@ -1,7 +1,8 @@
 """
 How live is the attention explorer? The answer time of POST /api/analyze for a
 64-token prompt with one head switched off, on the CPU recipe's model, through
-a real server on localhost, and where that time goes.
+a real server on localhost, and where that time goes; then what "why this
+token?" and the training timeline cost.
 
     python train.py config/shakespeare_cpu.py --out_dir=out-shakespeare-char-cpu
     python -m bench.explore --out_dir=out-shakespeare-char-cpu
@@ -14,6 +15,20 @@ timed alone, and the whole against the peer every analysis needs: one plain
 forward of the same prompt, measured in the same run. The CPU's class is named
 (torch's capability, and whether it multiplies bfloat16 natively).
 
+Then, each against a peer timed in the same run:
+  - analyze with the logit lens and the attribution against the same analysis
+    without them (the Explorer with lens() and attributions() answering nothing;
+    the recording hooks, microseconds, run in both), through the server,
+    alternated (goal: <= 1.3x);
+  - POST /api/patch over every head on the 64-token prompt (goal: <= 0.5 s), and
+    interpret.patch_heads on a GPT-2-shaped model with random weights (12 layers,
+    12 heads, 768 wide) at 32 tokens (goal: <= 5 s), each beside one plain forward;
+  - --log_heads: the probe at an evaluation against the recipe's training step
+    (train.py's own train_step, its settings), times the evaluations of the run in
+    --out_dir's log (goal: <= 5% of the training time);
+  - --snapshots: one snapshot's size, times those evaluations, and the snapshots
+    --out_dir holds (goal: <= 10 MB in all).
+
 The CPU's class comes from bench/common.py, as for every benchmark.
 """
 
@@ -22,8 +37,10 @@ import support.before_torch  # bfloat16 tried in a child process, before torch l
 import http.client
 import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import threading
 import time
 
@@ -31,12 +48,12 @@ import numpy as np
 import torch
 
 from bench import common
-from support import attention_maps, head_measures
-from support.checkpoint import CheckpointError
-from support.configurator import ConfigError, describe, parse_args
+from model import GPT, GPTConfig
+from support import attention_maps, cli, head_measures, interpret, timeline
+from support.checkpoint import checkpoint_path
 from support.explorer import SEED, Explorer, ExplorerServer
-from support.loading import LoadError, load_model
-from support.tokenizer import TokenizerError
+from support.loading import load_model
+from support.settings import Settings
 
 DEFAULTS = dict(
     out_dir="out-shakespeare-char-cpu",  # the CPU recipe's checkpoint
@@ -44,6 +61,8 @@ DEFAULTS = dict(
     threads=2,  # torch's CPU threads
     tokens=64,  # the prompt's length
     repeats=20,  # timed runs of each part; the median is reported
+    gpt2=True,  # also patch every head of a GPT-2-shaped random model (about a minute)
+    config="config/shakespeare_cpu.py",  # the recipe whose training step --log_heads is against
 )
 
 TEXT = (
@@ -63,9 +82,9 @@ def median_ms(fn, repeats):
     return 1000 * statistics.median(times)
 
 
-def post(port, body):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    conn.request("POST", "/api/analyze", json.dumps(body), {"Content-Type": "application/json"})
+def post(port, body, path="/api/analyze"):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
     response = conn.getresponse()
     data = response.read()
     conn.close()
@@ -74,11 +93,7 @@ def post(port, body):
     return data
 
 
-def main(argv):
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.strip() + "\n\noptions (defaults):\n" + describe(DEFAULTS))
-        return
-    cfg = parse_args(DEFAULTS, argv, allow_files=False)
+def main(cfg):
     torch.set_num_threads(cfg["threads"])
     model, tok, _ = load_model(cfg)
     model.eval()
@@ -103,7 +118,7 @@ def main(argv):
 
     def forward_maps():
         with torch.no_grad(), head_measures.ablated(model, heads):
-            model(idx, return_attention=True)
+            model.attention_maps(idx)
 
     def continuation():
         with torch.no_grad(), head_measures.ablated(model, heads):
@@ -156,16 +171,149 @@ def main(argv):
     for name, ms in times.items():
         count = per_analysis.get(name, 1)
         print(f"{name:<36} {ms:8.2f} {ms / peer:10.1f}  x{count}")
+    print()
+    why(model, tok, body, n)
+    print()
+    patching(model, tok, ids, n, cfg["gpt2"])
+    print()
+    log_heads_cost(model, tok, cfg)
 
 
-def run(argv):
-    try:
-        main(argv)
-        return 0
-    except (ConfigError, CheckpointError, TokenizerError, LoadError) as e:
-        print(f"error: {e}", file=sys.stderr)
-    return 1
+class WithoutWhy(Explorer):
+    """The analysis as it was before the logit lens and the attribution."""
+
+    def lens(self, trace):
+        return []
+
+    def attributions(self, trace, logits, ids, attribute):
+        return {}
+
+
+def serve(explorer):
+    server = ExplorerServer(explorer, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def why(model, tok, body, repeats):
+    """analyze through the server with and without the lens and attribution, alternated."""
+    servers = {"with": serve(Explorer(model, tok)), "without": serve(WithoutWhy(model, tok))}
+    fns = {name: (lambda s=s: post(s.server_port, body)) for name, s in servers.items()}
+    for fn in fns.values():
+        fn()  # warm up
+    times = common.alternate(fns, repeats, 1, "cpu")
+    sizes = {name: len(fn()) for name, fn in fns.items()}
+    for s in servers.values():
+        s.shutdown()
+        s.server_close()
+    ms = {name: 1000 * statistics.median(t) for name, t in times.items()}
+    print("analyze through the server, alternated (median ms; answer size):")
+    for name in ("without", "with"):
+        print(
+            f"  {name} the logit lens and the attribution: {ms[name]:8.2f}  {sizes[name]:,} bytes"
+        )
+    print(f"  ratio: {ms['with'] / ms['without']:.3f}x (goal <= 1.3x)")
+
+
+def patching(model, tok, ids, repeats, gpt2):
+    """POST /api/patch over every head of the recipe's model; patch_heads on a GPT-2-shaped
+    random model at 32 tokens; each beside one plain forward of its prompt."""
+    text = tok.encode(TEXT * 20)
+    corrupt = text[len(ids) : 2 * len(ids)]
+    idx = torch.tensor([ids])
+    with torch.no_grad():
+        top = torch.topk(model(idx)[0][0, -1], 2).indices.tolist()
+    body = {"clean": tok.decode(ids), "corrupt": tok.decode(corrupt), "target": top[0]}
+    body["foil"] = top[1]
+    server = serve(Explorer(model, tok))
+    ms = median_ms(lambda: post(server.server_port, body, "/api/patch"), repeats)
+    server.shutdown()
+    server.server_close()
+    peer = median_ms(lambda: plain_forward(model, idx), repeats)
+    c = model.config
+    print(
+        f"POST /api/patch, every head ({c.n_layer} x {c.n_head}), {len(ids)} tokens, through "
+        f"the server: {ms:.1f} ms = {ms / peer:.1f} plain forwards ({peer:.2f} ms) (goal <= 500 ms)"
+    )
+    if not gpt2:
+        return
+    torch.manual_seed(0)
+    big = GPT(GPTConfig(n_layer=12, n_head=12, n_embd=768, vocab_size=50257)).eval()
+    clean = torch.randint(50257, (1, 32))
+    other = torch.randint(50257, (1, 32))
+    times = common.alternate(
+        {
+            "patch": lambda: interpret.patch_heads(big, clean, other, 1, 2),
+            "forward": lambda: plain_forward(big, clean),
+        },
+        3,
+        1,
+        "cpu",
+    )
+    patch_s = statistics.median(times["patch"])
+    forward_s = statistics.median(times["forward"])
+    # the processor time of this process: on a busy machine, nearer what idle cores would take
+    cpu_start = time.process_time()
+    interpret.patch_heads(big, clean, other, 1, 2)
+    cpu_s = time.process_time() - cpu_start
+    print(
+        f"patch_heads, GPT-2 shaped (12 x 12, 768 wide, random weights), 32 tokens, 144 heads: "
+        f"{patch_s:.2f} s = {patch_s / forward_s:.1f} plain forwards ({1000 * forward_s:.0f} ms); "
+        f"{cpu_s:.2f} s of processor time on {torch.get_num_threads()} threads (goal <= 5 s)"
+    )
+
+
+def plain_forward(model, idx):
+    with torch.no_grad():
+        model(idx)
+
+
+def log_heads_cost(model, tok, cfg):
+    """The probe of --log_heads against train.py's training step on the recipe, and the
+    snapshots' size, scaled to the evaluations of the run in --out_dir."""
+    import train
+
+    folder = tempfile.mkdtemp(prefix="bench-explore-")
+    settings = train.get_config([cfg["config"], f"--out_dir={folder}", "--device=cpu"])
+    run = train.setup(settings)
+    val = run.splits["val"]
+    tokens = timeline.probe_text(val, timeline.PROBE_WINDOWS * timeline.PROBE_LENGTH + 1)
+    lr = settings.learning_rate
+    fns = {
+        "step": lambda: train.train_step(run, lr),
+        "probe": lambda: timeline.head_probe(run.raw, tok, tokens),
+    }
+    for fn in fns.values():
+        fn()  # warm up
+    times = common.alternate(fns, 5, 1, "cpu")
+    step_s = statistics.median(times["step"])
+    probe_s = statistics.median(times["probe"])
+    source = cfg["init_from"] or cfg["out_dir"]
+    evaluations = len(timeline.logged_iters(source)) or 1
+    n_iters = settings.max_iters
+    share = evaluations * probe_s / (n_iters * step_s)
+    print(
+        f"--log_heads: the probe {1000 * probe_s:.1f} ms per evaluation; a training step of "
+        f"{cfg['config']} {1000 * step_s:.1f} ms ({run.dtype}); {evaluations} evaluation(s) "
+        f"(the log in {source}) over {n_iters} iters: {100 * share:.2f}% of the training time "
+        "(goal <= 5%)"
+    )
+    limit = settings.snapshot_limit
+    timeline.write_snapshot(Settings(out_dir=folder), model, {"tokenizer": tok.describe()}, 0)
+    one = os.path.getsize(timeline.snapshot_path(folder, 0))
+    held = sum(os.path.getsize(p) for p in timeline.list_snapshots(source).values())
+    # the snapshots those evaluations keep: the logged iters, their interval the smallest gap
+    logged = sorted(timeline.logged_iters(source)) or [settings.max_iters]
+    interval = min([b - a for a, b in zip(logged, logged[1:])] or [logged[0] or 1])
+    kept = len(timeline.kept_snapshots(set(logged), logged[-1], limit, interval))
+    print(
+        f"--snapshots: {one / 1e6:.2f} MB each (ckpt.pt: "
+        f"{os.path.getsize(checkpoint_path(source)) / 1e6:.2f} MB); {evaluations} evaluation(s) "
+        f"keep {kept} at {cfg['config']}'s snapshot_limit={limit}: {kept * one / 1e6:.1f} MB; "
+        f"{source}/snapshots holds {held / 1e6:.1f} MB (goal <= 10 MB)"
+    )
+    shutil.rmtree(folder)
 
 
 if __name__ == "__main__":
-    sys.exit(run(sys.argv[1:]))
+    sys.exit(cli.run(main, sys.argv[1:], __doc__, DEFAULTS))

@@ -16,6 +16,7 @@ import torch
 
 from bench import common
 from model import GPT, GPTConfig
+from support import engine
 
 # Targets for the CPU figures (docs/benchmarks.md says whether they are met)
 TARGET_CACHE_VS_NOCACHE = 5.0  # generation at full context, baby model
@@ -25,8 +26,8 @@ TARGET_CACHE_VS_HF = 2.0
 def check_greedy_agree(ours, hf, device, n=8):
     """The first n greedy tokens of ours (cache and no cache) and Hugging Face's must agree."""
     prompt = torch.zeros(1, 1, dtype=torch.long, device=device)
-    a = ours.generate(prompt, n, temperature=0.0, use_cache=True)
-    b = ours.generate(prompt, n, temperature=0.0, use_cache=False)
+    a = ours.generate(prompt, n, temperature=0.0)
+    b = engine.generate(ours, prompt, n, temperature=0.0, use_cache=False)
     with torch.no_grad():
         c = hf.generate(
             prompt,
@@ -56,7 +57,7 @@ def bench_batch(ours, hf, batch, new_tokens, agree, args, log):
     mask = torch.ones_like(prompt)
 
     def ours_gen(use_cache, n=new_tokens):
-        out = ours.generate(prompt, n, temperature=0.0, use_cache=use_cache)
+        out = engine.generate(ours, prompt, n, temperature=0.0, use_cache=use_cache)
         assert out.shape == (batch, 1 + n)
         return out
 
@@ -207,48 +208,26 @@ def generate_targets(rows, quick):
     --quick, whose short generations stop well before the full context)."""
     found = []
     for r in rows:
+        batch = f"generation batch {r['batch']}"
         x = r["cache_over_nocache"]
-        found.append(
-            dict(
-                target=f"generation batch {r['batch']}: cache >= {TARGET_CACHE_VS_NOCACHE}x "
-                "no-cache",
-                measured=x,
-                met=x >= TARGET_CACHE_VS_NOCACHE,
-            )
-        )
+        text = f"{batch}: cache >= {TARGET_CACHE_VS_NOCACHE}x no-cache"
+        found.append(common.target(text, x, x >= TARGET_CACHE_VS_NOCACHE, quick))
         x = r["cache_over_hf"]
-        found.append(
-            dict(
-                target=f"generation batch {r['batch']}: cache >= {TARGET_CACHE_VS_HF}x "
-                "Hugging Face generate",
-                measured=x,
-                met=x >= TARGET_CACHE_VS_HF,
-            )
-        )
+        text = f"{batch}: cache >= {TARGET_CACHE_VS_HF}x Hugging Face generate"
+        found.append(common.target(text, x, x >= TARGET_CACHE_VS_HF, quick))
         x = r["compiled_over_hf"]
         if x is not None:
-            found.append(
-                dict(
-                    target=f"generation batch {r['batch']}: compiled cache >= "
-                    f"{TARGET_CACHE_VS_HF}x Hugging Face generate",
-                    measured=x,
-                    met=x >= TARGET_CACHE_VS_HF,
-                )
-            )
-    if quick:
-        for t in found:
-            t["met"] = None
+            text = f"{batch}: compiled cache >= {TARGET_CACHE_VS_HF}x Hugging Face generate"
+            found.append(common.target(text, x, x >= TARGET_CACHE_VS_HF, quick))
     return found
 
 
 def section(args, log):
     """The figures, the table and (on a CPU) the targets, for common.run."""
-    gpu = args["device"] == "cuda"
     rows = bench_generate(args, log)
+    gpu = args["device"] == "cuda"
     table = "## Generation (greedy, 1-token prompt, baby model)\n\n" + generate_table(rows, gpu)
-    found = []
-    if not gpu:
-        found = generate_targets(rows, args["quick"])
+    found = [] if gpu else generate_targets(rows, args["quick"])
     return dict(generate=rows), [table], found
 
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from bench import common
 from model import GPT, GPTConfig, MultiHeadAttention, attention, causal_mask, windowed_attention
+from support import engine
 
 DEFAULTS = dict(
     common.DEFAULTS,
@@ -136,7 +137,7 @@ def rate(model, prompt, n, window=None, sinks=0):
     from its median step). The median is what a passing stall of a shared machine moves
     least; a step that does more work (a dense model's slide) does not move it either."""
     stamps = [time.perf_counter()]
-    for _ in model.generate_stream(prompt, n, temperature=0, window=window, sinks=sinks):
+    for _ in engine.stream(model, prompt, n, temperature=0, window=window, sinks=sinks):
         stamps.append(time.perf_counter())
     steps = [b - a for a, b in zip(stamps, stamps[1:])]
     tenth = n // 10
@@ -271,28 +272,25 @@ def long_context_tables(attn, roll):
     return common.markdown(lines), cache
 
 
-def target(text, measured, met):
-    return dict(target=text, measured=measured, met=met)
-
-
 def long_context_targets(attn, roll, quick):
     by_t = {r["T"]: r for r in attn}
     found = []
     if 8192 in by_t:
         x = by_t[8192]["attention_speedup"]
         text = f"attention alone, T = 8192, W = {LONG_W}: >= {TARGET_WINDOW_ATTENTION}x dense"
-        found.append(target(text, x, x >= TARGET_WINDOW_ATTENTION))
+        found.append(common.target(text, x, x >= TARGET_WINDOW_ATTENTION, quick))
     if 16384 in by_t:
         x = by_t[16384]["layer_speedup"]
         text = f"attention layer, T = 16384: >= {TARGET_WINDOW_LAYER}x dense"
-        found.append(target(text, x, x >= TARGET_WINDOW_LAYER))
+        found.append(common.target(text, x, x >= TARGET_WINDOW_LAYER, quick))
         x = by_t[16384]["layer_window"] / by_t[8192]["layer_window"]
         text = f"windowed layer, T = 16384 / T = 8192: <= {TARGET_WINDOW_LINEAR}x"
-        found.append(target(text, x, x <= TARGET_WINDOW_LINEAR))
+        found.append(common.target(text, x, x <= TARGET_WINDOW_LINEAR, quick))
     if roll is not None:
         x = roll["cache_fraction"]
         text = "rolling cache bytes = (S + W) / block_size of dense"
-        found.append(target(text, x, abs(x - roll["expected_fraction"]) < 1e-9))
+        exact = abs(x - roll["expected_fraction"]) < 1e-9
+        found.append(common.target(text, x, exact, quick))
         for key, how in (
             ("last_over_first", ""),
             ("last_over_first_median_step", " (from the median steps)"),
@@ -301,13 +299,10 @@ def long_context_targets(attn, roll, quick):
             text = (
                 f"rolling cache: last 10% tokens/s >= {TARGET_ROLLING_STEADY} of the first 10%{how}"
             )
-            found.append(target(text, x, x >= TARGET_ROLLING_STEADY))
+            found.append(common.target(text, x, x >= TARGET_ROLLING_STEADY, quick))
         x = roll["window_over_dense"]
         text = f"past block_size: windowed >= {TARGET_ROLLING_VS_SLIDE}x dense tokens/s"
-        found.append(target(text, x, x >= TARGET_ROLLING_VS_SLIDE))
-    if quick:
-        for t in found:
-            t["met"] = None
+        found.append(common.target(text, x, x >= TARGET_ROLLING_VS_SLIDE, quick))
     return found
 
 

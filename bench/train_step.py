@@ -214,17 +214,11 @@ def train_targets(rows, quick):
     by_name = {r["name"]: r for r in rows}
     if "nanoGPT CPU settings" in by_name:
         x = by_name["nanoGPT CPU settings"]["hf_over_ours"]
-        found.append(
-            dict(
-                target=f"training step, nanoGPT CPU settings: >= {TARGET_TRAIN_VS_HF}x "
-                "faster than Hugging Face",
-                measured=x,
-                met=x >= TARGET_TRAIN_VS_HF,
-            )
+        text = (
+            f"training step, nanoGPT CPU settings: >= {TARGET_TRAIN_VS_HF}x "
+            "faster than Hugging Face"
         )
-    if quick:
-        for t in found:
-            t["met"] = None
+        found.append(common.target(text, x, x >= TARGET_TRAIN_VS_HF, quick))
     return found
 
 

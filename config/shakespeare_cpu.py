@@ -20,6 +20,9 @@ eval_iters = 10
 eval_full_val = True  # the final val loss is over the whole val split, not a sample
 log_interval = 10
 always_save_checkpoint = False
+# with --snapshots=True (explore.py's steps): at most 4 weights-only snapshots of 2.4 MB;
+# --log_heads=True logs the heads at every evaluation whatever this limit
+snapshot_limit = 4
 
 dataset = "shakespeare_char"
 gradient_accumulation_steps = 1

@@ -132,21 +132,20 @@ def plot(curve, path):
     )
     top.set_ylabel("val loss (nats)")
     n_head = len(curve[0]["induction"][1])
+    # (the score, the layer whose heads it is drawn for, the colour, its name)
+    scores = [
+        ("induction", 1, "C3", "induction score"),
+        ("previous", 0, "C0", "previous-token score"),
+    ]
     for h in range(n_head):
-        bottom.plot(
-            steps,
-            [c["induction"][1][h] for c in curve],
-            color="C3",
-            alpha=1 - 0.4 * h,
-            label=f"layer 1 head {h}: induction score",
-        )
-        bottom.plot(
-            steps,
-            [c["previous"][0][h] for c in curve],
-            color="C0",
-            alpha=1 - 0.4 * h,
-            label=f"layer 0 head {h}: previous-token score",
-        )
+        for score, layer, colour, name in scores:
+            bottom.plot(
+                steps,
+                [c[score][layer][h] for c in curve],
+                color=colour,
+                alpha=1 - 0.4 * h,
+                label=f"layer {layer} head {h}: {name}",
+            )
     bottom.axhline(heads.INDUCTION, color="grey", ls=":", lw=1)
     at = jump(curve)
     if at is not None:

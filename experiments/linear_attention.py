@@ -33,6 +33,7 @@ import time
 import torch
 
 from model import GPT, GPTConfig
+from support import engine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
@@ -198,7 +199,7 @@ def decode_rate(model, n_new, prompt_len=8):
     )
     marks = []
     t0 = time.perf_counter()
-    stream = model.generate_stream(idx, n_new, temperature=0)
+    stream = engine.stream(model, idx, n_new, temperature=0)
     for i, _ in enumerate(stream):
         if (i + 1) % (n_new // 10) == 0:
             marks.append(time.perf_counter())
@@ -261,7 +262,7 @@ def part_context(results):
                 )
             )
             idx = torch.randint(0, 65, (1, P), generator=torch.Generator().manual_seed(0))
-            stream = model.eval().generate_stream(idx, 201, temperature=0)
+            stream = engine.stream(model.eval(), idx, 201, temperature=0)
             next(stream)  # the prompt's forward
             t0 = time.perf_counter()
             for _ in stream:
@@ -410,7 +411,7 @@ key and value. In `model.py` this is `linear_attention`, beside the softmax
   window: the state goes on past `block_size`, the rotary angles of positions
   past the table computed when first needed. With learned positions the window
   slides as it does for softmax.
-- **Inspection**: with `return_attention` (one chunk, for short T) the implied
+- **Inspection**: with `model.attention_maps` (one chunk, for short T) the implied
   weights φ(q_i)·φ(k_j) / φ(q_i)·z_i come back in the softmax maps' place, so
   `sample.py`'s pictures and `heads.py` work unchanged; `sample.py` takes the
   maps of a linear model from whole forwards, since its state keeps no keys to

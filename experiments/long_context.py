@@ -36,7 +36,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from support.configurator import describe, parse_args
+from support import cli
 from support.head_measures import ablated, patterns, val_tokens, windows
 from support.loading import load_model
 
@@ -97,11 +97,7 @@ def ppl(nll):
     return math.exp(nll.mean().item())
 
 
-def main(argv):
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.strip() + "\n\noptions (defaults):\n" + describe(DEFAULTS))
-        return
-    cfg = parse_args(DEFAULTS, argv, allow_files=False)
+def main(cfg):
     torch.manual_seed(0)
     dense, tok = load(cfg["dense"])
     trained, _ = load(cfg["windowed"])
@@ -209,4 +205,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(cli.run(main, sys.argv[1:], __doc__, DEFAULTS))

@@ -1,7 +1,7 @@
 """
 Attention maps: what each head looked at while the model generated a sample.
 
-generate_stream(..., return_attention=True) yields, for every new token, the
+engine.stream(..., attention=True) yields, for every new token, the
 attention weights of the forward that produced it: the prompt's prefill gives
 full (n_head, T, T) maps, each cached decode step adds one (n_head, 1, Tk) row.
 assemble() stitches these steps back into one (n_head, T, T) map per layer, and

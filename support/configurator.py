@@ -137,13 +137,19 @@ def parse_settings(cls, argv):
     return cls(**parse_args(defaults, argv))
 
 
-def describe_settings(cls):
+def describe_settings(cls, keys=None):
     """For --help: the body of the dataclass cls as written, its comments included,
-    each field shown as --key=default."""
+    each field (of keys, if given) shown as --key=default."""
     defaults = {field.name: field.default for field in dataclasses.fields(cls)}
+    if keys is not None:
+        defaults = {key: defaults[key] for key in keys}
+    source = inspect.getsource(cls).splitlines()
+    start = next(i for i, line in enumerate(source) if line.lstrip().startswith("class "))
     lines = []
-    for line in inspect.getsource(cls).splitlines():
+    for line in source[start + 1 :]:
         text = line.strip()
+        if text.startswith(("def ", "@")):
+            break  # the fields end where the methods begin
         key = text.partition(":")[0]
         if text.startswith("#"):
             lines.append(f"  {text}")

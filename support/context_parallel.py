@@ -78,28 +78,11 @@ class ContextParallel:
             )
         return ring_attention(q, k, v, ring=self.ring)
 
+    def positions(self, T, device):
+        """This rank's T tokens' positions in the whole sequence (T * size tokens)."""
+        return sequence_positions(T * self.size, self.rank, self.size, self.zigzag, device)
+
     def attach(self, model):
-        """Make model (a GPT) attend over the whole sequence through the ring, at
-        its tokens' positions in the whole sequence."""
-        for block in model.transformer.h:
-            block.attn.sdpa = self.sdpa
-        embed, forward = model.embed, model.forward
-
-        def embed_here(idx, pos):  # pos: 0 .. T/size - 1, in this rank's part
-            whole = sequence_positions(
-                idx.size(1) * self.size, self.rank, self.size, self.zigzag, pos.device
-            )
-            return embed(idx, whole[pos])
-
-        def forward_split(
-            idx, targets=None, kv_cache=None, return_attention=False, last_only=False
-        ):
-            if return_attention or kv_cache is not None:
-                raise ValueError(
-                    "a model split by context parallelism returns no attention maps and keeps "
-                    "no KV cache; load the checkpoint in one process for that"
-                )
-            return forward(idx, targets, last_only=last_only)
-
-        model.embed, model.forward = embed_here, forward_split
-        return model
+        """Make model (a GPT) attend over the whole sequence through the ring, at its
+        tokens' positions in the whole sequence: through the seam model.py declares."""
+        return model.split_context(self)

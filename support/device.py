@@ -75,6 +75,27 @@ def explain_device(cfg, device, dtype):
         )
 
 
+def pin_cpu_vector_width():
+    """Name the width of the CPU's vector registers to inductor before it compiles.
+
+    Inductor writes its C++ kernels for the vector width it picks from
+    ATEN_CPU_CAPABILITY and the CPU's flags (512 bits on AVX-512, 256 with
+    ATEN_CPU_CAPABILITY=avx2), but its on-disk cache of compiled graphs is keyed by
+    its config, where that width is None either way. A graph compiled in a process
+    capped at AVX2 (the cap docs/benchmarks.md measures the AVX2 class with) is then
+    read back by an uncapped AVX-512 process, whose compiler builds the kernels with
+    16-float vectors where the code steps by 8: each store writes past its buffer
+    and the run dies of heap corruption (malloc: unaligned tcache chunk). Setting
+    cpp.simdlen to the width inductor would pick anyway changes no kernel, and puts
+    the width in the cache key. A width the user set is kept."""
+    from torch._inductor import config
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    if config.cpp.simdlen is None:
+        # 0 where the CPU has no vector ISA inductor uses: scalar code, as before
+        config.cpp.simdlen = pick_vec_isa().bit_width()
+
+
 @contextlib.contextmanager
 def precision_context(device_type, dtype, block_size):
     """Autocast for the forward pass (nothing in float32). On CPU, for contexts of
@@ -94,8 +115,9 @@ def precision_context(device_type, dtype, block_size):
 
 def time_cpu_dtypes(cfg, model, data):
     """('bfloat16' or 'float32', why) for dtype='auto' on a CPU with native bfloat16:
-    whichever runs a forward and backward of this model faster (best of 4, on up
-    to 2048 tokens at the run's shapes), timed once per shape (hardware.py)."""
+    whichever runs a forward and backward of this model faster (on up to 2048
+    tokens at the run's shapes, the best of rounds that alternate the two), timed
+    once per shape (hardware.py)."""
     n = max(1, min(cfg.batch_size, 2048 // cfg.block_size))
     x, y = get_batch(data, torch.zeros(n, dtype=torch.long), cfg.block_size, torch.device("cpu"))
 
@@ -103,7 +125,7 @@ def time_cpu_dtypes(cfg, model, data):
         best = float("inf")
         # dropout draws here must not shift the run's random numbers
         with torch.random.fork_rng(devices=[]):
-            for _ in range(4):  # the first picks kernels and allocates
+            for _ in range(2):  # the first picks kernels and allocates
                 t0 = time.perf_counter()
                 with precision_context("cpu", dtype, cfg.block_size):
                     loss = model(x, y)[1]

@@ -10,6 +10,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from support.device import pin_cpu_vector_width
+
 
 def join_processes(device, timeout):
     """Join the other processes: NCCL between GPUs, gloo between CPUs."""
@@ -33,6 +35,8 @@ def wrap_model(raw, device, world, use_compile):
     PyTorch's guide "Where to apply torch.compile?" gives: compiled inside DDP's
     forward, the graph is split at DDP's gradient buckets (DDPOptimizer), so each
     bucket's all-reduce overlaps the rest of the backward pass."""
+    if use_compile and device.type == "cpu":
+        pin_cpu_vector_width()
     model = torch.compile(raw) if use_compile else raw
     if world == 1:
         return model, model

@@ -1,17 +1,25 @@
 """
-The generation engine: GPT.decode_step compiled, for model.generate(..., decoder=...).
+The generation engine: model.generate's loop with every option, written once.
 
-The model (model.py) keeps the sampling loop and a fixed-shape decode step; this file
-compiles that step once per model, batch size, device and dtype, keeps it, and rebuilds it
-when a weight changes. sample.py and the benchmarks decode through it.
+GPT.generate (model.py) is the plain cached sampling loop. stream() here is the same loop
+for the commands: it yields each token as it comes, and takes the options a command
+needs (Sampling: top-p, a seeded generator, no cache, StreamingLLM's window, the
+compiled decode step, attention maps). The compiled step is GPT.decode_step compiled
+once per model, batch size, device and dtype, kept, and rebuilt when a weight changes.
+sample.py, the explorer and the benchmarks decode through it.
 
-    from support.engine import compiled_decoder, generate_compiled
-    out = generate_compiled(model, idx, 200, temperature=0.0)
-    step, cache = compiled_decoder(model, batch_size=1)
-    out = model.generate(idx, 200, decoder=(step, cache))
+    from support import engine
+    out = engine.generate(model, idx, 200, temperature=0.0, compiled=True)
+    for token, maps, start in engine.stream(model, idx, 200, top_p=0.9, attention=True):
+        ...
 """
 
+from dataclasses import dataclass
+
 import torch
+
+from model import StreamingKVCache, sample_next
+from support.device import pin_cpu_vector_width
 
 # read by inductor when it compiles, at the first call: the weights frozen in as constants,
 # so max-autotune writes its own matrix-vector kernels; autotuning kept quiet
@@ -27,17 +35,17 @@ def check_compilable(model, device):
     if model.config.attention != "softmax":
         raise ValueError(
             "compiled decoding runs softmax attention through the full KV cache; "
-            "decode this linear-attention model eagerly (decoder=None)"
+            "decode this linear-attention model eagerly (compiled=False)"
         )
     if model.config.sliding_window is not None:
         raise ValueError(
             "compiled decoding runs full attention, not a sliding window; "
-            "decode this model eagerly (decoder=None)"
+            "decode this model eagerly (compiled=False)"
         )
     if device.type not in ("cpu", "cuda"):
         raise ValueError(
             f"compiled decoding runs full attention on CPU or CUDA, not {device.type}; "
-            "decode eagerly (decoder=None)"
+            "decode eagerly (compiled=False)"
         )
 
 
@@ -59,8 +67,7 @@ def cuda_graph_step(model, cache):
         torch.compiler.cudagraph_mark_step_begin()
         logits = compiled(token, cache.at, cache)  # (B, vocab)
         cache.advance(1)
-        # (logits (B, 1, vocab), no loss), as forward gives
-        return logits[:, None], None
+        return logits[:, None]  # (B, 1, vocab), as forward gives
 
     return step
 
@@ -75,7 +82,7 @@ def frozen_step(model, cache):
         with torch._inductor.config.patch(FROZEN):
             logits = compiled(token, cache.at, cache)  # (B, vocab)
         cache.advance(1)
-        return logits[:, None], None
+        return logits[:, None]  # (B, 1, vocab)
 
     return step
 
@@ -87,9 +94,10 @@ def weight_versions(model):
 
 def compiled_decoder(model, batch_size, cuda_graphs=None):
     """(step, cache): the model's decode step compiled, with its zeroed KVCache. step(token
-    (B, 1)) returns what forward would and advances the cache. Built once per model, batch
-    size, device, dtype and cuda_graphs, and kept; cuda_graphs (default: on CUDA) records a
-    CUDA graph, else the weights are frozen in and changing one rebuilds the step."""
+    (B, 1)) returns the logits (B, 1, vocab) forward would and advances the cache. Built
+    once per model, batch size, device, dtype and cuda_graphs, and kept; cuda_graphs
+    (default: on CUDA) records a CUDA graph, else the weights are frozen in and changing
+    one rebuilds the step."""
     weight = model.transformer.wte.weight
     check_compilable(model, weight.device)
     if cuda_graphs is None:
@@ -104,6 +112,8 @@ def compiled_decoder(model, batch_size, cuda_graphs=None):
     kept = model.compiled_decoders.get(key)
     if kept is not None and kept[2] == version:
         return kept[0], kept[1]
+    if weight.device.type == "cpu":
+        pin_cpu_vector_width()
     cache = model.make_kv_cache(batch_size, zero=True)
     if cuda_graphs:
         step = cuda_graph_step(model, cache)
@@ -113,9 +123,94 @@ def compiled_decoder(model, batch_size, cuda_graphs=None):
     return step, cache
 
 
-def generate_compiled(model, idx, max_new_tokens, **sampling_kwargs):
-    """model.generate with each new token through the compiled step: the same greedy
-    tokens as eager decoding in float32. sampling_kwargs: generate's (temperature, top_k,
-    top_p, generator)."""
-    decoder = compiled_decoder(model, idx.size(0))
-    return model.generate(idx, max_new_tokens, decoder=decoder, **sampling_kwargs)
+@dataclass
+class Sampling:
+    """How generation picks each token and what it runs the tokens through: the options of
+    stream() and generate(), in one place. The defaults are model.generate's loop."""
+
+    temperature: float = 1.0  # 0: greedy
+    top_k: int | None = None  # sample among the k most likely tokens
+    top_p: float | None = None  # nucleus: the fewest most likely tokens reaching p
+    generator: torch.Generator | None = None  # seeded: the same samples again
+    use_cache: bool = True  # False: the whole window through the model for every token
+    window: int | None = None  # StreamingLLM's cache: `sinks` first tokens and a window
+    sinks: int = 0
+    compiled: bool = False  # each new token through the compiled decode step
+    attention: bool = False  # each step yields its forward's attention maps
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        eager_only = self.attention or not self.use_cache or self.window is not None
+        if self.compiled and (eager_only or self.sinks):
+            raise ValueError(
+                "a compiled decoder decodes through the full KV cache, without attention maps "
+                "or a window; pass compiled=False for those"
+            )
+
+
+def forward(model, idx, cache, attention):
+    """The logits (B, T or 1, vocab) of idx through the cache, and with attention, the maps."""
+    if attention:
+        return model.attention_maps(idx, kv_cache=cache)
+    logits, _ = model(idx, kv_cache=cache, last_only=True)
+    return logits, None
+
+
+@torch.no_grad()
+def stream(model, idx, max_new_tokens, **options):
+    """Yield (next_token (B, 1), maps, window_start) for each new token; options: Sampling's.
+
+    The window (the prompt's last block_size tokens, or what is left after a slide) goes
+    through the model in one forward that fills the cache; then only the newest token
+    does (compiled: through the compiled step). maps (with attention): the per-layer
+    weights of the forward that gave this token, over idx[:, window_start:]: (B, nh, T, T)
+    maps, then one (B, nh, 1, Tk) row per step (a rolling cache's: by slot)."""
+    s = Sampling(**options)
+    if idx.size(1) < 1:
+        raise ValueError("generation needs at least one prompt token")
+    cache = None
+    if s.use_cache:
+        cache = model.make_kv_cache(idx.size(0), window=s.window, sinks=s.sinks)
+    step = None
+    if s.compiled:
+        step, cache = compiled_decoder(model, idx.size(0))
+    # StreamingLLM's cache never slides: it takes the last S + W tokens, all it has places for
+    streaming = isinstance(cache, StreamingKVCache)
+    keep = model.config.context
+    if streaming:
+        keep = cache.block_size
+    start = max(0, idx.size(1) - keep)
+    fresh = True
+    for _ in range(max_new_tokens):
+        new_start = start
+        if not streaming:
+            new_start = model.context_start(idx.size(1), start)
+        if cache is None or fresh or new_start != start:
+            # the whole window in one forward: the prompt, after a slide, or without a cache
+            start = new_start
+            fresh = False
+            if cache is not None:
+                cache.reset()
+            logits, maps = forward(model, idx[:, start:], cache, s.attention)
+        elif step is not None:
+            logits = step(idx[:, -1:])
+            maps = None
+        else:
+            logits, maps = forward(model, idx[:, -1:], cache, s.attention)
+        token = sample_next(logits[:, -1], s.temperature, s.top_k, s.top_p, s.generator)
+        idx = torch.cat((idx, token), dim=1)
+        yield token, maps, start
+
+
+def generate(model, idx, max_new_tokens, **options):
+    """idx (B, T) with max_new_tokens tokens appended, as model.generate, with Sampling's
+    options: use_cache=False (the whole window every step, the same slides) and the
+    compiled step (in float32) give model.generate's greedy tokens."""
+    new_tokens = [token for token, _, _ in stream(model, idx, max_new_tokens, **options)]
+    return torch.cat([idx] + new_tokens, dim=1)
+
+
+def generate_compiled(model, idx, max_new_tokens, **options):
+    """generate with each new token through the compiled step."""
+    return generate(model, idx, max_new_tokens, compiled=True, **options)

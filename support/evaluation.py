@@ -9,11 +9,12 @@ from tqdm import tqdm
 
 from support.batches import get_batch
 from support.distributed import all_sum
+from support.run_state import Run
 from support.signals import Stopped, stop_requested
 
 
 @torch.no_grad()
-def mean_loss(run, model, data, batches, desc):
+def mean_loss(run: Run, model, data, batches, desc):
     """Mean loss per token over batches [(starts (N,), length)], shared by the
     processes, with a progress bar; a stop signal ends it (Stopped) within a batch."""
     total = torch.zeros(2, device=run.device)  # (loss summed over tokens, tokens)
@@ -38,7 +39,7 @@ def mean_loss(run, model, data, batches, desc):
     return (total[0] / total[1]).item()
 
 
-def estimate_loss(run, seed):
+def estimate_loss(run: Run, seed):
     """Loss on eval_iters random batches per split. The generator is a fresh one,
     so evaluating never shifts the training batches."""
     gen, B, T = torch.Generator().manual_seed(seed), run.cfg.batch_size, run.cfg.block_size
@@ -50,7 +51,7 @@ def estimate_loss(run, seed):
     return losses
 
 
-def full_val_loss(run):
+def full_val_loss(run: Run):
     """Loss on every token of the val split, in non-overlapping block_size
     windows (the last one shorter): the val loss of record, without sampling noise."""
     data, B, T = run.splits["val"], run.cfg.batch_size, run.cfg.block_size

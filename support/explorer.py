@@ -1,14 +1,18 @@
 """
 The attention explorer behind explore.py: the analysis of a prompt and a local web server.
 
-Explorer holds one loaded model and answers the two questions the page asks:
+Explorer holds one loaded model and answers the questions the page asks:
 analyze (every head's attention on a prompt, its label, the next-token
-probabilities, the loss of each token and a greedy continuation, with a set of
-heads switched off and, beside it, intact) and generate (sampled tokens, one
-by one). Ablation is head_measures.ablated, the definition heads.py uses, and
-labels follow attention_maps' rule over the prompt, as sample.py's do, with
-heads.py's induction probe on top. Every number comes from the model's own
-forward: the page is a window onto model.py, not a second implementation.
+probabilities, the loss of each token, a greedy continuation, the logit lens and
+the direct logit attribution, with a set of heads switched off and, beside it,
+intact), generate (sampled tokens, one by one) and patch (activation patching of
+every head, clean prompt into corrupt). Ablation is head_measures.ablated, the
+definition heads.py uses, and labels follow attention_maps' rule over the
+prompt, as sample.py's do, with heads.py's induction probe on top; the lens,
+the attribution and patching are support/interpret.py's. Every number comes
+from the model's own forward: the page is a window onto model.py, not a second
+implementation. Given a training run's folder, it also serves the run's
+snapshots (support/timeline.py): every question may name a "step".
 
 The server is the standard library's ThreadingHTTPServer. It serves the page's
 three files by fixed name (no path from a request ever reaches the file
@@ -27,7 +31,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from support import attention_maps, head_measures
+from support import attention_maps, engine, head_measures, interpret, timeline
+from support.checkpoint import CheckpointError
+from support.loading import LoadError, load_model
 from support.tokenizer import TokenizerError
 
 PAGE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "explorer_page")
@@ -43,12 +49,17 @@ CONTINUATION = 20  # tokens of the greedy continuation beside each analysis
 MAX_CONTINUATION = 200
 MAX_NEW_TOKENS = 2000  # the most tokens one /api/generate may ask for
 MAX_WEIGHTS = 8_000_000  # attention weights of one model in an answer: about 60 MB of JSON
+# tokens in a patching pass, n_layer * n_head copies of the prompt: GPT-2 124M's 144 heads
+# take up to 455 tokens, in about 1 GB of activations
+MAX_PATCH_TOKENS = 1 << 16
 DIGITS = 6  # attention weights are rounded to 6 decimals: 5e-7 at most, a shorter JSON
 SEED = 1337  # the induction probe's random tokens, heads.py's default seed
 PROBES_KEPT = 64  # induction probes kept, one per set of heads switched off
+STEPS_KEPT = 4  # snapshots of a run kept loaded at once
 
-ANALYZE_FIELDS = {"prompt", "ablate", "continuation"}
-GENERATE_FIELDS = {"prompt", "ablate", "max_new_tokens", "temperature", "top_k", "seed"}
+ANALYZE_FIELDS = {"prompt", "ablate", "continuation", "attribute", "step"}
+GENERATE_FIELDS = {"prompt", "ablate", "max_new_tokens", "temperature", "top_k", "seed", "step"}
+PATCH_FIELDS = {"clean", "corrupt", "target", "foil", "ablate", "step"}
 
 
 class RequestError(Exception):
@@ -86,14 +97,19 @@ def number(body, key, default, low, high):
 
 
 class Explorer:
-    """One model, its tokenizer, and the lock that every use of the model holds."""
+    """One model, its tokenizer, and the lock that every use of the model holds.
+    run_dir: the training run's folder, whose snapshots the requests may name by step;
+    step: the iter of the model given (ckpt.pt's), None when unknown."""
 
-    def __init__(self, model, tok):
+    def __init__(self, model, tok, run_dir=None, step=None, lock=None):
         self.model = model
         self.tok = tok
         self.config = model.config
         self.device = model.lm_head.weight.device
-        self.lock = threading.Lock()
+        self.lock = lock or threading.Lock()
+        self.run_dir = run_dir
+        self.step = step
+        self.snapshots = {}  # step -> the Explorer of that snapshot, the most recent last
         # the induction probe, as heads.py measures it, by set of heads off: it does not
         # depend on the prompt, so typing with the same heads off never reruns it
         self.probes = {(): head_measures.induction_scores(model, SEED)["induction"]}
@@ -135,18 +151,19 @@ class Explorer:
             pairs.add(tuple(pair))
         return sorted(pairs)
 
-    def encode(self, body):
-        """The request's prompt as token ids, at most the model's context long."""
-        prompt = body.get("prompt")
+    def encode(self, body, key="prompt"):
+        """The request's prompt (body[key]) as token ids, at most the model's context long."""
+        prompt = body.get(key)
         if not isinstance(prompt, str) or not prompt:
-            raise RequestError("prompt must be a non-empty string")
+            raise RequestError(f"{key} must be a non-empty string")
         try:
             ids = self.tok.encode(prompt)
         except TokenizerError as e:
             raise RequestError(str(e)) from None
         if len(ids) > self.config.block_size:
+            what = "prompt" if key == "prompt" else f"{key} prompt"
             raise RequestError(
-                f"the prompt has {len(ids)} tokens, more than the model's context of "
+                f"the {what} has {len(ids)} tokens, more than the model's context of "
                 f"{self.config.block_size}; shorten it"
             )
         if max(ids) >= self.config.vocab_size:
@@ -156,6 +173,67 @@ class Explorer:
             )
         return ids
 
+    def token(self, body, key):
+        """body[key] as a token id: an id, or a string that is one token."""
+        value = body.get(key)
+        if isinstance(value, str):
+            try:
+                ids = self.tok.encode(value)
+            except TokenizerError as e:
+                raise RequestError(f"{key}: {e}") from None
+            if len(ids) != 1:
+                raise RequestError(
+                    f"{key} {value!r} is {len(ids)} tokens; give one token, or its id"
+                )
+            value = ids[0]
+        return integer({key: value}, key, None, 0, self.config.vocab_size - 1)
+
+    # -------------------------------------------------------------------------
+    # A training run's steps
+
+    def steps(self):
+        """Answer GET /api/steps: the iters of the run's snapshots, and ckpt.pt's."""
+        found = []
+        if self.run_dir is not None:
+            found = list(timeline.list_snapshots(self.run_dir))
+        return {"steps": found, "checkpoint": self.step}
+
+    def at(self, body):
+        """The Explorer that answers the request: this one, or that of the snapshot at
+        body["step"], loaded on first use in this model's device and precision (the
+        STEPS_KEPT used last stay loaded). They share this one's lock."""
+        step = body.get("step")
+        if step is None or step == self.step:
+            return self
+        if self.run_dir is None:
+            raise RequestError(
+                "this explorer serves one model, without steps; start explore.py with the "
+                "--out_dir of a run trained with --snapshots=True"
+            )
+        paths = timeline.list_snapshots(self.run_dir)
+        if isinstance(step, bool) or step not in paths:
+            raise RequestError(
+                f"no snapshot at step {step!r}; GET /api/steps lists them ({len(paths)} here)"
+            )
+        with self.lock:
+            if step not in self.snapshots:
+                self.snapshots[step] = self.load_step(step, paths[step])
+            explorer = self.snapshots.pop(step)
+            self.snapshots[step] = explorer  # now the most recent
+            if len(self.snapshots) > STEPS_KEPT:
+                del self.snapshots[next(iter(self.snapshots))]
+        return explorer
+
+    def load_step(self, step, path):
+        """The Explorer of one snapshot; called under the lock."""
+        try:
+            model, _, _ = load_model({"init_from": path, "out_dir": self.run_dir})
+        except (CheckpointError, LoadError, TokenizerError) as e:
+            raise RequestError(f"step {step}: {e}") from None
+        dtype = self.model.lm_head.weight.dtype
+        model.to(device=self.device, dtype=dtype).eval()
+        return Explorer(model, self.tok, step=step, lock=self.lock)
+
     # -------------------------------------------------------------------------
     # Analysis
 
@@ -163,6 +241,10 @@ class Explorer:
         """Answer POST /api/analyze: the model with body["ablate"]'s heads off and, when some
         are, the intact model under "intact"."""
         check_fields(body, ANALYZE_FIELDS)
+        return self.at(body).analyze_here(body)
+
+    def analyze_here(self, body):
+        """analyze() with this Explorer's model."""
         ids = self.encode(body)
         # every head's (T, T) map goes into the answer: a large model's long prompt would not fit
         n_heads = self.config.n_layer * self.config.n_head
@@ -174,17 +256,32 @@ class Explorer:
             )
         heads = self.heads(body)
         n_new = integer(body, "continuation", CONTINUATION, 0, MAX_CONTINUATION)
-        answer = self.analysis(ids, heads, n_new)
+        attribute = self.attribute(body, len(ids))
+        answer = self.analysis(ids, heads, n_new, attribute)
         if heads:
-            answer["intact"] = self.analysis(ids, [], n_new)
+            answer["intact"] = self.analysis(ids, [], n_new, attribute)
         return answer
 
+    def attribute(self, body, T):
+        """The request's "attribute" as (position, token id or None: the model's choice)."""
+        value = body.get("attribute", {})
+        if not isinstance(value, dict) or set(value) - {"position", "token"}:
+            raise RequestError('attribute must be an object {"position": int, "token": id}')
+        position = integer(value, "position", T - 1, 0, T - 1)
+        token = None
+        if "token" in value:
+            token = integer(value, "token", None, 0, self.config.vocab_size - 1)
+        return position, token
+
     @torch.no_grad()
-    def analysis(self, ids, heads, n_new):
-        """One analysis of ids with heads ablated."""
+    def analysis(self, ids, heads, n_new, attribute):
+        """One analysis of ids with heads ablated; attribute: (position, token or None)."""
         idx = torch.tensor([ids], dtype=torch.long, device=self.device)
         with self.lock, head_measures.ablated(self.model, heads):
-            logits, _, maps = self.model(idx, return_attention=True)
+            with interpret.recording(self.model) as trace:
+                logits, maps = self.model.attention_maps(idx)
+            lens = self.lens(trace)
+            why = self.attributions(trace, logits[0], ids, attribute)
             probe = self.probe(heads)
             continuation = self.greedy(idx, n_new)
         logits = logits[0].float()  # (T, vocab)
@@ -205,7 +302,58 @@ class Explorer:
                 for i, p in zip(top.indices.tolist(), top.values.tolist())
             ],
             "continuation": self.tok.token_strings(continuation),
+            "step": self.step,
+            "logit_lens": lens,
+            **why,
         }
+
+    def lens(self, trace):
+        """The logit lens as the answer holds it: (n_layer + 1, T, LENS_TOP) of
+        {"token", "id", "prob"}; called under the lock."""
+        probs, ids = interpret.logit_lens(self.model, trace)  # (n_layer + 1, T, k) each
+        lens = []
+        for point_probs, point_ids in zip(probs.tolist(), ids.tolist()):
+            row = []
+            for cell_probs, cell_ids in zip(point_probs, point_ids):
+                strings = self.tok.token_strings(cell_ids)
+                row.append(
+                    [
+                        {"token": s, "id": i, "prob": round(p, DIGITS)}
+                        for s, i, p in zip(strings, cell_ids, cell_probs)
+                    ]
+                )
+            lens.append(row)
+        return lens
+
+    def attributions(self, trace, logits, ids, attribute):
+        """The direct logit attribution asked for ("attribution") and, for the page's
+        mouse, that of every prompt token after the first at the position before it
+        ("token_attribution", entry t: token t + 1 at position t); under the lock."""
+        position, token = attribute
+        if token is None:
+            token = logits[position].argmax().item()
+        positions = list(range(len(ids) - 1)) + [position]
+        tokens = ids[1:] + [token]
+        parts = interpret.attribution(
+            self.model, trace, torch.tensor(positions), torch.tensor(tokens)
+        )
+        own = logits[positions, tokens].float().tolist()
+        strings = self.tok.token_strings(tokens)
+        every = []
+        for k, (p, t) in enumerate(zip(positions, tokens)):
+            every.append(
+                {
+                    "position": p,
+                    "token": strings[k],
+                    "id": t,
+                    "logit": own[k],
+                    "heads": parts["heads"][k].tolist(),
+                    "mlp": parts["mlp"][k].tolist(),
+                    "embed": parts["embed"][k].item(),
+                    "bias": parts["bias"][k].item(),
+                }
+            )
+        return {"attribution": every[-1], "token_attribution": every[:-1]}
 
     def probe(self, heads):
         """Each head's induction score (n_layer, n_head) with heads off; called under the lock."""
@@ -248,21 +396,24 @@ class Explorer:
         """Check a POST /api/generate; return the prompt's ids and a generator of
         {"token", "id"} dicts, one per new token, sampled as sample.py samples."""
         check_fields(body, GENERATE_FIELDS)
-        ids = self.encode(body)
-        heads = self.heads(body)
+        run = self.at(body)
+        ids = run.encode(body)
+        heads = run.heads(body)
         n_new = integer(body, "max_new_tokens", 100, 1, MAX_NEW_TOKENS)
         temperature = number(body, "temperature", 0.8, 0.0, 100.0)
         # as in sample.py: a top_k above the vocabulary keeps every token
         top_k = min(integer(body, "top_k", 200, 1, 10**9), self.config.vocab_size)
         seed = integer(body, "seed", 1337, 0, 2**63 - 1)
-        return ids, self.sample(ids, heads, n_new, temperature, top_k, seed)
+        return ids, run.sample(ids, heads, n_new, temperature, top_k, seed)
 
     @torch.no_grad()
     def sample(self, ids, heads, n_new, temperature, top_k, seed):
-        """Yield each new token as model.generate_stream samples it, with heads off."""
+        """Yield each new token as engine.stream samples it, with heads off."""
         generator = torch.Generator(device=self.device).manual_seed(seed)
         idx = torch.tensor([ids], dtype=torch.long, device=self.device)
-        stream = self.model.generate_stream(idx, n_new, temperature, top_k, generator=generator)
+        stream = engine.stream(
+            self.model, idx, n_new, temperature=temperature, top_k=top_k, generator=generator
+        )
         try:
             for _ in range(n_new):
                 # the lock per token: another tab's analysis may run between two of them
@@ -271,6 +422,62 @@ class Explorer:
                 yield {"token": self.tok.token_strings([token])[0], "id": token}
         finally:
             stream.close()
+
+    # -------------------------------------------------------------------------
+    # Activation patching
+
+    def patch(self, body):
+        """Answer POST /api/patch: for every head, how much of the clean prompt's
+        logit[target] - logit[foil] at the last position it restores when its output
+        is patched into the corrupt prompt's run (interpret.patch_heads)."""
+        check_fields(body, PATCH_FIELDS)
+        return self.at(body).patch_here(body)
+
+    def patch_here(self, body):
+        """patch() with this Explorer's model."""
+        clean = self.encode(body, "clean")
+        corrupt = self.encode(body, "corrupt")
+        if len(clean) != len(corrupt):
+            raise RequestError(
+                f"clean has {len(clean)} tokens and corrupt {len(corrupt)}; patching needs "
+                "two prompts of the same token length"
+            )
+        copies = self.config.n_layer * self.config.n_head
+        if copies * len(clean) > MAX_PATCH_TOKENS:
+            raise RequestError(
+                f"patching this model's {copies} heads fits prompts of up to "
+                f"{MAX_PATCH_TOKENS // copies} tokens, not {len(clean)}; shorten them"
+            )
+        target = self.token(body, "target")
+        foil = self.token(body, "foil")
+        if target == foil:
+            raise RequestError("target and foil are the same token; give two different ones")
+        heads = self.heads(body)
+        clean_idx = torch.tensor([clean], dtype=torch.long, device=self.device)
+        corrupt_idx = torch.tensor([corrupt], dtype=torch.long, device=self.device)
+        with self.lock, head_measures.ablated(self.model, heads):
+            result = interpret.patch_heads(self.model, clean_idx, corrupt_idx, target, foil)
+        clean_diff = result["clean_diff"]
+        corrupt_diff = result["corrupt_diff"]
+        gap = clean_diff - corrupt_diff
+        if abs(gap) < 1e-6:
+            raise RequestError(
+                f"both prompts give logit[target] - logit[foil] = {clean_diff:.4g}: there is "
+                "no difference to restore; change a prompt, the target or the foil"
+            )
+        patched = result["patched"].cpu().numpy()
+        return {
+            "clean": self.tok.token_strings(clean),
+            "corrupt": self.tok.token_strings(corrupt),
+            "target": {"token": self.tok.token_strings([target])[0], "id": target},
+            "foil": {"token": self.tok.token_strings([foil])[0], "id": foil},
+            "ablate": [list(h) for h in heads],
+            "step": self.step,
+            "clean_diff": clean_diff,
+            "corrupt_diff": corrupt_diff,
+            "patched": np.round(patched, DIGITS).tolist(),
+            "heads": np.round((patched - corrupt_diff) / gap, DIGITS).tolist(),
+        }
 
 
 # -----------------------------------------------------------------------------
@@ -288,6 +495,8 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?")[0]
         if path == "/api/info":
             self.reply(200, self.server.explorer.info())
+        elif path == "/api/steps":
+            self.reply(200, self.server.explorer.steps())
         elif path in PAGE_FILES:
             name, kind = PAGE_FILES[path]
             with open(os.path.join(PAGE_DIR, name), "rb") as f:
@@ -306,10 +515,11 @@ class Handler(BaseHTTPRequestHandler):
             elif self.path == "/api/generate":
                 ids, tokens = self.server.explorer.generate(body)
                 self.stream(ids, tokens)
+            elif self.path == "/api/patch":
+                self.reply(200, self.server.explorer.patch(body))
             else:
-                self.reply(
-                    404, {"error": f"no API {self.path!r}; use /api/analyze or /api/generate"}
-                )
+                message = f"no API {self.path!r}; use /api/analyze, /api/generate or /api/patch"
+                self.reply(404, {"error": message})
         except RequestError as e:
             self.reply(400, {"error": str(e)})
         except Exception as e:  # a bug, or out of memory: one line, and the server goes on

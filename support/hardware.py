@@ -26,6 +26,16 @@ training precision.
 Capping oneDNN below AVX512-BF16 (ONEDNN_MAX_CPU_ISA=AVX2) makes bfloat16 really
 emulated on a CPU that has it: how the float32 path of a CPU without native
 bfloat16 is measured here.
+
+A busy machine must not decide for good: the slowdown is the best of several
+rounds that alternate the two precisions, and a figure that contradicts the
+CPU's flags (native flags but a slow bfloat16, or the reverse) is measured
+again before it is believed. The verdict keeps when it was measured, and the
+start-up line says so.
+
+GPT_SIMULATE_CPU makes the probe behave as one of the CPU classes below
+(SIMULATED_CLASSES), so that the tests of every class run on any machine: the
+verdict, its cache, dtype='auto' and the one-line errors, as on that class.
 """
 
 import hashlib
@@ -40,9 +50,29 @@ import time
 
 ISA = "ONEDNN_MAX_CPU_ISA"
 AMX_FREE_ISA = "AVX512_CORE_BF16"  # oneDNN's highest level with bfloat16 but without AMX
-# Tests: 'amx' makes the probe's child die as on a CPU whose AMX is not allowed
-# (unless oneDNN is capped below AMX), 'always' as on one where nothing helps.
-SIMULATE = "GPT_SIMULATE_SIGILL"
+# Tests and CI: the CPU class the probe behaves as (see SIMULATED_CLASSES)
+SIMULATE = "GPT_SIMULATE_CPU"
+# Each class, with the flags such a CPU advertises:
+#   avx2         bfloat16 emulated: the probe's child runs with oneDNN and ATen capped to
+#                AVX2, so its bfloat16 is really emulated, and its slowdown really measured
+#   avx512_bf16  native bfloat16 (where this CPU emulates it, the measured slowdown is kept
+#                beside a simulated 1.0)
+#   amx          native bfloat16 through AMX tiles, the same way
+#   amx_sigill   AMX advertised but not allowed: the probe's child dies with SIGILL unless
+#                oneDNN is capped below AMX; capped, it is native (as avx512_bf16)
+#   sigill       bfloat16 kills the process whatever the cap
+AVX2_FLAGS = {"avx2"}
+BF16_FLAGS = AVX2_FLAGS | {"avx512f", "avx512_bf16"}
+AMX_FLAGS = BF16_FLAGS | {"amx_tile", "amx_bf16"}
+SIMULATED_CLASSES = {
+    "avx2": AVX2_FLAGS,
+    "avx512_bf16": BF16_FLAGS,
+    "amx": AMX_FLAGS,
+    "amx_sigill": AMX_FLAGS,
+    "sigill": AMX_FLAGS,
+}
+# the flags that promise native bfloat16 (x86; Arm's bf16 extension)
+NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
 # oneDNN's ISA levels (its "CPU dispatcher control" docs): those below AMX, and
 # those below its native bfloat16 kernels
 ISAS_WITHOUT_BF16 = {
@@ -65,9 +95,21 @@ def cache_path():
     return os.path.join(root, "hackable-gpt", "bf16.json")
 
 
-def machine_key():
-    """What the verdict depends on: the CPU model and flags, torch's version, the
-    oneDNN cap and a simulated fault."""
+def simulated_class():
+    """The CPU class named by GPT_SIMULATE_CPU, or None. An unknown name stops the
+    process with one line: a typo must not test the real machine unnoticed."""
+    name = os.environ.get(SIMULATE, "")
+    if not name:
+        return None
+    if name not in SIMULATED_CLASSES:
+        sys.exit(
+            f"error: {SIMULATE}={name} is no CPU class; use one of {', '.join(SIMULATED_CLASSES)}"
+        )
+    return name
+
+
+def read_cpuinfo():
+    """(the CPU's model name, its flags as one string), as /proc/cpuinfo says."""
     model = ""
     flags = ""
     try:
@@ -81,6 +123,21 @@ def machine_key():
     except OSError:
         pass
     model = model or platform.processor() or platform.machine()
+    return model, flags
+
+
+def cpu_flags():
+    """The flags this CPU advertises, or those of the simulated class."""
+    simulated = simulated_class()
+    if simulated is not None:
+        return SIMULATED_CLASSES[simulated]
+    return set(read_cpuinfo()[1].split())
+
+
+def machine_key():
+    """What the verdict depends on: the CPU model and flags, torch's version, the
+    oneDNN cap and a simulated class."""
+    model, flags = read_cpuinfo()
     try:
         torch_version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
@@ -123,6 +180,10 @@ def probe(extra_env=None):
     """Run probe_child in a child process: its result dict, or {'crashed': signal
     name} when it died of a signal, or {'failed': reason}."""
     env = dict(os.environ, **(extra_env or {}))
+    if simulated_class() == "avx2":
+        # oneDNN and ATen without their bfloat16 kernels: the child's bfloat16 is really
+        # emulated, so its slowdown is measured, not assumed
+        env.update({ISA: "AVX2", "ATEN_CPU_CAPABILITY": "avx2"})
     t0 = time.perf_counter()
     try:
         r = subprocess.run(
@@ -149,6 +210,24 @@ def probe(extra_env=None):
 
 
 def new_verdict():
+    """A verdict measured now (see probe_verdict), with the time it was measured and,
+    under GPT_SIMULATE_CPU, the simulated class."""
+    verdict = probe_verdict()
+    verdict["measured_at"] = time.strftime("%Y-%m-%d %H:%M")
+    simulated = simulated_class()
+    if simulated is None:
+        return verdict
+    verdict["simulated"] = simulated
+    # a native class simulated on a CPU that emulates bfloat16: the speed is the class's,
+    # the figure this CPU measured is kept beside it
+    native_class = bool(SIMULATED_CLASSES[simulated] & NATIVE_BF16_FLAGS)
+    if native_class and verdict["runs"] and verdict["slowdown"] > NATIVE_SLOWDOWN:
+        verdict["measured_slowdown"] = verdict["slowdown"]
+        verdict["slowdown"] = 1.0
+    return verdict
+
+
+def probe_verdict():
     """Probe, and if bfloat16 kills the child, probe again with oneDNN capped below AMX."""
     first = probe()
     if "crashed" not in first:
@@ -177,7 +256,8 @@ def new_verdict():
 def check_bf16(again=False):
     """The verdict on CPU bfloat16, from the cache or a probe, with its fix applied:
     call before `import torch`. A dict: runs (bool), why (when it does not),
-    slowdown (bfloat16 matmul time / float32's), env (what was set to make it run)."""
+    slowdown (bfloat16 matmul time / float32's), env (what was set to make it run),
+    measured_at (when), and under GPT_SIMULATE_CPU the simulated class."""
     global _verdict
     if _verdict is not None and not again:
         return _verdict
@@ -187,6 +267,9 @@ def check_bf16(again=False):
         verdict = new_verdict()
         if "failed" not in verdict:
             write_cache(key, "verdict", verdict)
+        if again:
+            # the models' timings were taken under the old verdict: taken again at next use
+            write_cache(key, "timed", {})
     verdict = dict(verdict)
     if "failed" in verdict:
         verdict["why"] = f"bfloat16 was not tried: the check could not run ({verdict['failed']})"
@@ -203,7 +286,7 @@ def check_bf16(again=False):
             )
         else:
             os.environ[name] = value
-    if os.environ.get(SIMULATE) and not verdict["runs"] and "torch" not in sys.modules:
+    if simulated_class() is not None and not verdict["runs"] and "torch" not in sys.modules:
         simulate_crash()  # from the process's start, as on the real machine
     _verdict = verdict
     return verdict
@@ -239,14 +322,13 @@ def simulate_crash():
 def probe_child():
     """In the child: bfloat16 through every kind of op a training step runs, at
     the CPU recipe's shapes, then one matmul timed against float32. Prints JSON."""
-    fault = os.environ.get(SIMULATE, "")
+    simulated = simulated_class()
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    if fault == "always" or (
-        fault == "amx" and os.environ.get(ISA, "").upper() not in ISAS_WITHOUT_AMX
-    ):
+    amx_allowed = os.environ.get(ISA, "").upper() not in ISAS_WITHOUT_AMX
+    if simulated == "sigill" or (simulated == "amx_sigill" and amx_allowed):
         os.kill(os.getpid(), signal.SIGILL)
     torch.manual_seed(0)
     bf16 = torch.bfloat16
@@ -265,50 +347,76 @@ def probe_child():
     g = torch.randn(128, 512).bfloat16()  # Muon's Newton-Schulz iteration multiplies in bfloat16
     gram = g @ g.T
     torch.addmm(g, torch.addmm(gram, gram, gram, beta=-4.7, alpha=2.0), g, beta=3.4)
-    print(json.dumps(dict(slowdown=round(bf16_slowdown(), 2))))
+    slowdown, attempts = steady_slowdown(bool(cpu_flags() & NATIVE_BF16_FLAGS))
+    print(json.dumps(dict(slowdown=round(slowdown, 2), attempts=attempts)))
 
 
-def bf16_slowdown(n=256, repeats=5):
-    """Time of a bfloat16 (n, n) matrix multiply over a float32 one, best of
-    repeats, on one thread (other threads' load would blur the ratio)."""
+def steady_slowdown(flags_promise_native, attempts=3):
+    """(bf16_slowdown, attempts): measured again, up to `attempts` times, while the
+    figure contradicts what the CPU's flags promise. Load from other processes
+    slows both precisions alike within a round, so the best of the rounds holds;
+    a figure that still contradicts the flags after that is this CPU's truth
+    (a virtual machine may hide what its flags advertise)."""
+    for attempt in range(1, attempts + 1):
+        slowdown = bf16_slowdown()
+        if (slowdown <= NATIVE_SLOWDOWN) == flags_promise_native:
+            break
+    return slowdown, attempt
+
+
+def bf16_slowdown(n=256, rounds=5, repeats=3):
+    """Time of a bfloat16 (n, n) matrix multiply over a float32 one on one thread
+    (other threads' load would blur the ratio): each precision's best over rounds
+    that alternate the two, so a burst of other work cannot fall on one alone."""
     import torch
 
     threads = torch.get_num_threads()
-    times = {}
     torch.set_num_threads(1)
+    matrices = {}
+    best = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        matrices[dtype] = (torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype))
+        best[dtype] = float("inf")
     try:
-        for dtype in (torch.float32, torch.bfloat16):
-            a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-            a @ b  # warm-up: the first call picks the kernel
-            best = float("inf")
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                a @ b
-                best = min(best, time.perf_counter() - t0)
-            times[dtype] = best
+        for _ in range(rounds):
+            for dtype, (a, b) in matrices.items():
+                a @ b  # warm: the first call picks the kernel
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    a @ b
+                    best[dtype] = min(best[dtype], time.perf_counter() - t0)
     finally:
         torch.set_num_threads(threads)
-    return times[torch.bfloat16] / times[torch.float32]
+    return best[torch.bfloat16] / best[torch.float32]
+
+
+def measured(when):
+    """Where a cached measurement is quoted: when it was taken, and how to take it again."""
+    if when is None:
+        return ""
+    return f"; measured {when}, python -m support.hardware --again measures again"
 
 
 def cpu_bf16():
     """(True or False, why): whether bfloat16 runs on this CPU, natively."""
     v = check_bf16()
+    note = measured(v.get("measured_at"))
     if not v["runs"]:
-        return False, v["why"]
+        return False, v["why"] + note
     if v["slowdown"] > NATIVE_SLOWDOWN:
         isa = os.environ.get(ISA, "").upper()
         cap = f"{ISA}={isa}, " if isa in ISAS_WITHOUT_BF16 else ""
         return (
             False,
-            f"no native bfloat16: {cap}a matrix multiply takes {v['slowdown']:.0f}x float32's time",
+            f"no native bfloat16: {cap}a matrix multiply takes {v['slowdown']:.0f}x "
+            f"float32's time{note}",
         )
     if v["env"]:
         return True, (
             f"native bfloat16, with {ISA}={AMX_FREE_ISA}: oneDNN's AMX kernels crash on this CPU "
-            f"({v['amx_crashed']})"
+            f"({v['amx_crashed']}){note}"
         )
-    return True, "native bfloat16"
+    return True, f"native bfloat16{note}"
 
 
 def native_bf16(device_type):
@@ -343,9 +451,11 @@ def bf16_error(device_type):
     )
 
 
-def faster_cpu_dtype(key, seconds_per_pass):
+def faster_cpu_dtype(key, seconds_per_pass, rounds=3):
     """'bfloat16' or 'float32', whichever seconds_per_pass(dtype name) finds
-    faster for this model here, with why; cached under key (the model's shapes)."""
+    faster for this model here, with why; cached under key (the model's shapes).
+    Each precision's best of `rounds` that alternate the two, so that other work
+    on the machine for a while slows both, not one."""
     machine = machine_key()
     cached = read_cache().get(machine, {}).get("timed", {}).get(key)
     if cached is None:
@@ -353,7 +463,11 @@ def faster_cpu_dtype(key, seconds_per_pass):
             "timing bfloat16 against float32 on this model (once per model shape and machine)",
             flush=True,
         )
-        cached = {dtype: seconds_per_pass(dtype) for dtype in ("bfloat16", "float32")}
+        cached = {"bfloat16": float("inf"), "float32": float("inf")}
+        for _ in range(rounds):
+            for dtype in ("bfloat16", "float32"):
+                cached[dtype] = min(cached[dtype], seconds_per_pass(dtype))
+        cached["measured_at"] = time.strftime("%Y-%m-%d %H:%M")
         # read again: other processes may have added
         timed = read_cache().get(machine, {}).get("timed", {})
         write_cache(machine, "timed", dict(timed, **{key: cached}))
@@ -363,14 +477,15 @@ def faster_cpu_dtype(key, seconds_per_pass):
         f"; {name}={value} set: oneDNN's AMX kernels crash on this CPU ({verdict['amx_crashed']})"
         for name, value in verdict["env"].items()
     )
+    why = fix + measured(cached.get("measured_at"))
     if bf < fp:
         return (
             "bfloat16",
-            f"faster than float32 here: {bf:.0f} vs {fp:.0f} ms per forward and backward{fix}",
+            f"faster than float32 here: {bf:.0f} vs {fp:.0f} ms per forward and backward{why}",
         )
     return (
         "float32",
-        f"faster than bf16 here: {fp:.0f} vs {bf:.0f} ms per forward and backward{fix}",
+        f"faster than bf16 here: {fp:.0f} vs {bf:.0f} ms per forward and backward{why}",
     )
 
 

@@ -102,7 +102,7 @@ def patterns(model, tok, data, spans, batch_size):
     device = model.lm_head.weight.device
     sums = [None] * model.config.n_layer
     for x, _ in batches(data, spans, batch_size, device):
-        _, _, maps = model(x, return_attention=True)
+        _, maps = model.attention_maps(x)
         for b, ids in enumerate(x.tolist()):
             tokens = tok.token_strings(ids)
             for layer, m in enumerate(maps):
@@ -147,7 +147,7 @@ def probe_scores(maps, L):
 def induction_scores(model, seed):
     """probe_scores of the model's attention on probe_tokens."""
     idx, L = probe_tokens(model.config, seed)
-    _, _, maps = model(idx.to(model.lm_head.weight.device), return_attention=True)
+    _, maps = model.attention_maps(idx.to(model.lm_head.weight.device))
     return probe_scores([m.cpu() for m in maps], L)
 
 

@@ -30,10 +30,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from support.checkpoint import CheckpointError
-from support.configurator import ConfigError, describe, parse_args
-from support.loading import LoadError, load_model, pick_device, pick_dtype
-from support.tokenizer import TokenizerError, get_tokenizer
+from support import cli
+from support.loading import load_model, pick_device, pick_dtype
+from support.tokenizer import get_tokenizer
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 DEFAULT_DATA = os.path.join(
@@ -237,11 +236,7 @@ def write_records(path, records):
         raise HellaSwagError(f"cannot write {path} ({e.strerror or e})") from None
 
 
-def main(argv):
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.strip() + "\n\noptions (defaults):\n" + describe(DEFAULTS))
-        return
-    cfg = parse_args(DEFAULTS, argv, allow_files=False)
+def main(cfg):
     if not isinstance(cfg["limit"], int) or cfg["limit"] < 0:
         raise HellaSwagError(f"--limit must be 0 (all) or a positive number, got {cfg['limit']!r}")
     path = str(cfg["data"]) if cfg["data"] else fetch_official()
@@ -260,16 +255,8 @@ def main(argv):
 
 
 def run(argv):
-    """main() with every expected failure turned into one line on stderr."""
-    try:
-        main(argv)
-        return 0
-    except (ConfigError, CheckpointError, TokenizerError, LoadError, HellaSwagError) as e:
-        print(f"error: {e}", file=sys.stderr)
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
-        return 130
-    return 1
+    """The command: what `python -m support.hellaswag ...` exits with (cli.py)."""
+    return cli.run(main, argv, __doc__, DEFAULTS, (HellaSwagError,))
 
 
 if __name__ == "__main__":

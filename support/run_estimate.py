@@ -12,9 +12,10 @@ from tqdm import tqdm
 from support.batches import get_batch
 from support.optim import make_optimizers
 from support.resume import rng_state, set_rng_state
+from support.run_state import Run
 
 
-def time_iter(run, fraction=2):
+def time_iter(run: Run, fraction=2):
     """(seconds per training iter, seconds per evaluation batch) here, timed on a
     copy of the model with optimizers of its own, so the run's weights, optimizer
     state, RNG and batches stay as they were. The passes run on 1/fraction of a
@@ -85,7 +86,7 @@ def run_seconds(cfg, start_iter, start_evaluated, step_s, eval_batch_s, val_toke
     return train_s + batches * eval_batch_s, how
 
 
-def print_run_estimate(run):
+def print_run_estimate(run: Run):
     """Say how long the run should take here, before it starts."""
     step_s, eval_batch_s = time_iter(run)
     val_tokens = len(run.splits["val"])

@@ -10,30 +10,28 @@ import math
 import torch
 
 from model import GPTConfig
+from support.configurator import describe_settings
 
-# The settings that make the model's shape; a checkpoint's model_args hold them.
-MODEL_KEYS = (
-    "n_layer",
-    "n_head",
-    "n_embd",
-    "block_size",
-    "bias",
-    "dropout",
-    "n_kv_head",
-    "rope",
-    "qk_norm",
-    "activation",
-    "attention",
-    "sliding_window",
-    "sink_tokens",
-)
+# The settings that make the model's shape: GPTConfig's fields, written once in
+# model.py, but vocab_size, which the dataset's tokenizer sets. A checkpoint's
+# model_args hold them.
+MODEL_FIELDS = [field for field in dataclasses.fields(GPTConfig) if field.name != "vocab_size"]
+MODEL_KEYS = tuple(field.name for field in MODEL_FIELDS)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+# The model keys as settings, with GPTConfig's defaults (GPT-2 124M's shape).
+ModelSettings = dataclasses.make_dataclass(
+    "ModelSettings",
+    [(field.name, field.type, dataclasses.field(default=field.default)) for field in MODEL_FIELDS],
+    frozen=True,
+)
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings:
-    """Everything a training run can be told; `python train.py --help` prints this
-    class's body, so its comments are the documentation of each key."""
+class Settings(ModelSettings):
+    """Everything a training run can be told: the model keys, then the rest.
+    `python train.py --help` prints this class's body and GPTConfig's, so their
+    comments are the documentation of each key."""
 
     # evaluation, logging, checkpoints
     out_dir: str = "out"
@@ -49,6 +47,11 @@ class Settings:
     hellaswag_data: str | None = None
     # False: a fresh run's first evaluation is at eval_interval, not before the first step
     eval_at_start: bool = True
+    # the run's timeline (support/timeline.py): a weights-only checkpoint at every evaluation
+    # in out_dir/snapshots/, for explore.py's steps; at most snapshot_limit, evenly spread
+    snapshots: bool = False
+    snapshot_limit: int = 8
+    log_heads: bool = False  # each head's induction score and label in log.jsonl, every evaluation
     muon_ns_steps: int = 5  # Newton-Schulz iterations per Muon step (torch.optim.Muon's ns_steps)
     always_save_checkpoint: bool = True  # False: save only when val loss improves, and at the end
     # 'scratch', 'resume' (from out_dir), a Hugging Face GPT-2 folder, or 'gpt2*'
@@ -62,21 +65,6 @@ class Settings:
     # micro-steps per iter in all, shared by the DDP processes
     gradient_accumulation_steps: int = 5 * 8
     batch_size: int = 12
-    block_size: int = 1024
-    # model; n_kv_head None: as many as n_head
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
-    bias: bool = True
-    n_kv_head: int | None = None
-    rope: bool = False
-    qk_norm: bool = False
-    activation: str = "gelu"
-    # or 'linear': phi(q).phi(k) attention, O(T), a fixed-size state when generating
-    attention: str = "softmax"
-    sliding_window: int | None = None
-    sink_tokens: int = 0  # each query sees its last W positions and the first S (model.py)
     # optimizer: 'adamw', or 'muon' (Muon for the hidden matrices, AdamW for the rest)
     optimizer: str = "adamw"
     learning_rate: float = 6e-4
@@ -106,6 +94,17 @@ class Settings:
     def __getitem__(self, key):
         """settings[key], as optim.py, batches.py and context_parallel.py read settings."""
         return getattr(self, key)
+
+
+def describe():
+    """For `python train.py --help`: every key with its default and its comments,
+    the model keys as GPTConfig (model.py) writes them."""
+    lines = [
+        describe_settings(Settings),
+        "  # the model (GPTConfig in model.py); block_size is also the training context",
+        describe_settings(GPTConfig, MODEL_KEYS),
+    ]
+    return "\n".join(lines)
 
 
 def model_args(cfg, vocab_size):
@@ -164,6 +163,10 @@ def check(cfg):
     for key in ("data_root", "wandb_run_name"):
         if cfg[key] is not None and not isinstance(cfg[key], str):
             raise ValueError(f"{key} must be a string or None, got {cfg[key]!r}")
+    if cfg.snapshot_limit < 2:
+        raise ValueError(f"snapshot_limit must be 2 or more, got {cfg.snapshot_limit}")
+    if cfg.log_heads and cfg.context_parallel > 1:
+        raise ValueError("log_heads=True needs context_parallel=1: the probe runs the whole model")
     if cfg.attention != "softmax" and cfg.init_from not in ("scratch", "resume"):
         raise ValueError(
             f"init_from={cfg.init_from!r} loads GPT-2's weights, which need softmax attention; "

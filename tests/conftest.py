@@ -1,8 +1,11 @@
 import atexit
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -14,6 +17,11 @@ if ROOT not in sys.path:
 # is now; the train.py processes they start inherit the folder and the fix.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="gpt-tests-cache-")
 atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
+# torch.compile's kernel cache of the session's own too: a graph another process
+# cached under another CPU capability (ATEN_CPU_CAPABILITY=avx2, say) is keyed as
+# if it were this one's, and read back at the wrong vector width it corrupts the
+# heap (support/device.py, pin_cpu_vector_width)
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(os.environ["XDG_CACHE_HOME"], "inductor")
 from support import hardware
 
 BF16 = hardware.check_bf16()
@@ -118,3 +126,101 @@ def train_char_model(text, block_size, steps, batch_size, data_chars=None):
         loss.backward()
         opt.step()
     return dict(model=model, tok=tok, config=config, opt=opt, gen=gen, loss=loss.item())
+
+
+# -----------------------------------------------------------------------------
+# The tiny training run of the tests that run train.py
+
+# Small enough to train in seconds, in float32 on the CPU so that two runs compare
+# exactly; a test changes the keys it is about (tiny_run's keyword arguments).
+TINY_RUN = dict(
+    n_layer=2,
+    n_head=2,
+    n_embd=32,
+    block_size=32,
+    batch_size=8,
+    gradient_accumulation_steps=1,
+    device="cpu",
+    compile=False,
+    dtype="float32",
+    eval_iters=2,
+    log_interval=1,
+    warmup_iters=2,
+    learning_rate=3e-3,
+    min_lr=3e-4,
+    dropout=0.0,
+    seed=7,
+)
+
+
+def tiny_run(data_root, out_dir, *extra, dataset="shakespeare_char", **keys):
+    """train.py's arguments for TINY_RUN, with keys changed, on a dataset in
+    data_root, writing into out_dir; extra arguments come last."""
+    settings = dict(TINY_RUN, **keys)
+    return [
+        f"--dataset={dataset}",
+        f"--data_root={data_root}",
+        f"--out_dir={out_dir}",
+        *[f"--{key}={value}" for key, value in settings.items()],
+        *extra,
+    ]
+
+
+def child_env(**extra):
+    """The environment of a child process: one thread, the same numerics as one_thread."""
+    return dict(os.environ, OMP_NUM_THREADS="1", **extra)
+
+
+def read_log(out_dir):
+    """The evaluations in out_dir/log.jsonl, first to last."""
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def torchrun(processes, argv, timeout, script="train.py"):
+    """script (train.py, or a wrapper of it) in `processes` processes started by
+    torchrun, from the repo root; they join over gloo on the CPU."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={processes}",
+            script,
+            *argv,
+        ],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def start_training(argv):
+    """train.py as a child process from the repo root, its output read as text."""
+    return subprocess.Popen(
+        [sys.executable, "train.py", *argv],
+        cwd=ROOT,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def signal_when_training(child, out_dir, signum):
+    """Send signum to a train.py child half a second after its first evaluation
+    reached out_dir/log.jsonl (it is in the training loop then); its (stdout,
+    stderr) once it has exited."""
+    log = os.path.join(out_dir, "log.jsonl")
+    try:
+        deadline = time.time() + 90
+        while not (os.path.exists(log) and os.path.getsize(log)) and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        child.send_signal(signum)
+        return child.communicate(timeout=60)
+    finally:
+        child.kill()

@@ -2,14 +2,12 @@
 over 2 gloo processes trains exactly as one process does, and bad settings are
 one-line errors before any work."""
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import read_log, tiny_run, torchrun
 
 import train
 from model import GPT, GPTConfig
@@ -17,42 +15,22 @@ from support.checkpoint import load_checkpoint
 from support.context_parallel import ContextParallel
 
 REPO = os.path.dirname(os.path.abspath(train.__file__))
-TINY = [
-    "--n_layer=2",
-    "--n_embd=32",
-    "--block_size=32",
-    "--batch_size=4",
-    "--gradient_accumulation_steps=2",
-    "--device=cpu",
-    "--compile=False",
-    "--dtype=float32",
-    "--eval_iters=4",
-    "--log_interval=1",
-    "--warmup_iters=2",
-    "--learning_rate=3e-3",
-    "--min_lr=3e-4",
-    "--dropout=0.0",
-    "--seed=7",
-    "--max_iters=4",
-    "--eval_interval=2",
-    "--lr_decay_iters=4",
-    "--eval_full_val=True",
-]
+# the tiny run with two micro-steps per iter, evaluated twice, the last time on
+# the whole val split too
+CP_RUN = dict(
+    batch_size=4,
+    gradient_accumulation_steps=2,
+    eval_iters=4,
+    max_iters=4,
+    eval_interval=2,
+    lr_decay_iters=4,
+    eval_full_val=True,
+)
 
 
 def args(data_root, out_dir, *extra):
-    return [
-        "--dataset=shakespeare_char",
-        f"--data_root={data_root}",
-        f"--out_dir={out_dir}",
-        *TINY,
-        *extra,
-    ]
-
-
-def read_log(out_dir):
-    with open(os.path.join(out_dir, "log.jsonl")) as f:
-        return [json.loads(line) for line in f]
+    """The tiny run; each test's model keys follow in extra."""
+    return tiny_run(data_root, out_dir, *extra, **CP_RUN)
 
 
 @pytest.mark.parametrize(
@@ -67,22 +45,7 @@ def test_sequence_split_over_two_processes_trains_as_one(data_root, tmp_path, pr
     """Each sequence over 2 processes: alone, or twice side by side, data-parallel."""
     one, two = tmp_path / "one", tmp_path / "two"
     train.main(args(data_root, one, *model))
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={processes}",
-            "train.py",
-            *args(data_root, two, *model, "--context_parallel=2"),
-        ],
-        cwd=REPO,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    result = torchrun(processes, args(data_root, two, *model, "--context_parallel=2"), timeout=240)
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
     assert f"{processes} process(es) ({processes // 2} x 2 per sequence)" in result.stdout
     log_one, log_two = read_log(one), read_log(two)
@@ -185,7 +148,7 @@ def test_attached_model_of_one_rank_is_the_model(tmp_path, float32_cuda_matmuls,
         for (name, a), b in zip(split.named_parameters(), model.parameters()):
             torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=1e-5, msg=name)
         with pytest.raises(ValueError, match="no attention maps"):
-            split(idx, return_attention=True)
+            split.attention_maps(idx)
         with pytest.raises(ValueError, match="no attention maps"):
             split.generate(idx[:, :2], 2)
     finally:

@@ -128,7 +128,7 @@ def zeroed(model, heads):
 def forward(model, tok, prompt):
     """(ids, maps, next-token probabilities, per-token loss) from the model directly."""
     idx = torch.tensor([tok.encode(prompt)])
-    logits, _, maps = model(idx, return_attention=True)
+    logits, maps = model.attention_maps(idx)
     loss = model(idx[:, :-1], idx[:, 1:])[1]  # the model's own mean loss, as a check
     token_loss = F.cross_entropy(logits[0, :-1], idx[0, 1:], reduction="none")
     assert token_loss.mean().item() == pytest.approx(loss.item(), abs=1e-5)
@@ -510,7 +510,7 @@ def test_command_bad_options_give_one_line(trained, repo_root, argv, words):
     argv = [f"--out_dir={trained['dir']}", *argv]
     proc = start(repo_root, *argv)
     out, err = proc.communicate(timeout=TIMEOUT)
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # bad input
     assert err.startswith("error: ") and err.count("\n") == 1 and words in err
 
 

@@ -7,7 +7,6 @@ bench/smoke_gpu.py. Tests marked cuda run only on a GPU (python -m bench.smoke_g
 import datetime
 import functools
 import inspect
-import json
 import os
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import types
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import child_env, read_log, tiny_run, torchrun
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -27,7 +27,7 @@ import train
 from bench import smoke_gpu
 from bench.common import BenchError
 from model import GPT, GPTConfig, attention, causal_mask
-from support import batches, distributed, loading
+from support import batches, distributed, engine, loading
 from support.configurator import parse_args
 from support.engine import compiled_decoder, generate_compiled
 from support.mfu import estimate_mfu, flops_per_token
@@ -36,36 +36,11 @@ from support.settings import Settings, model_args
 
 REPO = os.path.dirname(os.path.abspath(train.__file__))
 META = torch.device("meta")
-TINY = [
-    "--n_layer=2",
-    "--n_head=2",
-    "--n_embd=32",
-    "--block_size=32",
-    "--batch_size=4",
-    "--device=cpu",
-    "--dtype=float32",
-    "--eval_iters=2",
-    "--log_interval=1",
-    "--warmup_iters=2",
-    "--learning_rate=3e-3",
-    "--min_lr=3e-4",
-    "--dropout=0.0",
-    "--seed=7",
-]
 
 
 def train_args(data_root, out_dir, *extra):
-    return [
-        "--dataset=shakespeare_char",
-        f"--data_root={data_root}",
-        f"--out_dir={out_dir}",
-        *TINY,
-        *extra,
-    ]
-
-
-def child_env():
-    return dict(os.environ, OMP_NUM_THREADS="1")
+    """The tiny run at batch 4; each test sets compile and the micro-steps."""
+    return tiny_run(data_root, out_dir, *extra, batch_size=4)
 
 
 # -----------------------------------------------------------------------------
@@ -122,14 +97,18 @@ def test_generation_on_the_meta_device(options):
     with OneDevicePerOp():
         for use_cache in (True, False):
             for temperature in (0.0, 0.8):
-                out = model.generate(
-                    prompt, n, temperature=temperature, top_k=10, top_p=0.9, use_cache=use_cache
+                out = engine.generate(
+                    model,
+                    prompt,
+                    n,
+                    temperature=temperature,
+                    top_k=10,
+                    top_p=0.9,
+                    use_cache=use_cache,
                 )
                 assert out.shape == (2, 5 + n) and out.device == META
         starts = set()
-        for token, maps, start in model.generate_stream(
-            prompt, n, temperature=0.0, return_attention=True
-        ):
+        for token, maps, start in engine.stream(model, prompt, n, temperature=0.0, attention=True):
             assert token.device == META and all(m.device == META for m in maps)
             starts.add(start)
         assert len(starts) > 1  # the window slid
@@ -258,7 +237,7 @@ def test_cuda_branch_of_the_compiled_decoder_on_cpu(inductor_graphs):
         logits = model(idx, kv_cache=cache)[0][:, -1]  # the prefill, eager, as generate does it
         for _ in range(6):
             idx = torch.cat([idx, logits.argmax(-1, keepdim=True)], dim=1)
-            logits = step(idx[:, -1:])[0][:, -1]  # advances the cache, on the host and the device
+            logits = step(idx[:, -1:])[:, -1]  # advances the cache, on the host and the device
             expected = model(idx)[0][:, -1]  # a full forward, no cache
             torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-5)
     (graph,) = inductor_graphs
@@ -474,11 +453,6 @@ def test_ddp_splits_the_compiled_graph_at_its_buckets(tmp_path, monkeypatch):
         torch._dynamo.reset()
 
 
-def read_log(out_dir):
-    with open(os.path.join(out_dir, "log.jsonl")) as f:
-        return [json.loads(line) for line in f]
-
-
 def test_ddp_compiled_with_no_sync_matches_one_process(data_root, tmp_path):
     """Two gloo processes with the compiled model and two micro-steps each (the
     first under no_sync) log the losses of one process doing all four."""
@@ -499,22 +473,7 @@ def test_ddp_compiled_with_no_sync_matches_one_process(data_root, tmp_path):
         timeout=300,
     )
     assert single.returncode == 0, single.stderr[-3000:]
-    pair = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "train.py",
-            *train_args(data_root, two, *common),
-        ],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    pair = torchrun(2, train_args(data_root, two, *common), timeout=300)
     assert pair.returncode == 0, (pair.stdout[-2000:], pair.stderr[-4000:])
     log_one, log_two = read_log(one), read_log(two)
     assert [r["iter"] for r in log_one] == [r["iter"] for r in log_two] == [0, 2, 4]
@@ -522,6 +481,51 @@ def test_ddp_compiled_with_no_sync_matches_one_process(data_root, tmp_path):
         assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-4)
         assert a["val_loss"] == pytest.approx(b["val_loss"], abs=1e-4)
     assert log_one[-1]["train_loss"] < log_one[0]["train_loss"]  # it trained
+
+
+# -----------------------------------------------------------------------------
+# The CPU's vector width in inductor's cache of compiled graphs
+
+# a child compiles a layer norm as train.py's CPU path does, then says how many
+# graphs it found in inductor's cache
+WIDTH_CHILD = """
+import torch
+from torch._dynamo.utils import counters
+
+from support.device import pin_cpu_vector_width
+
+pin_cpu_vector_width()
+norm = torch.compile(lambda x: torch.nn.functional.layer_norm(x, (32,)) * 2)
+norm(torch.randn(4, 32, 32))
+print(counters["inductor"]["fxgraph_cache_hit"])
+"""
+
+
+def test_a_graph_cached_under_the_avx2_cap_is_not_read_back_at_full_width(tmp_path):
+    """A graph compiled with ATEN_CPU_CAPABILITY=avx2 steps by 8 floats; read back by
+    an AVX-512 process, whose kernels are built with 16-float vectors, its stores
+    write past their buffers (heap corruption). The width must part the cache."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    if pick_vec_isa().bit_width() <= 256:
+        pytest.skip("this CPU's vectors are no wider than AVX2's: the cap changes nothing")
+    full = child_env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
+    full.pop("ATEN_CPU_CAPABILITY", None)
+    capped = dict(full, ATEN_CPU_CAPABILITY="avx2")
+    hits = []
+    for env in (capped, full, full):
+        r = subprocess.run(
+            [sys.executable, "-c", WIDTH_CHILD],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        hits.append(int(r.stdout.split()[-1]))
+    # the full-width process compiles its own graph; the next one finds it cached
+    assert hits == [0, 0, 1]
 
 
 # -----------------------------------------------------------------------------
@@ -548,7 +552,9 @@ def test_smoke_test_commands_are_valid_settings(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     parsers = {
         "train.py": train.get_config,
-        "sample.py": sample.parse_options,
+        "sample.py": lambda argv: sample.check_options(
+            parse_args(sample.DEFAULTS, argv, allow_files=False)
+        ),
         "bench": lambda argv: parse_args(bench.__main__.DEFAULTS, argv, allow_files=False),
     }
     seen = set()

@@ -270,7 +270,7 @@ def test_induction_scores_of_a_model_are_its_maps_scored():
     got = head_measures.induction_scores(model, seed=5)
     idx, L = head_measures.probe_tokens(model.config, seed=5)
     with torch.no_grad():
-        _, _, maps = model(idx, return_attention=True)
+        _, maps = model.attention_maps(idx)
     for layer, m in enumerate(maps):
         for h in range(2):
             expected = np.mean(
@@ -405,7 +405,7 @@ def test_patterns_over_windows_are_the_sum_of_each_window(tiny):
     for start, length in spans:
         ids = np.asarray(data[start : start + length], dtype=np.int64)
         with torch.no_grad():
-            _, _, maps = model(torch.from_numpy(ids)[None], return_attention=True)
+            _, maps = model.attention_maps(torch.from_numpy(ids)[None])
         for layer, m in enumerate(maps):
             sums[layer] = am.add_sums(
                 sums[layer], am.pattern_sums(m[0].numpy(), tok.token_strings(ids))
@@ -487,18 +487,18 @@ def test_command_writes_the_report(ckpt_dir, tiny, capsys):
     ],
 )
 def test_bad_input_is_one_line(ckpt_dir, capsys, argv, message):
-    assert heads.run([f"--out_dir={ckpt_dir}", *argv]) == 1
+    assert heads.run([f"--out_dir={ckpt_dir}", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and message in err, err
 
 
 def test_no_checkpoint_and_a_dataset_of_another_tokenizer(ckpt_dir, tiny, tmp_path, capsys):
-    assert heads.run([f"--out_dir={tmp_path}/none"]) == 1
+    assert heads.run([f"--out_dir={tmp_path}/none"]) == 2
     assert "no checkpoint at" in capsys.readouterr().err
     prepare_text(
         "just a few other characters here, repeated " * 50, str(tmp_path / "other"), "char"
     )
-    assert heads.run([f"--out_dir={ckpt_dir}", "--dataset=other", f"--data_root={tmp_path}"]) == 1
+    assert heads.run([f"--out_dir={ckpt_dir}", "--dataset=other", f"--data_root={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "another tokenizer" in err
 
@@ -519,7 +519,7 @@ def test_checkpoint_file_and_a_checkpoint_without_its_dataset(ckpt_dir, tiny, tm
         checkpoint_path(tmp_path / "bare"),
     )
     capsys.readouterr()
-    assert heads.run([f"--out_dir={tmp_path}/bare"]) == 1
+    assert heads.run([f"--out_dir={tmp_path}/bare"]) == 2
     assert "pass --dataset=NAME" in capsys.readouterr().err
     assert (
         heads.run(

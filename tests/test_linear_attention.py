@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT, GPTConfig, linear_attention
+from support import engine
 from support.engine import generate_compiled
 from support.tokenizer import get_tokenizer
 
@@ -100,7 +101,9 @@ def test_state_generation_equals_no_cache_forward(changes):
     model = tiny_model(**changes)
     prompt = torch.randint(0, 40, (2, 5), generator=torch.Generator().manual_seed(1))
     with_state = model.generate(prompt, 11, temperature=0)
-    assert torch.equal(with_state, model.generate(prompt, 11, temperature=0, use_cache=False))
+    assert torch.equal(
+        with_state, engine.generate(model, prompt, 11, temperature=0, use_cache=False)
+    )
     assert type(model.make_kv_cache(2)).__name__ == "LinearState"
 
 
@@ -131,7 +134,9 @@ def test_state_goes_on_past_block_size_and_matches_full_rescoring():
     torch.testing.assert_close(same, full, atol=1e-5, rtol=1e-5)
     # generate does the same: greedy tokens past block_size, with and without the state
     assert torch.equal(model.generate(prompt, 155, temperature=0), idx)
-    assert torch.equal(model.generate(prompt, 40, temperature=0, use_cache=False), idx[:, :45])
+    assert torch.equal(
+        engine.generate(model, prompt, 40, temperature=0, use_cache=False), idx[:, :45]
+    )
 
 
 def test_learned_positions_slide_as_softmax_does():
@@ -141,7 +146,7 @@ def test_learned_positions_slide_as_softmax_does():
     prompt = torch.tensor([[1, 2, 3]])
     assert torch.equal(
         model.generate(prompt, 40, temperature=0),
-        model.generate(prompt, 40, temperature=0, use_cache=False),
+        engine.generate(model, prompt, 40, temperature=0, use_cache=False),
     )
 
 
@@ -149,7 +154,7 @@ def test_return_attention_on_a_linear_model():
     model = tiny_model()
     idx = torch.randint(0, 40, (2, 12), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        logits, _, maps = model(idx, return_attention=True)
+        logits, maps = model.attention_maps(idx)
         plain, _ = model(idx)
     torch.testing.assert_close(logits, plain, atol=1e-5, rtol=1e-5)
     assert len(maps) == 2 and maps[0].shape == (2, 4, 12, 12)
@@ -246,7 +251,7 @@ def test_train_sample_and_heads_on_a_linear_checkpoint(data_root, tmp_path, caps
     assert tok.decode(expected[0].tolist()) == text  # the same text as generating with the state
     assert heads.run([f"--out_dir={out}", "--max_windows=4", "--seed=7"]) == 0
     assert "layer" in capsys.readouterr().out
-    assert sample.run([f"--out_dir={out}", "--prompt=ROMEO:", "--compile", "--attn_dir="]) == 1
+    assert sample.run([f"--out_dir={out}", "--prompt=ROMEO:", "--compile", "--attn_dir="]) == 2
     assert capsys.readouterr().err.strip().endswith("drop it for this linear-attention model")
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig, attention, causal_mask, windowed_attention
+from support import engine
 from support.engine import compiled_decoder, generate_compiled
 
 
@@ -49,7 +50,7 @@ def test_mask_rows_window_3_sinks_1_by_hand():
 def test_explicit_path_weights_are_zero_outside_the_band():
     model = tiny(sliding_window=3, sink_tokens=1)
     idx = torch.randint(0, 37, (1, 10))
-    _, _, maps = model(idx, return_attention=True)
+    _, maps = model.attention_maps(idx)
     band = causal_mask(10, 10, window=3, sinks=1)
     for w in maps:
         assert torch.all(w[..., ~band] == 0)
@@ -113,7 +114,7 @@ def test_model_fused_path_equals_explicit_path():
     model = tiny(sliding_window=5, sink_tokens=2, block_size=64)
     idx = torch.randint(0, 37, (2, 63))
     fused = model(idx)[0]
-    explicit = model(idx, return_attention=True)[0]
+    explicit = model.attention_maps(idx)[0]
     assert (fused - explicit).abs().max() < 1e-4
 
 
@@ -210,7 +211,7 @@ def test_streaming_cache_rotates_keys_at_their_place_in_the_cache():
             )
             assert (got - model(kept)[0][0, -1]).abs().max() < 1e-4, p
     # past block_size with no slide: generate runs through the same cache
-    out = model.generate(idx[:, :3], 40, temperature=0, window=W, sinks=S)
+    out = engine.generate(model, idx[:, :3], 40, temperature=0, window=W, sinks=S)
     assert out.shape == (1, 43)
 
 
@@ -297,8 +298,8 @@ def test_sample_streams_past_block_size_with_window_and_sinks(tmp_path, capsys):
     assert sample.run(argv) == 0
     out = capsys.readouterr().out
     assert "rolling kv cache of 2 sinks + 6 tokens" in out
-    expected = model.generate(
-        torch.tensor([tok.encode("abc")]), 50, temperature=0, window=6, sinks=2
+    expected = engine.generate(
+        model, torch.tensor([tok.encode("abc")]), 50, temperature=0, window=6, sinks=2
     )
     assert tok.decode(expected[0].tolist()) in out
     # a model trained with a window reads it from its checkpoint, and maps come from one forward

@@ -25,6 +25,7 @@ import zipfile
 
 import pytest
 import torch
+from conftest import read_log, signal_when_training, start_training, tiny_run, torchrun
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,22 +36,8 @@ from support.checkpoint import load_checkpoint
 from support.configurator import ConfigError
 
 REPO = os.path.dirname(os.path.abspath(train.__file__))
-TINY = [
-    "--device=cpu",
-    "--compile=False",
-    "--dtype=float32",
-    "--n_layer=1",
-    "--n_head=2",
-    "--n_embd=32",
-    "--block_size=16",
-    "--batch_size=4",
-    "--gradient_accumulation_steps=1",
-    "--eval_iters=1",
-    "--log_interval=1",
-    "--warmup_iters=2",
-    "--learning_rate=3e-3",
-    "--seed=11",
-]
+# the tiny run, smaller still: one layer, a context of 16
+RUN = dict(n_layer=1, block_size=16, batch_size=4, eval_iters=1, min_lr=6e-5, seed=11)
 # tqdm's progress bar shares stderr with the error line; its updates are not messages
 PROGRESS = re.compile(r"\d+%\||it/s|\d+it \[")
 
@@ -79,11 +66,6 @@ def error_line(proc):
 def file_hash(path):
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
-
-
-def read_log(out_dir):
-    with open(os.path.join(out_dir, "log.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 class RunsCode:
@@ -120,29 +102,14 @@ def inputs(tmp_path_factory, corpus_path):
     transformers.GPT2LMHeadModel(config).save_pretrained(hf)
 
     ckpt_dir = str(root / "trained")
-    train.main(
-        [
-            "--dataset=small",
-            f"--data_root={data}",
-            f"--out_dir={ckpt_dir}",
-            *TINY,
-            "--max_iters=2",
-            "--eval_interval=2",
-        ]
-    )
+    train.main(tiny_run(data, ckpt_dir, dataset="small", max_iters=2, eval_interval=2, **RUN))
     return {"root": str(root), "data": data, "hf": str(hf), "ckpt": ckpt_dir}
 
 
 def train_args(inputs, out_dir, *extra, dataset="small"):
-    return [
-        f"--dataset={dataset}",
-        f"--data_root={inputs['data']}",
-        f"--out_dir={out_dir}",
-        *TINY,
-        "--max_iters=2",
-        "--eval_interval=1",
-        *extra,
-    ]
+    return tiny_run(
+        inputs["data"], out_dir, *extra, dataset=dataset, max_iters=2, eval_interval=1, **RUN
+    )
 
 
 # -----------------------------------------------------------------------------
@@ -401,30 +368,10 @@ def test_sigkill_at_random_moments_loses_nothing(forker, inputs, tmp_path):
 
 def test_ctrl_c_saves_and_exits_zero(inputs, tmp_path):
     out = tmp_path / "out"
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            "train.py",
-            *train_args(inputs, out, "--max_iters=1000000", "--eval_interval=1000000"),
-        ],
-        cwd=REPO,
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    child = start_training(
+        train_args(inputs, out, "--max_iters=1000000", "--eval_interval=1000000")
     )
-    log = out / "log.jsonl"
-    try:
-        deadline = time.time() + 90
-        while (
-            not (log.exists() and log.stat().st_size) and time.time() < deadline
-        ):  # in the training loop
-            time.sleep(0.05)
-        time.sleep(0.2)
-        child.send_signal(signal.SIGINT)
-        stdout, stderr = child.communicate(timeout=60)
-    finally:
-        child.kill()
+    stdout, stderr = signal_when_training(child, out, signal.SIGINT)
     assert child.returncode == 0, stderr[-3000:]
     assert "Traceback" not in stderr and not messages(stderr)
     stopped = load_checkpoint(str(out))["iter_num"]
@@ -781,35 +728,35 @@ BAD_INPUT = {
     "sample: unknown option": (
         "sample.py",
         ["--temprature=0.5"],
-        1,
+        2,
         ["did you mean 'temperature'"],
     ),
     "sample: wrong type": (
         "sample.py",
         ["--max_new_tokens=many"],
-        1,
+        2,
         ["max_new_tokens expects int"],
     ),
     "sample: max_new_tokens=0": (
         "sample.py",
         ["--max_new_tokens=0"],
-        1,
+        2,
         ["--max_new_tokens must be"],
     ),
-    "sample: num_samples=-1": ("sample.py", ["--num_samples=-1"], 1, ["--num_samples must be"]),
-    "sample: top_p=1.5": ("sample.py", ["--top_p=1.5"], 1, ["--top_p must be in (0, 1]"]),
+    "sample: num_samples=-1": ("sample.py", ["--num_samples=-1"], 2, ["--num_samples must be"]),
+    "sample: top_p=1.5": ("sample.py", ["--top_p=1.5"], 2, ["--top_p must be in (0, 1]"]),
     "sample: character outside the vocabulary": (
         "sample.py",
         ["--prompt=ROMEO \u2603"],
-        1,
+        2,
         ["'\u2603'", "not in the vocabulary"],
     ),
-    "sample: prompt file not UTF-8": ("sample.py", ["--prompt=FILE:{scratch}/bytes"], 1, ["UTF-8"]),
-    "sample: --device=cuda without a GPU": ("sample.py", ["--device=cuda"], 1, ["no CUDA GPU"]),
+    "sample: prompt file not UTF-8": ("sample.py", ["--prompt=FILE:{scratch}/bytes"], 2, ["UTF-8"]),
+    "sample: --device=cuda without a GPU": ("sample.py", ["--device=cuda"], 2, ["no CUDA GPU"]),
     "sample: init_from nowhere": (
         "sample.py",
         ["--init_from=/no/such/folder"],
-        1,
+        2,
         ["no such file or folder"],
     ),
     "prepare: too little text": (
@@ -949,23 +896,7 @@ def test_ddp_rank_failure_stops_all_ranks(inputs, tmp_path):
             f"--ddp_timeout={timeout}",
         )
         t0 = time.monotonic()
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nproc_per_node=2",
-                str(wrapper),
-                fault,
-                *argv,
-            ],
-            cwd=REPO,
-            env=child_env(),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        proc = torchrun(2, [fault, *argv], timeout=120, script=str(wrapper))
         return proc, time.monotonic() - t0
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:

@@ -165,7 +165,7 @@ def runs(trained, tmp_path_factory, repo_root):
             text=True,
             env=env,
             cwd=tmp,
-            timeout=120,
+            timeout=600,  # a hang guard: --compile on a slow, busy CPU takes minutes
         )
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
@@ -232,7 +232,7 @@ def test_long_prompt_is_cropped_with_a_notice(runs):
 
 
 def one_line_error(code, stderr):
-    assert code != 0
+    assert code == 2  # bad input (support/cli.py)
     assert "Traceback" not in stderr
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1, stderr
@@ -336,7 +336,7 @@ def check_html(path, z):
 
 def full_forward_maps(model, ids):
     with torch.no_grad():
-        _, _, maps = model(torch.tensor([ids]), return_attention=True)
+        _, maps = model.attention_maps(torch.tensor([ids]))
     return [m[0].numpy() for m in maps]
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import child_env, read_log, signal_when_training, start_training, tiny_run, torchrun
 
 import train
 from data.prepare import ensure_dataset, load_tokens
@@ -29,59 +30,21 @@ from support.settings import Settings
 
 REPO = os.path.dirname(os.path.abspath(train.__file__))
 
-TINY = [
-    "--n_layer=2",
-    "--n_head=2",
-    "--n_embd=32",
-    "--block_size=32",
-    "--batch_size=8",
-    "--gradient_accumulation_steps=1",
-    "--device=cpu",
-    "--compile=False",
-    "--dtype=float32",
-    "--eval_iters=2",
-    "--log_interval=1",
-    "--warmup_iters=2",
-    "--learning_rate=3e-3",
-    "--min_lr=3e-4",
-    "--dropout=0.0",
-    "--seed=7",
-]
-
-
-def args(data_root, out_dir, *extra):
-    return [
-        "--dataset=shakespeare_char",
-        f"--data_root={data_root}",
-        f"--out_dir={out_dir}",
-        *TINY,
-        *extra,
-    ]
-
 
 def run_in_process(argv):
     train.main(argv)  # faster than a new process: torch is imported once
 
 
-def child_env(**extra):
-    return dict(os.environ, OMP_NUM_THREADS="1", **extra)  # the same numerics as one_thread
-
-
-def run_cli(argv, env=None, timeout=120, module=("train.py",)):
+def run_cli(argv, env=None, timeout=120):
     """train.py as a separate process, from the repo root."""
     return subprocess.run(
-        [sys.executable, *module, *argv],
+        [sys.executable, "train.py", *argv],
         cwd=REPO,
         env=child_env(**(env or {})),
         capture_output=True,
         text=True,
         timeout=timeout,
     )
-
-
-def read_log(out_dir):
-    with open(os.path.join(out_dir, "log.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 def losses(log):
@@ -131,7 +94,7 @@ def independent_full_val(model, val, T):
 def test_tiny_model_beats_unigram_baseline(data_root, tmp_path):
     out = tmp_path / "out"
     run_in_process(
-        args(
+        tiny_run(
             data_root,
             out,
             "--n_embd=64",
@@ -190,7 +153,7 @@ def test_cpu_bfloat16_uses_the_math_attention_path_for_short_contexts():
 def test_bfloat16_training_on_cpu_learns(data_root, tmp_path):
     out = tmp_path / "out"
     run_in_process(
-        args(
+        tiny_run(
             data_root,
             out,
             "--dtype=bfloat16",
@@ -217,10 +180,10 @@ def test_resume_repeats_the_uninterrupted_run(data_root, tmp_path, optimizer):
         "--dropout=0.1",
     ]
     a, b = tmp_path / "a", tmp_path / "b"
-    run_in_process(args(data_root, a, *common, "--max_iters=16"))
-    run_in_process(args(data_root, b, *common, "--max_iters=8"))
+    run_in_process(tiny_run(data_root, a, *common, "--max_iters=16"))
+    run_in_process(tiny_run(data_root, b, *common, "--max_iters=8"))
     assert load_checkpoint(str(b))["iter_num"] == 8
-    run_in_process(args(data_root, b, *common, "--max_iters=16", "--init_from=resume"))
+    run_in_process(tiny_run(data_root, b, *common, "--max_iters=16", "--init_from=resume"))
 
     log_a, log_b = read_log(a), read_log(b)
     assert [r["iter"] for r in log_a] == [0, 4, 8, 12, 16]
@@ -236,7 +199,7 @@ def test_resume_repeats_the_uninterrupted_run(data_root, tmp_path, optimizer):
 def test_checkpoint_holds_plain_data_only(data_root, tmp_path):
     out = tmp_path / "out"
     for _ in range(2):  # the second run from scratch starts the log afresh
-        run_in_process(args(data_root, out, "--max_iters=2", "--eval_interval=2"))
+        run_in_process(tiny_run(data_root, out, "--max_iters=2", "--eval_interval=2"))
     assert [rec["iter"] for rec in read_log(out)] == [0, 2]
     ckpt = torch.load(out / "ckpt.pt", weights_only=True)  # refuses anything but plain data
     assert {
@@ -258,7 +221,7 @@ def test_checkpoint_holds_plain_data_only(data_root, tmp_path):
     # --eval_only evaluates the checkpoint (here over the whole val split too) and leaves it alone
     before = file_hash(out / "ckpt.pt")
     run_in_process(
-        args(
+        tiny_run(
             data_root,
             out,
             "--max_iters=2",
@@ -338,7 +301,7 @@ train.main(sys.argv[2:])
 
 def test_kill_during_save_keeps_previous_checkpoint(data_root, tmp_path):
     out = tmp_path / "out"
-    base = args(data_root, out, "--eval_interval=2", "--always_save_checkpoint=True")
+    base = tiny_run(data_root, out, "--eval_interval=2", "--always_save_checkpoint=True")
     run_in_process(base + ["--max_iters=4"])
     before = file_hash(out / "ckpt.pt")
 
@@ -373,12 +336,12 @@ def test_kill_during_save_keeps_previous_checkpoint(data_root, tmp_path):
 
 def test_divergence_stops_without_touching_the_checkpoint(data_root, tmp_path, capsys):
     out = tmp_path / "out"
-    run_in_process(args(data_root, out, "--max_iters=4", "--eval_interval=2"))
+    run_in_process(tiny_run(data_root, out, "--max_iters=4", "--eval_interval=2"))
     before = file_hash(out / "ckpt.pt")
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
         run_in_process(
-            args(
+            tiny_run(
                 data_root,
                 out,
                 "--max_iters=200",
@@ -398,7 +361,7 @@ def test_divergence_stops_without_touching_the_checkpoint(data_root, tmp_path, c
 
 def test_failed_save_stops_with_one_line(data_root, tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
-    run_in_process(args(data_root, out, "--max_iters=2", "--eval_interval=2"))
+    run_in_process(tiny_run(data_root, out, "--max_iters=2", "--eval_interval=2"))
     before = file_hash(out / "ckpt.pt")
 
     def disk_full(obj, f, *a, **k):
@@ -408,7 +371,7 @@ def test_failed_save_stops_with_one_line(data_root, tmp_path, monkeypatch, capsy
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
         run_in_process(
-            args(data_root, out, "--max_iters=4", "--eval_interval=2", "--init_from=resume")
+            tiny_run(data_root, out, "--max_iters=4", "--eval_interval=2", "--init_from=resume")
         )
     assert exit_info.value.code == 1
     err = capsys.readouterr().err.splitlines()[-1]
@@ -418,7 +381,7 @@ def test_failed_save_stops_with_one_line(data_root, tmp_path, monkeypatch, capsy
 
 def test_memmap_batches_equal_in_memory_batches(data_root, tmp_path, monkeypatch):
     common = ["--max_iters=4", "--eval_interval=2"]
-    run_in_process(args(data_root, tmp_path / "memory", *common))
+    run_in_process(tiny_run(data_root, tmp_path / "memory", *common))
     monkeypatch.setattr(batches, "SMALL_DATASET", 0)  # as if the corpus were too large to hold
     kinds = set()
     get_batch = batches.get_batch
@@ -429,7 +392,7 @@ def test_memmap_batches_equal_in_memory_batches(data_root, tmp_path, monkeypatch
 
     monkeypatch.setattr(batches, "get_batch", counted)  # the training batches
     monkeypatch.setattr(evaluation, "get_batch", counted)  # the evaluation batches
-    run_in_process(args(data_root, tmp_path / "memmap", *common))
+    run_in_process(tiny_run(data_root, tmp_path / "memmap", *common))
     assert kinds == {np.memmap}
     assert losses(read_log(tmp_path / "memory")) == losses(read_log(tmp_path / "memmap"))
 
@@ -440,24 +403,9 @@ def test_memmap_batches_equal_in_memory_batches(data_root, tmp_path, monkeypatch
 
 def test_sigterm_saves_and_resume_continues_exactly(data_root, tmp_path):
     out = tmp_path / "out"
-    base = args(data_root, out, "--eval_interval=1000", "--lr_decay_iters=1000")
-    child = subprocess.Popen(
-        [sys.executable, "train.py", *base, "--max_iters=100000"],
-        cwd=REPO,
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.time() + 90
-        while not (out / "log.jsonl").exists() and time.time() < deadline:  # iter 0 evaluated
-            time.sleep(0.05)
-        time.sleep(0.5)
-        child.send_signal(signal.SIGTERM)
-        stdout, stderr = child.communicate(timeout=60)
-    finally:
-        child.kill()
+    base = tiny_run(data_root, out, "--eval_interval=1000", "--lr_decay_iters=1000")
+    child = start_training([*base, "--max_iters=100000"])
+    stdout, stderr = signal_when_training(child, out, signal.SIGTERM)
     assert child.returncode == 0, stderr
     stopped = load_checkpoint(str(out))["iter_num"]
     assert stopped >= 1 and f"stopped by SIGTERM at iter {stopped}" in stdout
@@ -465,7 +413,7 @@ def test_sigterm_saves_and_resume_continues_exactly(data_root, tmp_path):
     run_in_process(base + [f"--max_iters={stopped + 3}", "--init_from=resume"])
     straight = tmp_path / "straight"
     run_in_process(
-        args(
+        tiny_run(
             data_root,
             straight,
             "--eval_interval=1000",
@@ -482,7 +430,7 @@ def test_sigterm_saves_and_resume_continues_exactly(data_root, tmp_path):
 def test_max_time_stops_evaluates_and_saves(data_root, tmp_path, capsys):
     out = tmp_path / "out"
     run_in_process(
-        args(data_root, out, "--max_iters=1000000", "--eval_interval=1000000", "--max_time=1.0")
+        tiny_run(data_root, out, "--max_iters=1000000", "--eval_interval=1000000", "--max_time=1.0")
     )
     last = read_log(out)[-1]
     ckpt = load_checkpoint(str(out))
@@ -505,12 +453,8 @@ def test_torchrun_two_processes_match_one(data_root, tmp_path):
         "--eval_iters=4",
     ]
     one, two = tmp_path / "one", tmp_path / "two"
-    run_in_process(args(data_root, one, *common))
-    result = run_cli(
-        ["--standalone", "--nproc_per_node=2", "train.py", *args(data_root, two, *common)],
-        module=("-m", "torch.distributed.run"),
-        timeout=240,
-    )
+    run_in_process(tiny_run(data_root, one, *common))
+    result = torchrun(2, tiny_run(data_root, two, *common), timeout=240)
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
     log_one, log_two = read_log(one), read_log(two)  # rank 0 alone writes the log
     assert [r["iter"] for r in log_two] == [0, 3, 6]
@@ -530,7 +474,7 @@ def test_gradient_accumulation_must_divide_among_processes(
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(SystemExit) as exit_info:
-        run_in_process(args(data_root, tmp_path, "--gradient_accumulation_steps=3"))
+        run_in_process(tiny_run(data_root, tmp_path, "--gradient_accumulation_steps=3"))
     assert exit_info.value.code == 2
     assert_one_line_error(capsys.readouterr().err, "gradient_accumulation_steps", "divisible")
 
@@ -557,7 +501,7 @@ def test_gradient_accumulation_must_divide_among_processes(
 )
 def test_bad_settings_give_one_line_errors(data_root, tmp_path, capsys, extra, needles):
     with pytest.raises(SystemExit) as exit_info:
-        run_in_process(args(data_root, tmp_path / "out", *extra))
+        run_in_process(tiny_run(data_root, tmp_path / "out", *extra))
     assert exit_info.value.code == 2
     assert_one_line_error(capsys.readouterr().err, *needles)
     assert not os.path.exists(tmp_path / "out" / "ckpt.pt")
@@ -565,7 +509,7 @@ def test_bad_settings_give_one_line_errors(data_root, tmp_path, capsys, extra, n
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_without_gpu_is_a_one_line_error(data_root, tmp_path):
-    result = run_cli(args(data_root, tmp_path, "--device=cuda"))
+    result = run_cli(tiny_run(data_root, tmp_path, "--device=cuda"))
     assert result.returncode == 2
     assert_one_line_error(result.stderr, "CUDA is not available", "--device=cpu")
 
@@ -584,7 +528,7 @@ def test_wandb_without_an_api_key_stops_in_one_line_before_any_work(data_root, t
         [
             sys.executable,
             "train.py",
-            *args(data_root, out_dir, "--max_iters=2", "--wandb_log=True"),
+            *tiny_run(data_root, out_dir, "--max_iters=2", "--wandb_log=True"),
         ],
         cwd=REPO,
         env=env,
@@ -613,7 +557,7 @@ def test_help_lists_the_keys():
 def test_wandb_offline_run_records_the_metrics(data_root, tmp_path):
     env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
     result = run_cli(
-        args(
+        tiny_run(
             data_root,
             tmp_path / "out",
             "--max_iters=2",
@@ -680,7 +624,7 @@ def test_run_estimate_counts_every_step_and_evaluation():
 def test_no_evaluation_at_start_and_muon_ns_steps(data_root, tmp_path):
     out = tmp_path / "out"
     run_in_process(
-        args(
+        tiny_run(
             data_root,
             out,
             "--max_iters=4",
@@ -703,7 +647,7 @@ def test_no_evaluation_at_start_and_muon_ns_steps(data_root, tmp_path):
 
 def test_timing_a_step_leaves_the_run_untouched(data_root, tmp_path):
     cfg = train.get_config(
-        args(
+        tiny_run(
             data_root,
             tmp_path / "out",
             "--optimizer=muon",
@@ -799,7 +743,7 @@ def test_stop_during_a_later_evaluation_saves_and_resumes_exactly(
 ):
     base = ["--eval_interval=5", "--lr_decay_iters=20", "--dropout=0.1"]
     straight = tmp_path / "straight"
-    run_in_process(args(data_root, straight, *base, "--max_iters=15"))
+    run_in_process(tiny_run(data_root, straight, *base, "--max_iters=15"))
     evaluate = train.estimate_loss
 
     def signal_in_the_evaluation_at_iter_10(r, seed):
@@ -809,14 +753,14 @@ def test_stop_during_a_later_evaluation_saves_and_resumes_exactly(
 
     monkeypatch.setattr(train, "estimate_loss", signal_in_the_evaluation_at_iter_10)
     out = tmp_path / "out"
-    run_in_process(args(data_root, out, *base, "--max_iters=15"))
+    run_in_process(tiny_run(data_root, out, *base, "--max_iters=15"))
     assert "stopped by SIGTERM at iter 10; saved" in capsys.readouterr().out
     assert load_checkpoint(str(out))["iter_num"] == 10 and [r["iter"] for r in read_log(out)] == [
         0,
         5,
     ]
     monkeypatch.setattr(train, "estimate_loss", evaluate)
-    run_in_process(args(data_root, out, *base, "--max_iters=15", "--init_from=resume"))
+    run_in_process(tiny_run(data_root, out, *base, "--max_iters=15", "--init_from=resume"))
     assert losses(read_log(out)) == losses(read_log(straight))  # the iter-10 evaluation was redone
     a, b = load_checkpoint(str(out)), load_checkpoint(str(straight))
     for key in a["model"]:
@@ -831,7 +775,7 @@ def test_stop_between_micro_steps_undoes_the_step(data_root, tmp_path, monkeypat
         "--dropout=0.1",
     ]
     straight = tmp_path / "straight"
-    run_in_process(args(data_root, straight, *base, "--max_iters=6"))
+    run_in_process(tiny_run(data_root, straight, *base, "--max_iters=6"))
     forward, calls = GPT.forward, []
 
     def signal_in_the_second_micro_step_of_iter_3(model, *a, **kw):
@@ -843,11 +787,11 @@ def test_stop_between_micro_steps_undoes_the_step(data_root, tmp_path, monkeypat
 
     monkeypatch.setattr(GPT, "forward", signal_in_the_second_micro_step_of_iter_3)
     out = tmp_path / "out"
-    run_in_process(args(data_root, out, *base, "--max_iters=6"))
+    run_in_process(tiny_run(data_root, out, *base, "--max_iters=6"))
     assert "stopped by SIGTERM at iter 3; saved" in capsys.readouterr().out
     monkeypatch.setattr(GPT, "forward", forward)
     assert load_checkpoint(str(out))["iter_num"] == 3
-    run_in_process(args(data_root, out, *base, "--max_iters=6", "--init_from=resume"))
+    run_in_process(tiny_run(data_root, out, *base, "--max_iters=6", "--init_from=resume"))
     a, b = load_checkpoint(str(out)), load_checkpoint(str(straight))
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key

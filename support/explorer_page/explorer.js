@@ -1,6 +1,10 @@
 // The explorer page: asks the server's JSON API and draws what the model did.
 // Served by support/explorer.py; an exported .html carries this file and a
 // snapshot of the answer (window.EXPLORER_SNAPSHOT) and runs without the server.
+// Three views: the heads (maps, labels, switching heads off), why this token
+// (direct logit attribution and the logit lens) and activation patching; a
+// training run's snapshots give a step slider. The page's state lives in its
+// address, so that a link or a reload reopens the same view.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -17,7 +21,16 @@ const state = {
   seq: 0, // the newest analysis asked for: older answers are dropped
   busy: false,
   controller: null, // aborts a running generation
+  view: "heads", // the panels shown: one of VIEWS
+  steps: [], // the iters of the run's snapshots and of ckpt.pt: the slider's stops
+  checkpoint: null, // ckpt.pt's iter: the model the explorer started with
+  step: null, // the iter shown; null: ckpt.pt's
+  patch: null, // the last /api/patch answer
+  patchAsked: "", // the request that answer is for, as JSON
+  patchSeq: 0, // the newest patching asked for
 };
+const VIEWS = ["heads", "why", "patch"];
+const PATCH_INPUTS = ["clean", "corrupt", "target", "foil"];
 
 // ---------------------------------------------------------------------------
 // The API
@@ -37,13 +50,19 @@ function ablateList() {
   return [...state.ablate].map((k) => k.split(",").map(Number));
 }
 
+// the step goes with every question once the slider has moved
+function withStep(body) {
+  if (state.step !== null) body.step = state.step;
+  return body;
+}
+
 async function analyze() {
   const seq = ++state.seq;
   const prompt = $("prompt").value;
   if (!prompt) return;
   state.busy = true;
   try {
-    const result = await api("/api/analyze", { prompt, ablate: ablateList() });
+    const result = await api("/api/analyze", withStep({ prompt, ablate: ablateList() }));
     if (seq !== state.seq) return;
     state.result = result;
     $("status").textContent = "";
@@ -65,14 +84,14 @@ function analyzeSoon() {
 // whenever the last analysis has come back, so they grow with the text.
 async function generate() {
   const start = $("prompt").value;
-  const body = {
+  const body = withStep({
     prompt: start,
     ablate: ablateList(),
     temperature: Number($("temperature").value),
     top_k: Number($("top-k").value),
     max_new_tokens: Number($("length").value),
     seed: Number($("seed").value),
-  };
+  });
   state.controller = new AbortController();
   $("generate").disabled = true;
   $("stop").disabled = false;
@@ -143,6 +162,9 @@ function render() {
   renderMultiples(r);
   renderGrid(r);
   renderCompare(r);
+  renderWhy(r);
+  renderLens(r);
+  writeUrl();
 }
 
 function renderTokens(r) {
@@ -171,6 +193,8 @@ function setHover(i) {
   document.querySelectorAll("#tokens .tok").forEach((s, j) => s.classList.toggle("hover", j === i));
   drawHeatmap($("heatmap"), r.attention[state.layer][state.head], i);
   drawLines($("lines"), r, i);
+  renderWhy(r);
+  document.querySelectorAll("#lens [data-col]").forEach((c) => c.classList.toggle("hover", Number(c.dataset.col) === i));
 }
 
 function color(w) {
@@ -393,7 +417,263 @@ function selectHead(layer, head) {
   if (state.result) {
     renderHead(state.result);
     renderMultiples(state.result);
+    renderWhy(state.result);
   }
+  writeUrl();
+}
+
+// ---------------------------------------------------------------------------
+// Tables of coloured cells: a panel is rows of cells {text, fill, title, id,
+// col, head, click}, drawn as a <table> on the page and on a canvas in the .png
+
+function fillTable(table, rows) {
+  table.textContent = "";
+  for (const row of rows) {
+    const tr = document.createElement("tr");
+    for (const cell of row) {
+      const td = document.createElement(cell.head ? "th" : "td");
+      td.textContent = cell.text;
+      if (cell.fill) td.style.background = cell.fill;
+      if (cell.title) td.title = cell.title;
+      if (cell.id) td.id = cell.id;
+      if (cell.cls) td.className = cell.cls;
+      if (cell.col !== undefined) td.dataset.col = cell.col;
+      if (cell.click) td.addEventListener("click", cell.click);
+      tr.appendChild(td);
+    }
+    table.appendChild(tr);
+  }
+}
+
+// cells of width pixels, the first column (the rows' names) 48; returns the height drawn
+const NAME_WIDTH = 48;
+function drawCells(ctx, rows, x, y, width, height) {
+  ctx.font = "11px monospace";
+  ctx.textBaseline = "middle";
+  rows.forEach((row, i) =>
+    row.forEach((cell, j) => {
+      const left = j === 0 ? x : x + NAME_WIDTH + (j - 1) * width;
+      const w = j === 0 ? NAME_WIDTH : width;
+      if (cell.fill) {
+        ctx.fillStyle = cell.fill;
+        ctx.fillRect(left, y + i * height, w - 1, height - 1);
+      }
+      ctx.fillStyle = "#222";
+      ctx.fillText(cell.text.slice(0, Math.floor(w / 7)), left + 2, y + i * height + height / 2);
+    }),
+  );
+  return rows.length * height;
+}
+
+// blue for a push up, red for a push down, as strong as |v| is against scale
+function signed(v, scale) {
+  const a = Math.min(1, Math.abs(v) / Math.max(scale, 1e-9)) * 0.85;
+  return v >= 0 ? `rgba(41, 128, 185, ${a})` : `rgba(192, 57, 43, ${a})`;
+}
+
+// ---------------------------------------------------------------------------
+// Why this token: the direct logit attribution and the logit lens
+
+// the token under the mouse (why it came, from the position before it), else the next token
+function whyEntry(r) {
+  const i = state.hover;
+  if (i !== null && i !== undefined && i >= 1 && i <= r.token_attribution.length) return r.token_attribution[i - 1];
+  return r.attribution;
+}
+
+function attributionRows(r, a) {
+  const { n_layer, n_head } = state.info;
+  const values = [a.embed, a.bias, ...a.mlp, ...a.heads.flat()];
+  const scale = Math.max(...values.map(Math.abs));
+  const head = (text) => ({ text, head: true });
+  const rows = [[head(""), ...[...Array(n_head).keys()].map((h) => head(`H${h}`)), head("MLP")]];
+  for (let l = 0; l < n_layer; l++) {
+    const row = [head(`L${l}`)];
+    for (let h = 0; h < n_head; h++) {
+      const v = a.heads[l][h];
+      const label = r.labels[l][h].label;
+      const selected = l === state.layer && h === state.head ? "selected" : "";
+      row.push({ text: v.toFixed(2), fill: signed(v, scale), id: `attr-${l}-${h}`, cls: selected, title: `L${l} H${h} (${label}): ${v.toFixed(4)}`, click: () => selectHead(l, h) });
+    }
+    row.push({ text: a.mlp[l].toFixed(2), fill: signed(a.mlp[l], scale), id: `attr-mlp-${l}`, title: `MLP of layer ${l}: ${a.mlp[l].toFixed(4)}` });
+    rows.push(row);
+  }
+  const sum = a.embed + a.bias + a.mlp.reduce((x, y) => x + y, 0) + a.heads.flat().reduce((x, y) => x + y, 0);
+  rows.push([
+    head("embed"),
+    { text: a.embed.toFixed(2), fill: signed(a.embed, scale), id: "attr-embed", title: `the token and position embeddings: ${a.embed.toFixed(4)}` },
+    head("bias"),
+    { text: a.bias.toFixed(2), fill: signed(a.bias, scale), id: "attr-bias", title: `attention output biases and ln_f's bias: ${a.bias.toFixed(4)}` },
+    head("sum"),
+    { text: sum.toFixed(2), id: "attr-sum", title: `the parts add up to the logit ${a.logit.toFixed(4)}` },
+  ]);
+  return rows;
+}
+
+function whyTitle(r, a) {
+  const which = a === r.attribution && a.position === r.tokens.length - 1 ? "the next token" : `token ${a.position + 1}`;
+  return `Why "${shown(a.token)}" (${which}) after "${shown(r.tokens[a.position])}": logit ${a.logit.toFixed(3)}`;
+}
+
+function renderWhy(r) {
+  const a = whyEntry(r);
+  $("why-title").textContent = whyTitle(r, a);
+  fillTable($("attribution"), attributionRows(r, a));
+}
+
+function lensRows(r, first) {
+  const head = (text) => ({ text, head: true });
+  const columns = r.tokens.slice(first);
+  const rows = [[head(""), ...columns.map((t, k) => ({ text: shown(t), head: true, col: first + k }))]];
+  r.logit_lens.forEach((point, k) => {
+    const name = k === 0 ? "embed" : `L${k - 1}`;
+    const row = [head(name)];
+    point.slice(first).forEach((cells, j) => {
+      const top = cells.map((c) => `${shown(c.token)} ${c.prob.toFixed(3)}`).join(", ");
+      row.push({ text: shown(cells[0].token), fill: `rgba(39, 174, 96, ${cells[0].prob})`, col: first + j, title: `${name}, position ${first + j}: ${top}` });
+    });
+    rows.push(row);
+  });
+  return rows;
+}
+
+function renderLens(r) {
+  fillTable($("lens"), lensRows(r, 0));
+  document.querySelectorAll("#lens [data-col]").forEach((c) => c.classList.toggle("hover", Number(c.dataset.col) === state.hover));
+}
+
+// ---------------------------------------------------------------------------
+// Activation patching
+
+function patchBody() {
+  const body = { clean: $("clean").value, corrupt: $("corrupt").value, target: $("target").value, foil: $("foil").value, ablate: ablateList() };
+  return withStep(body);
+}
+
+async function runPatch() {
+  if (SNAPSHOT) return;
+  const seq = ++state.patchSeq;
+  const body = patchBody();
+  const asked = JSON.stringify(body);
+  try {
+    const answer = await api("/api/patch", body);
+    if (seq !== state.patchSeq) return;
+    state.patch = answer;
+    state.patchAsked = asked;
+    $("status").textContent = "";
+  } catch (e) {
+    if (seq !== state.patchSeq) return;
+    state.patch = null;
+    state.patchAsked = "";
+    $("status").textContent = e.message;
+  }
+  renderPatch();
+  writeUrl();
+}
+
+// the answer shown is for other heads off, another step or other prompts: ask again
+function patchIfStale() {
+  if (state.view === "patch" && JSON.stringify(patchBody()) !== state.patchAsked) runPatch();
+}
+
+function patchRows(p) {
+  const head = (text) => ({ text, head: true });
+  const n_head = p.heads[0].length;
+  const rows = [[head(""), ...[...Array(n_head).keys()].map((h) => head(`H${h}`))]];
+  p.heads.forEach((values, l) => {
+    const row = [head(`L${l}`)];
+    values.forEach((v, h) => {
+      row.push({ text: v.toFixed(2), fill: signed(v, 1), id: `patch-${l}-${h}`, title: `L${l} H${h}: restores ${(100 * v).toFixed(1)}% (diff ${p.patched[l][h].toFixed(3)})`, click: () => selectHead(l, h) });
+    });
+    rows.push(row);
+  });
+  return rows;
+}
+
+function patchSummary(p) {
+  const diff = `logit["${shown(p.target.token)}"] - logit["${shown(p.foil.token)}"]`;
+  return `${diff}: clean ${p.clean_diff.toFixed(3)}, corrupt ${p.corrupt_diff.toFixed(3)}; each head: the share of the difference it restores`;
+}
+
+function renderPatch() {
+  const p = state.patch;
+  $("patch-summary").textContent = p ? patchSummary(p) : "";
+  fillTable($("patch-grid"), p ? patchRows(p) : []);
+}
+
+// ---------------------------------------------------------------------------
+// Views, the step slider and the address
+
+function showView(view) {
+  state.view = view;
+  document.querySelectorAll("section[data-view]").forEach((s) => {
+    s.hidden = s.dataset.view !== view;
+  });
+  VIEWS.forEach((v) => $(`view-${v}`).classList.toggle("selected", v === view));
+  if (!SNAPSHOT) patchIfStale();
+  writeUrl();
+}
+
+async function loadSteps() {
+  const answer = await (await fetch("/api/steps")).json();
+  const stops = new Set(answer.steps);
+  if (answer.checkpoint !== null) stops.add(answer.checkpoint);
+  state.steps = [...stops].sort((a, b) => a - b);
+  state.checkpoint = answer.checkpoint;
+}
+
+function showSteps() {
+  $("steps").hidden = state.steps.length < 2;
+  $("step").max = Math.max(0, state.steps.length - 1);
+  const shownStep = state.step === null ? state.checkpoint : state.step;
+  $("step").value = Math.max(0, state.steps.indexOf(shownStep));
+  const where = shownStep === state.checkpoint ? "ckpt.pt" : "snapshot";
+  $("step-label").textContent = shownStep === null ? "" : `iter ${shownStep} (${where})`;
+}
+
+function stepTo(k) {
+  state.step = state.steps[k];
+  showSteps();
+  analyze();
+  patchIfStale();
+}
+
+// ?prompt=...&layer=1&head=2&off=0.1,1.3&step=400&view=why (and the patching inputs)
+function writeUrl() {
+  if (SNAPSHOT) return;
+  const q = new URLSearchParams();
+  q.set("prompt", $("prompt").value);
+  q.set("layer", state.layer);
+  q.set("head", state.head);
+  if (state.ablate.size) q.set("off", [...state.ablate].map((k) => k.replace(",", ".")).join(","));
+  if (state.step !== null) q.set("step", state.step);
+  q.set("view", state.view);
+  if (state.view === "patch") PATCH_INPUTS.forEach((id) => q.set(id, $(id).value));
+  history.replaceState(null, "", `?${q}`);
+}
+
+// a number from the address, if it is an integer in 0 .. n - 1
+function index(q, key, n) {
+  const v = Number(q.get(key));
+  return q.has(key) && Number.isInteger(v) && v >= 0 && v < n ? v : null;
+}
+
+function readUrl() {
+  const q = new URLSearchParams(location.search);
+  const { n_layer, n_head } = state.info;
+  if (q.has("prompt")) $("prompt").value = q.get("prompt");
+  state.layer = index(q, "layer", n_layer) ?? 0;
+  state.head = index(q, "head", n_head) ?? 0;
+  for (const pair of (q.get("off") || "").split(",")) {
+    const [l, h] = pair.split(".").map(Number);
+    if (Number.isInteger(l) && Number.isInteger(h) && l >= 0 && l < n_layer && h >= 0 && h < n_head) state.ablate.add(`${l},${h}`);
+  }
+  const step = Number(q.get("step"));
+  if (q.has("step") && state.steps.includes(step)) state.step = step;
+  if (VIEWS.includes(q.get("view"))) state.view = q.get("view");
+  PATCH_INPUTS.forEach((id) => {
+    if (q.has(id)) $(id).value = q.get(id);
+  });
 }
 
 // ---------------------------------------------------------------------------
@@ -422,6 +702,13 @@ async function exportHtml() {
     ablate: [...state.ablate],
     generated: state.generated,
     prompt: $("prompt").value,
+    hover: state.hover,
+    view: state.view,
+    steps: state.steps,
+    checkpoint: state.checkpoint,
+    step: state.step,
+    patch: state.patch,
+    patchInputs: PATCH_INPUTS.map((id) => $(id).value),
   };
   // "<" escaped: no "</script>" inside the data can end the script early
   const data = JSON.stringify(snap).replace(/</g, "\\u003c");
@@ -434,13 +721,21 @@ async function exportHtml() {
   download("attention.html", new Blob([html], { type: "text/html" }));
 }
 
-// the .png: the head's map, the layer's heads, the probabilities and continuations
+// the .png: the head's map, the layer's heads, the probabilities and continuations,
+// then why the token came (attribution), the logit lens and the patching answer
+const LENS_PNG_POSITIONS = 48; // the lens's last positions drawn in the .png
 function exportPng() {
   const r = state.result;
   const multiples = [...document.querySelectorAll("#multiples canvas")];
+  const a = whyEntry(r);
+  const why = attributionRows(r, a);
+  const first = Math.max(0, r.tokens.length - LENS_PNG_POSITIONS);
+  const lens = lensRows(r, first);
+  const patch = state.patch ? patchRows(state.patch) : [];
   const canvas = document.createElement("canvas");
-  canvas.width = 1000;
-  canvas.height = 340 + 128 * Math.floor((multiples.length - 1) / 5);
+  const base = 340 + 128 * Math.floor((multiples.length - 1) / 5);
+  canvas.width = Math.max(1000, 20 + NAME_WIDTH + 18 * lens[0].length, 20 + NAME_WIDTH + 44 * why[0].length);
+  canvas.height = base + 18 * why.length + 16 * lens.length + 18 * patch.length + 110;
   const ctx = canvas.getContext("2d");
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, canvas.width, canvas.height);
@@ -457,6 +752,22 @@ function exportPng() {
     ctx.fillText(`${title}: next token, then greedy "${shown(a.continuation.join("")).slice(0, 24)}"`, x, top);
     a.next.forEach((n, i) => ctx.fillText(`${shown(n.token).padEnd(8)} ${n.prob.toFixed(4)}`, x, top + 16 + 12 * i));
   });
+  let y = base;
+  const heading = (text) => {
+    ctx.font = "13px sans-serif";
+    ctx.fillStyle = "#222";
+    ctx.textBaseline = "alphabetic";
+    ctx.fillText(text, 10, y + 14);
+    y += 22;
+  };
+  heading(`${whyTitle(r, a)} (direct logit attribution; blue up, red down)`);
+  y += drawCells(ctx, why, 10, y, 44, 18) + 8;
+  heading(`Logit lens: top token after the embeddings and each block${first ? `, the last ${LENS_PNG_POSITIONS} positions` : ""}`);
+  y += drawCells(ctx, lens, 10, y, 18, 16) + 8;
+  if (state.patch) {
+    heading(`Patching "${shown(state.patch.clean.join(""))}" into "${shown(state.patch.corrupt.join(""))}": ${patchSummary(state.patch)}`);
+    drawCells(ctx, patch, 10, y, 44, 18);
+  }
   canvas.toBlob((blob) => download("attention.png", blob), "image/png");
 }
 
@@ -479,12 +790,25 @@ async function start() {
     state.result = SNAPSHOT.result;
     state.ablate = new Set(SNAPSHOT.ablate);
     state.generated = SNAPSHOT.generated;
+    state.hover = SNAPSHOT.hover;
+    state.view = SNAPSHOT.view;
+    state.steps = SNAPSHOT.steps;
+    state.checkpoint = SNAPSHOT.checkpoint;
+    state.step = SNAPSHOT.step;
+    state.patch = SNAPSHOT.patch;
+    PATCH_INPUTS.forEach((id, k) => {
+      $(id).value = SNAPSHOT.patchInputs[k];
+      $(id).readOnly = true;
+    });
     $("prompt").value = SNAPSHOT.prompt;
     $("prompt").readOnly = true;
     $("generate-bar").hidden = true;
+    $("patch").hidden = true;
+    $("step").disabled = true;
   } else {
     const response = await fetch("/api/info");
     state.info = await response.json();
+    await loadSteps();
   }
   const info = state.info;
   $("model").textContent = `${info.n_layer} layers x ${info.n_head} heads, context ${info.context}, ${info.tokenizer} tokens, ${info.dtype}`;
@@ -497,13 +821,22 @@ async function start() {
   $("heatmap").addEventListener("mousemove", heatmapHover);
   $("export-html").addEventListener("click", exportHtml);
   $("export-png").addEventListener("click", exportPng);
+  VIEWS.forEach((v) => $(`view-${v}`).addEventListener("click", () => showView(v)));
   if (SNAPSHOT) {
     selectHead(SNAPSHOT.layer, SNAPSHOT.head);
     render();
+    renderPatch();
+    showSteps();
+    showView(state.view);
     return;
   }
   // the example prompt, cut to fit a small model's context (no more tokens than characters)
   $("prompt").value = $("prompt").value.slice(0, info.context);
+  readUrl();
+  selectHead(state.layer, state.head);
+  showSteps();
+  $("step").addEventListener("input", (e) => stepTo(Number(e.target.value)));
+  $("patch").addEventListener("click", runPatch);
   $("prompt").addEventListener("input", () => {
     state.generated = 0;
     analyzeSoon();
@@ -515,6 +848,7 @@ async function start() {
   $("generate").addEventListener("click", generate);
   $("stop").addEventListener("click", () => state.controller && state.controller.abort());
   analyze();
+  showView(state.view);
 }
 
 start();

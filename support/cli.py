@@ -1,0 +1,64 @@
+"""
+The command line every command shares: `--help` printed from the command's
+docstring and options, options as --key=value (configurator.py), and each
+failure the user can fix said in one line on stderr, never a traceback.
+
+Exit codes, the same for every command: 0 done; 2 bad input (the line says what
+to do); 1 the run itself failed (out of memory, a disk that cannot be written);
+130 stopped by Ctrl-C.
+"""
+
+import os
+import sys
+
+import torch
+
+from support.checkpoint import CheckpointError
+from support.configurator import ConfigError, describe, parse_args
+from support.loading import LoadError
+from support.shards import DataError
+from support.tokenizer import TokenizerError
+
+# what a command's user can fix: a bad option, file, checkpoint, tokenizer or dataset
+USER_ERRORS = (ConfigError, DataError, CheckpointError, TokenizerError, LoadError)
+BAD_INPUT = 2
+FAILED = 1
+INTERRUPTED = 130
+
+
+def wants_help(argv):
+    return "-h" in argv or "--help" in argv
+
+
+def print_help(doc, options):
+    """The command's docstring, then its options, one a line with its default."""
+    print(doc.strip() + "\n\noptions (defaults):\n" + options)
+
+
+def error(message):
+    print(f"error: {message}", file=sys.stderr)
+
+
+def run(main, argv, doc, defaults, errors=(), out_of_memory="try --device=cpu"):
+    """A command: main(cfg), cfg the --key=value options in argv over defaults (a
+    dict), or --help. errors: the command's own exceptions for bad input;
+    out_of_memory: what to try when the GPU runs out. Returns the exit code."""
+    if wants_help(argv):
+        print_help(doc, describe(defaults))
+        return 0
+    try:
+        main(parse_args(defaults, argv, allow_files=False))
+    except USER_ERRORS + errors as e:
+        error(e)
+        return BAD_INPUT
+    except torch.OutOfMemoryError:
+        error(f"out of GPU memory; {out_of_memory}")
+        return FAILED
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return INTERRUPTED
+    except BrokenPipeError:
+        # the reader (e.g. `| head`) went away: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return FAILED
+    return 0
