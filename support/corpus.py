@@ -152,13 +152,14 @@ def _in_order(plan, results, claims, processes):
     for index in range(len(plan.tasks)):
         while index not in finished:
             done, kind, value = _take(results, processes)
-            finished[done] = (kind, value)
-        kind, value = finished.pop(index)
-        if kind == "error":
-            raise DataError(value)
-        if kind == "failed":
-            raise RuntimeError(f"a tokenizer process failed:\n{value}")
-        yield value
+            # an error ends the run when it arrives: it may have come from the
+            # tokenizer's start, before the process held a task of its own
+            if kind == "error":
+                raise DataError(value)
+            if kind == "failed":
+                raise RuntimeError(f"a tokenizer process failed:\n{value}")
+            finished[done] = value
+        yield finished.pop(index)
         claims.release()
 
 
