@@ -203,6 +203,8 @@ def nanogpt_method(path, out, num_proc):
     processes, then writes each split into one uint16 memmap, batch by batch."""
     import datasets
 
+    # its progress bars would fill the bench's output; they cost no measurable time
+    datasets.disable_progress_bars()
     cache = os.path.join(out, "cache")
     start = time.perf_counter()
     table = datasets.load_dataset("parquet", data_files=[path], split="train", cache_dir=cache)

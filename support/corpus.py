@@ -4,14 +4,15 @@ every core into token shards (shards.py) in bounded memory.
 
     prepare_corpus  tokenize a source into a sharded dataset folder
 
-Local files are cut into read tasks of about 1 MB of text (sources.py), and
-task i goes to tokenizer process i mod --num_proc, which reads it from the
-files itself, tokenizes it, and hands its tokens back through a queue of
-two. The main process takes the tasks' tokens in the plan's order and only
-writes them, so the bytes are the same whatever the number of processes, and
-no process holds more than a few tasks. A hub dataset can only be read from
-its start, by one process: the main process reads it and hands batches of
-documents to a pool of tokenizer processes.
+Local files are cut into read tasks of about 1 MB of text (sources.py). Each
+of --num_proc tokenizer processes claims the next task in the plan's order
+as soon as it is free, reads it from the files itself, tokenizes it, and
+hands its tokens back. The main process takes the tasks' tokens in the
+plan's order and only writes them, so the bytes are the same whatever the
+number of processes; a process may claim a task only while fewer than two
+per process are waiting to be written, so none holds more than a few. A hub
+dataset can only be read from its start, by one process: the main process
+reads it and hands batches of documents to a pool of tokenizer processes.
 """
 
 import collections
@@ -90,70 +91,92 @@ def _tokenized_here(plan, desc):
 # ---------------------------------------------------------------- processes that read
 
 
-def _worker(plan, worker, num_proc, desc, results):
-    """A tokenizer process: tasks worker, worker + num_proc, ... of the plan,
-    each read from the files, tokenized and put on its queue, which holds two:
-    it works at most two tasks ahead of the main process's writing."""
+def _worker(plan, desc, claims, counter, results):
+    """A tokenizer process: it claims the first task of the plan that no
+    process has claimed yet, reads it from the files, tokenizes it and puts
+    its tokens on the results queue; then the next, until none is left. A
+    task is claimed only with one of the `claims`, 2 per process, that the
+    main process gives back as it writes each task: no process gets more than
+    a few tasks ahead of the writing."""
     parent = os.getppid()
+    index = -1
     try:
         tok = _start_tokenizer(desc)
         reader = TaskReader(plan)
-        for task in plan.tasks[worker::num_proc]:
-            _hand_over(results, ("tokens", _encode_task(tok, reader.read(task))), parent)
+        while True:
+            _acquire(claims, parent)
+            with counter.get_lock():
+                index = counter.value
+                counter.value += 1
+            if index >= len(plan.tasks):
+                return
+            results.put((index, "tokens", _encode_task(tok, reader.read(plan.tasks[index]))))
     except DataError as e:
-        _hand_over(results, ("error", str(e)), parent)
+        results.put((index, "error", str(e)))
     except KeyboardInterrupt:
         pass  # Ctrl-C reached the whole process group; the main process says so
     except Exception:
-        _hand_over(results, ("failed", traceback.format_exc()), parent)
+        results.put((index, "failed", traceback.format_exc()))
 
 
-def _hand_over(results, item, parent):
-    """Put item on a worker's queue, waiting while it is full, unless the main
-    process is gone."""
+def _acquire(claims, parent):
+    """Take a claim, waiting for one, unless the main process is gone."""
+    while not claims.acquire(timeout=WAIT_S):
+        if os.getppid() != parent:
+            # the main process was killed: nobody will write the tokens
+            os._exit(1)
+
+
+def _take(results, processes):
+    """The next (index, kind, value) a process put on the results queue. A
+    process's puts are flushed before it ends, so one that was killed, or
+    all of them ended while the queue is empty, means tokens are missing."""
     while True:
         try:
-            results.put(item, timeout=WAIT_S)
-            return
-        except queue.Full:
-            if os.getppid() != parent:
-                # the main process was killed: nobody will take the tokens
-                os._exit(1)
-
-
-def _take(results, process):
-    """The next item a worker put on its queue. A worker's queue is flushed
-    before it ends, so an ended worker with an empty queue has died."""
-    while True:
-        try:
-            kind, value = results.get(timeout=WAIT_S)
-            break
+            return results.get(timeout=WAIT_S)
         except queue.Empty:
-            if not process.is_alive() and results.empty():
+            codes = [process.exitcode for process in processes]
+            killed = [code for code in codes if code not in (None, 0)]
+            if killed or (None not in codes and results.empty()):
+                code = killed[0] if killed else 0
                 raise DataError(
-                    f"a tokenizer process ended without its tokens (exit code "
-                    f"{process.exitcode}: killed, or out of memory); run the command again, "
-                    "with a smaller --num_proc"
+                    f"a tokenizer process ended without its tokens (exit code {code}: killed, "
+                    "or out of memory); run the command again, with a smaller --num_proc"
                 ) from None
-    if kind == "error":
-        raise DataError(value)
-    if kind == "failed":
-        raise RuntimeError(f"a tokenizer process failed:\n{value}")
-    return value
+
+
+def _in_order(plan, results, claims, processes):
+    """Each task's tokens in the plan's order, whichever process finished them
+    first; a claim goes back once the task has been written."""
+    finished = {}
+    for index in range(len(plan.tasks)):
+        while index not in finished:
+            done, kind, value = _take(results, processes)
+            # an error ends the run when it arrives: it may have come from the
+            # tokenizer's start, before the process held a task of its own
+            if kind == "error":
+                raise DataError(value)
+            if kind == "failed":
+                raise RuntimeError(f"a tokenizer process failed:\n{value}")
+            finished[done] = value
+        yield finished.pop(index)
+        claims.release()
 
 
 @contextlib.contextmanager
 def _tokenized_by_workers(plan, desc, num_proc):
     context = _context()
-    queues = [context.Queue(2) for _ in range(num_proc)]
+    claims = context.Semaphore(2 * num_proc)
+    counter = context.Value("q", 0)  # the next task to claim
+    results = context.Queue()
     processes = [
-        context.Process(target=_worker, args=(plan, k, num_proc, desc, queues[k]), daemon=True)
-        for k in range(num_proc)
+        context.Process(target=_worker, args=(plan, desc, claims, counter, results), daemon=True)
+        for _ in range(num_proc)
     ]
     for process in processes:
         process.start()
     try:
-        yield (_take(queues[i % num_proc], processes[i % num_proc]) for i in range(len(plan.tasks)))
+        yield _in_order(plan, results, claims, processes)
     finally:
         for process in processes:
             if process.is_alive():

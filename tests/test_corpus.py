@@ -259,7 +259,7 @@ def test_txt_folder_is_one_document_per_file(tmp_path):
 
 
 def test_sigkill_then_the_same_command_gives_the_same_bytes(tmp_path, documents):
-    write_jsonl(str(tmp_path / "src" / "docs.jsonl"), documents * 3)
+    write_jsonl(str(tmp_path / "src" / "docs.jsonl"), documents * 6)
     command = [
         str(tmp_path / "src"),
         "--tokenizer=gpt2",
