@@ -22,6 +22,8 @@ Writes path_length.json and path_length.png into --out_dir (default docs/);
 docs/path_length.md reads them.
 """
 
+import support.before_torch  # bfloat16 tried in a child process, before torch loads
+
 import json
 import math
 import os

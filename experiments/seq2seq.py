@@ -140,23 +140,29 @@ class Memory:
 
 
 class Encoder(nn.Module):
-    """A bidirectional GRU over the source: state i knows token i and its context on both
-    sides. Packing the padded batch makes each direction start and end at each sentence's
-    own ends, so the padding never enters a state."""
+    """A bidirectional GRU over the source, as Bahdanau et al. use: state i knows token i
+    and its context on both sides. With bidirectional=False, one GRU of width D reads left
+    to right, and state i knows only tokens 1..i. Packing the padded batch makes each
+    direction start and end at each sentence's own ends, so the padding never enters a
+    state."""
 
-    def __init__(self, vocab_size, emb_size, hidden_size):
+    def __init__(self, vocab_size, emb_size, hidden_size, bidirectional=True):
         super().__init__()
         self.embed = nn.Embedding(vocab_size, emb_size, padding_idx=PAD)
-        self.rnn = nn.GRU(emb_size, hidden_size, batch_first=True, bidirectional=True)
+        width = hidden_size
+        if not bidirectional:
+            width = 2 * hidden_size  # the same D = 2H as the two directions side by side
+        self.rnn = nn.GRU(emb_size, width, batch_first=True, bidirectional=bidirectional)
 
     def forward(self, src, lengths):
         """src (B, S) token ids, lengths (B,) -> states h (B, S, D), zero at padding, and
-        the summary (B, D): the forward GRU's last state beside the backward GRU's first."""
+        the summary (B, D): the forward GRU's last state beside the backward GRU's first,
+        or the one GRU's last state."""
         x = self.embed(src)  # (B, S, E)
         packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
-        out, last = self.rnn(packed)  # last (2, B, H): each direction's final state
+        out, last = self.rnn(packed)  # last (directions, B, D / directions): final states
         h, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))  # (B, S, D)
-        summary = torch.cat([last[0], last[1]], dim=-1)  # (B, D)
+        summary = torch.cat(list(last), dim=-1)  # (B, D)
         return h, summary
 
 
@@ -264,6 +270,7 @@ class Seq2SeqConfig:
     emb_size: int = 64  # E
     hidden_size: int = 64  # H per direction: encoder states and the decoder are D = 2H wide
     attn_size: int = 64  # A, inside the additive and concat scores
+    bidirectional: bool = True  # the encoder reads both ways; False: left to right only
 
     def __post_init__(self):
         if self.attention not in ATTENTION:
@@ -274,6 +281,8 @@ class Seq2SeqConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.bidirectional, bool):
+            raise ValueError(f"bidirectional must be True or False, got {self.bidirectional!r}")
 
 
 class Seq2Seq(nn.Module):
@@ -285,7 +294,7 @@ class Seq2Seq(nn.Module):
         self.config = config
         c = config  # short, for the sizes below
         D = 2 * c.hidden_size
-        self.encoder = Encoder(c.src_vocab_size, c.emb_size, c.hidden_size)
+        self.encoder = Encoder(c.src_vocab_size, c.emb_size, c.hidden_size, c.bidirectional)
         # the decoder's first state, s_0 = tanh(W_init summary), as Bahdanau et al. set it
         self.init = nn.Linear(D, D)
         if c.attention == "none":

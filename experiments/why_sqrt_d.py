@@ -28,6 +28,8 @@ Writes why_sqrt_d.json and why_sqrt_d.png into --out_dir (default docs/);
 docs/why_sqrt_d.md reads them.
 """
 
+import support.before_torch  # bfloat16 tried in a child process, before torch loads
+
 import json
 import math
 import os

@@ -633,6 +633,9 @@ ENTRY_POINTS = [
     "experiments/ring_attention_measure.py",
     "experiments/long_context.py",
     "experiments/trace_plain_gpt.py",
+    "experiments/bottleneck.py",
+    "experiments/why_sqrt_d.py",
+    "experiments/path_length.py",
     "support/hellaswag.py",
     "bench/corpus.py",
 ]

@@ -204,6 +204,25 @@ def test_encoder_shapes_and_summary():
     assert weights.shape == (3, 6, 5)
 
 
+def test_a_left_to_right_encoder_state_knows_only_the_words_before_it():
+    config = Seq2SeqConfig(task.SRC_VOCAB, task.TGT_VOCAB, "additive", 8, 4, 8, bidirectional=False)
+    encoder = Seq2Seq(config).encoder
+    lengths = torch.tensor([6])
+    src, _, _, _ = task.batch(lengths, torch.Generator().manual_seed(3))
+    h, summary = encoder(src, lengths)
+    assert h.shape == (1, 6, 8)
+    assert torch.allclose(summary[0], h[0, 5])  # the last state is the summary
+    changed = src.clone()
+    changed[0, 3] = src[0, 3] % (task.SRC_VOCAB - 1) + 1  # another word at position 3
+    h_changed, _ = encoder(changed, lengths)
+    assert torch.equal(h_changed[:, :3], h[:, :3])  # the states before it do not see it
+    assert not torch.allclose(h_changed[:, 3:], h[:, 3:])
+    both_ways = Seq2Seq(Seq2SeqConfig(task.SRC_VOCAB, task.TGT_VOCAB, "additive", 8, 4, 8))
+    h_both, _ = both_ways.encoder(src, lengths)
+    h_both_changed, _ = both_ways.encoder(changed, lengths)
+    assert not torch.allclose(h_both_changed[:, :3], h_both[:, :3])  # the backward GRU sees it
+
+
 def test_bottleneck_decoder_reads_only_the_summary():
     model = tiny_seq2seq("none")
     lengths = torch.tensor([6])
