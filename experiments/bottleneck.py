@@ -42,7 +42,8 @@ from experiments import toy_translation as task
 from experiments.explicit_attention import explicit_attention
 from experiments.seq2seq import EOS, PAD, Seq2Seq, Seq2SeqConfig
 from model import GPT, GPTConfig
-from support.configurator import ConfigError, describe, parse_args
+from support import cli
+from support.configurator import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -89,9 +90,9 @@ DEFAULTS = dict(
 
 
 # Settings ----------
-def settings(argv):
+def settings(cfg):
     """The options, the sizes filled in and checked; a ConfigError for anything wrong."""
-    cfg = parse_args(DEFAULTS, argv, allow_files=False)
+    cfg = dict(cfg)
     sizes = FULL
     if cfg["quick"]:
         sizes = QUICK
@@ -747,12 +748,9 @@ def reading_alignment(data):
     return [first, " ".join(parts)]
 
 
-def main(argv):
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.strip() + "\n\noptions (defaults):\n" + describe(DEFAULTS))
-        return
-    cfg = settings(argv)
-    os.makedirs(cfg["out_dir"], exist_ok=True)
+def main(cfg):
+    cfg = settings(cfg)
+    cli.output_folder(cfg["out_dir"])
     torch.set_num_threads(1)
     loads = [round(os.getloadavg()[0], 2)]
     cpu = time.process_time()
@@ -776,22 +774,8 @@ def main(argv):
 
 
 def run(argv):
-    """main() with bad input turned into one line on stderr and exit status 2."""
-    try:
-        main(argv)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(
-            f"error: cannot write the results ({e.strerror or e}); pass --out_dir=DIR",
-            file=sys.stderr,
-        )
-        return 2
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
-        return 130
-    return 0
+    """The command: main() with --help, and bad input as one line (support/cli.py)."""
+    return cli.run(main, argv, __doc__, DEFAULTS)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from bench.common import cpu_class
-from support.configurator import ConfigError, describe, parse_args
+from support import cli
+from support.configurator import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -255,13 +256,9 @@ def check(cfg):
             raise ConfigError(f"--{key} must be at least 1, got {cfg[key]}")
 
 
-def main(argv):
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.strip() + "\n\noptions (defaults):\n" + describe(DEFAULTS))
-        return
-    cfg = parse_args(DEFAULTS, argv, allow_files=False)
+def main(cfg):
     check(cfg)
-    os.makedirs(cfg["out_dir"], exist_ok=True)
+    cli.output_folder(cfg["out_dir"])
     torch.set_num_threads(1)
     load_before = round(os.getloadavg()[0], 2)
     cpu = time.process_time()
@@ -281,19 +278,8 @@ def main(argv):
 
 
 def run(argv):
-    """main() with bad input turned into one line on stderr and exit status 2."""
-    try:
-        main(argv)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(
-            f"error: cannot write the results ({e.strerror or e}); pass --out_dir=DIR",
-            file=sys.stderr,
-        )
-        return 2
-    return 0
+    """The command: main() with --help, and bad input as one line (support/cli.py)."""
+    return cli.run(main, argv, __doc__, DEFAULTS)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,8 @@ from experiments import toy_translation as task
 from experiments.explicit_attention import explicit_attention
 from experiments.seq2seq import EOS
 from model import GPT, GPTConfig
-from support.configurator import ConfigError, describe, parse_args
+from support import cli
+from support.configurator import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -294,11 +295,7 @@ def plot(results, path):
     plt.close(fig)
 
 
-def main(argv):
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.strip() + "\n\noptions (defaults):\n" + describe(DEFAULTS))
-        return
-    cfg = parse_args(DEFAULTS, argv, allow_files=False)
+def main(cfg):
     for key in ("d_max", "n_keys", "samples", "head_size", "n_layer", "steps", "batch_size"):
         if cfg[key] < 1:
             raise ConfigError(f"--{key} must be at least 1, got {cfg[key]}")
@@ -306,7 +303,7 @@ def main(argv):
         raise ConfigError(f"--d_max must be at least 4, got {cfg['d_max']}")
     if cfg["longest"] < 3:
         raise ConfigError(f"--longest must be at least 3, got {cfg['longest']}")
-    os.makedirs(cfg["out_dir"], exist_ok=True)
+    cli.output_folder(cfg["out_dir"])
     torch.set_num_threads(1)
     t0 = time.process_time()
     results = part_random(cfg)
@@ -324,19 +321,8 @@ def main(argv):
 
 
 def run(argv):
-    """main() with bad input turned into one line on stderr and exit status 2."""
-    try:
-        main(argv)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(
-            f"error: cannot write the results ({e.strerror or e}); pass --out_dir=DIR",
-            file=sys.stderr,
-        )
-        return 2
-    return 0
+    """The command: main() with --help, and bad input as one line (support/cli.py)."""
+    return cli.run(main, argv, __doc__, DEFAULTS)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,17 @@ def error(message):
     print(f"error: {message}", file=sys.stderr)
 
 
+def output_folder(path, option="--out_dir"):
+    """Make the folder a command writes its results into, or a ConfigError that
+    names the option to change, before any work is spent."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(
+            f"cannot write into {path} ({e.strerror or e}); pass {option}=DIR"
+        ) from None
+
+
 def run(main, argv, doc, defaults, errors=(), out_of_memory="try --device=cpu"):
     """A command: main(cfg), cfg the --key=value options in argv over defaults (a
     dict), or --help. errors: the command's own exceptions for bad input;
@@ -60,5 +71,9 @@ def run(main, argv, doc, defaults, errors=(), out_of_memory="try --device=cpu"):
     except BrokenPipeError:
         # the reader (e.g. `| head`) went away: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return FAILED
+    except OSError as e:
+        # a file the run could not write or read after it started: a full disk, a folder gone
+        error(f"cannot read or write {e.filename or 'a file'} ({e.strerror or e})")
         return FAILED
     return 0

@@ -30,6 +30,7 @@ from experiments.seq2seq import (
     masked_softmax,
 )
 from model import GPT, GPTConfig, attention
+from support import cli
 
 D = 6  # decoder and encoder width in the score tests
 A = 5  # the additive and concat scores' inner width
@@ -538,3 +539,32 @@ def test_bad_arguments_get_one_line_and_exit_2(command, argv, words, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
     assert words in err
+
+
+@pytest.mark.parametrize("command", [bottleneck, why_sqrt_d, path_length])
+def test_an_output_folder_that_cannot_be_made_is_one_line_and_no_work(command, tmp_path, capsys):
+    """A file where the folder should be: exit 2 and the option to change, before any
+    training (a training run would take seconds even at the default sizes' first step)."""
+    (tmp_path / "file").write_text("")
+    out_dir = tmp_path / "file" / "results"
+    assert command.run([f"--out_dir={out_dir}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"cannot write into {out_dir}" in err and "pass --out_dir=DIR" in err
+
+
+def test_a_write_that_fails_mid_run_is_one_line_and_exit_1(tmp_path, capsys):
+    """An OSError after the work started (here the figure's folder removed under the
+    run) is the run failing: one line naming the file, exit 1 (support/cli.py)."""
+
+    def main(cfg):
+        os.rmdir(cfg["out_dir"])
+        with open(os.path.join(cfg["out_dir"], "result.json"), "w") as f:
+            f.write("{}")
+
+    (tmp_path / "gone").mkdir()
+    assert cli.run(main, [], "doc", dict(out_dir=str(tmp_path / "gone"))) == 1
+    assert os.path.isdir(tmp_path) and not (tmp_path / "gone").exists()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "cannot read or write" in err and "result.json" in err
