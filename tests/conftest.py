@@ -2,6 +2,7 @@ import atexit
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -164,6 +165,14 @@ def tiny_run(data_root, out_dir, *extra, dataset="shakespeare_char", **keys):
         *[f"--{key}={value}" for key, value in settings.items()],
         *extra,
     ]
+
+
+def ctrl_c_reaches_it():
+    """preexec_fn for a child the test stops with SIGINT, as Ctrl-C in a terminal does. A
+    script that starts the suite in the background (`.ci/run &`) has SIGINT ignored, and
+    an ignored signal stays ignored across exec: Python then installs no KeyboardInterrupt
+    handler, and the child would never see the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def child_env(**extra):

@@ -21,7 +21,7 @@ import threading
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import train_char_model
+from conftest import ctrl_c_reaches_it, train_char_model
 
 from model import GPT, GPTConfig
 from support import attention_maps, explorer, head_measures
@@ -478,6 +478,7 @@ def start(repo_root, *argv):
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
+        preexec_fn=ctrl_c_reaches_it,
     )
 
 

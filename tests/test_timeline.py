@@ -19,7 +19,7 @@ import pytest
 import torch
 
 # pytest puts tests/ on the path: train.py's tiny settings and its helpers
-from conftest import read_log, tiny_run
+from conftest import ctrl_c_reaches_it, read_log, tiny_run
 from test_train import run_in_process
 
 from experiments import head_timeline
@@ -95,6 +95,7 @@ def test_snapshots_load_in_sample_and_explore(run, repo_root):
     proc = subprocess.Popen(
         [sys.executable, "explore.py", f"--out_dir={run}", "--port=0"],
         cwd=repo_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=ctrl_c_reaches_it,
     )  # fmt: skip
     try:
         lines = [proc.stdout.readline() for _ in range(2)]
