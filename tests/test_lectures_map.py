@@ -48,24 +48,23 @@ def test_every_row_names_code_and_a_test(repo_root):
         assert TEST.search(row), f"no test in: {row[:80]}"
 
 
-def test_every_file_name_exists(repo_root):
+def undefined(repo_root, pattern, separator):
+    """Every `path<separator>name` the rows name by pattern whose file does not define it."""
     missing = []
     for row in rows(repo_root):
-        for path, name in CODE.findall(row):
+        for path, name in pattern.findall(row):
             full = os.path.join(repo_root, path)
             if not os.path.isfile(full) or name not in defined_names(full):
-                missing.append(f"{path}:{name}")
-    assert not missing
+                missing.append(f"{path}{separator}{name}")
+    return missing
+
+
+def test_every_file_name_exists(repo_root):
+    assert not undefined(repo_root, CODE, ":")
 
 
 def test_every_test_named_exists(repo_root):
-    missing = []
-    for row in rows(repo_root):
-        for path, name in TEST.findall(row):
-            full = os.path.join(repo_root, path)
-            if not os.path.isfile(full) or name not in defined_names(full):
-                missing.append(f"{path}::{name}")
-    assert not missing
+    assert not undefined(repo_root, TEST, "::")
 
 
 def test_every_linked_page_and_figure_exists(repo_root):
