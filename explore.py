@@ -19,8 +19,8 @@ import sys
 
 import torch
 
+from explorer.server import Explorer, ExplorerServer, address
 from support import cli
-from support.explorer import Explorer, ExplorerServer, address
 from support.loading import load_model, pick_device, pick_dtype
 from support.timeline import checkpoint_step
 

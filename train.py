@@ -29,9 +29,9 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from data.batches import load_split, step_batches
 from data.prepare import ensure_dataset, load_meta
 from support import cli, hellaswag, settings, timeline
-from support.batches import load_split, step_batches
 from support.checkpoint import (
     CheckpointError,
     checkpoint_path,

@@ -42,12 +42,12 @@ import numpy as np
 import torch
 
 from bench import common
+from data.batches import get_batch
 from data.prepare import DataError, find_shakespeare, shakespeare_dir
+from data.shards import ShardedTokens
+from data.tokenizer import gpt2_encoding
 from model import GPT, GPTConfig
-from support.batches import get_batch
 from support.configurator import ConfigError, describe, parse_args
-from support.shards import ShardedTokens
-from support.tokenizer import gpt2_encoding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

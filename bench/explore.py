@@ -48,10 +48,11 @@ import numpy as np
 import torch
 
 from bench import common
+from explorer import interpret
+from explorer.server import SEED, Explorer, ExplorerServer
 from model import GPT, GPTConfig
-from support import attention_maps, cli, head_measures, interpret, timeline
+from support import attention_maps, cli, head_measures, timeline
 from support.checkpoint import checkpoint_path
-from support.explorer import SEED, Explorer, ExplorerServer
 from support.loading import load_model
 from support.settings import Settings
 

@@ -3,7 +3,7 @@
 A dataset is a folder holding meta.json (the tokenizer's description and the
 token counts) and either train.bin and val.bin (one text, uint16 token ids) or
 train_00000.bin, ..., val_00000.bin, ... (a corpus of documents in shards,
-support/shards.py; streamed and tokenized on every core by support/corpus.py).
+data/shards.py; streamed and tokenized on every core by data/corpus.py).
 
 Prepare your own corpus:
 
@@ -38,9 +38,9 @@ if ROOT not in sys.path:
 import numpy as np
 from tqdm import tqdm
 
-from support.corpus import prepare_corpus
-from support.shards import SHARD_TOKENS, DataError, ShardedTokens, check_shards
-from support.tokenizer import GPT2_VOCAB_SIZE, TokenizerError, build_tokenizer, get_tokenizer
+from data.corpus import prepare_corpus
+from data.shards import SHARD_TOKENS, DataError, ShardedTokens, check_shards
+from data.tokenizer import GPT2_VOCAB_SIZE, TokenizerError, build_tokenizer, get_tokenizer
 
 DATA_ROOT = os.path.join(ROOT, "data")
 SHAKESPEARE_URL = (

@@ -28,10 +28,10 @@ import numpy as np
 import torch
 
 from data.prepare import load_tokens, prepare_text
+from data.tokenizer import build_tokenizer
 from model import GPT, GPTConfig
 from support import head_measures as heads
 from support.checkpoint import checkpoint_path, save_checkpoint
-from support.tokenizer import build_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -13,11 +13,11 @@ import sys
 
 import torch
 
+from data.shards import DataError
+from data.tokenizer import TokenizerError
 from support.checkpoint import CheckpointError
 from support.configurator import ConfigError, describe, parse_args
 from support.loading import LoadError
-from support.shards import DataError
-from support.tokenizer import TokenizerError
 
 # what a command's user can fix: a bad option, file, checkpoint, tokenizer or dataset
 USER_ERRORS = (ConfigError, DataError, CheckpointError, TokenizerError, LoadError)

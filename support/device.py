@@ -11,7 +11,7 @@ import time
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from support.batches import get_batch
+from data.batches import get_batch
 from support.hardware import auto_dtype, bf16_error, faster_cpu_dtype, native_bf16
 from support.settings import MODEL_KEYS
 

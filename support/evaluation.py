@@ -7,7 +7,7 @@ on random batches of each split (estimate_loss), and on the whole val split.
 import torch
 from tqdm import tqdm
 
-from support.batches import get_batch
+from data.batches import get_batch
 from support.distributed import all_sum
 from support.run_state import Run
 from support.signals import Stopped, stop_requested

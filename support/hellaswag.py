@@ -30,9 +30,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from data.tokenizer import get_tokenizer
 from support import cli
 from support.loading import load_model, pick_device, pick_dtype
-from support.tokenizer import get_tokenizer
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 DEFAULT_DATA = os.path.join(

@@ -9,6 +9,7 @@ import os
 
 import torch
 
+from data.tokenizer import TokenizerError, get_tokenizer
 from model import GPT, GPTConfig
 from support.checkpoint import (
     CheckpointError,
@@ -18,7 +19,6 @@ from support.checkpoint import (
     load_checkpoint,
 )
 from support.hardware import bf16_error, native_bf16
-from support.tokenizer import TokenizerError, get_tokenizer
 
 
 class LoadError(Exception):

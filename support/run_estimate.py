@@ -9,7 +9,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from support.batches import get_batch
+from data.batches import get_batch
 from support.optim import make_optimizers
 from support.resume import rng_state, set_rng_state
 from support.run_state import Run

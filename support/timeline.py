@@ -24,9 +24,9 @@ import re
 import numpy as np
 import torch
 
+from data.tokenizer import get_tokenizer
 from support import head_measures
 from support.checkpoint import checkpoint_path, clean_state_dict, save_checkpoint
-from support.tokenizer import get_tokenizer
 
 SNAPSHOT_DIR = "snapshots"
 SNAPSHOT_NAME = re.compile(r"^iter_(\d{6,})\.pt$")

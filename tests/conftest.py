@@ -106,8 +106,8 @@ def train_char_model(text, block_size, steps, batch_size, data_chars=None):
     first data_chars characters), seeded, so the tests that need a trained checkpoint
     share one recipe. Returns a dict: model, tokenizer, config, optimizer, the batch
     generator and the last loss."""
+    from data.tokenizer import build_tokenizer
     from model import GPT, GPTConfig
-    from support.tokenizer import build_tokenizer
 
     tok = build_tokenizer("char", text)
     data = torch.tensor(tok.encode(text[:data_chars]), dtype=torch.long)

@@ -1,5 +1,5 @@
-"""Corpora of documents into token shards (data/prepare.py, support/corpus.py,
-support/shards.py), read back by training (support/batches.py), and the
+"""Corpora of documents into token shards (data/prepare.py, data/corpus.py,
+data/shards.py), read back by training (data/batches.py), and the
 bpe:VOCAB tokenizer; on jsonl, parquet and txt files the tests write themselves."""
 
 import json
@@ -18,13 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import train
+from data import sources
+from data.batches import get_batch, load_split, step_batches
+from data.corpus import is_val, prepare_corpus
 from data.prepare import DataError, ensure_dataset, load_meta, load_tokens, prepare_text
-from support import sources
-from support.batches import get_batch, load_split, step_batches
+from data.shards import ShardedTokens, ShardWriter, dtype_for
+from data.tokenizer import END_OF_TEXT, get_tokenizer, gpt2_encoding, train_bpe
 from support.checkpoint import load_checkpoint
-from support.corpus import is_val, prepare_corpus
-from support.shards import ShardedTokens, ShardWriter, dtype_for
-from support.tokenizer import END_OF_TEXT, get_tokenizer, gpt2_encoding, train_bpe
 
 REPO = os.path.dirname(os.path.abspath(train.__file__))
 

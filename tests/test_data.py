@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from data import prepare
+from data import prepare, tokenizer
 from data.prepare import (
     DataError,
     ensure_dataset,
@@ -23,8 +23,7 @@ from data.prepare import (
     prepare_shakespeare,
     prepare_text,
 )
-from support import tokenizer
-from support.tokenizer import (
+from data.tokenizer import (
     CharTokenizer,
     GPT2Tokenizer,
     TokenizerError,

@@ -1,4 +1,4 @@
-"""explore.py and support/explorer.py: the attention explorer's API and server.
+"""explore.py and explorer/server.py: the attention explorer's API and server.
 
 The API's numbers are checked against the model's own forward, its ablation
 against c_proj's weight columns zeroed by hand and against heads.py's
@@ -23,10 +23,11 @@ import torch
 import torch.nn.functional as F
 from conftest import ctrl_c_reaches_it, train_char_model
 
+from explorer import server as explorer
+from explorer.server import PAGE_DIR, Explorer, ExplorerServer
 from model import GPT, GPTConfig
-from support import attention_maps, explorer, head_measures
+from support import attention_maps, head_measures
 from support.checkpoint import checkpoint_path, save_checkpoint
-from support.explorer import PAGE_DIR, Explorer, ExplorerServer
 from support.loading import load_model
 
 BLOCK = 32

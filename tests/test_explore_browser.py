@@ -15,7 +15,7 @@ import pytest
 # pytest puts tests/ on the path: the same model fixture and server as the API's tests
 from test_explore import PROMPT, serve, trained  # noqa: F401 (trained is a fixture)
 
-from support.explorer import Explorer
+from explorer.server import Explorer
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

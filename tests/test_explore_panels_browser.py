@@ -14,7 +14,7 @@ from test_explore import PROMPT, serve, trained  # noqa: F401 (a fixture)
 from test_explore_browser import browser, pytestmark, wait_for  # noqa: F401 (the skip mark)
 from test_explore_why import CLEAN, CORRUPT, run_dir  # noqa: F401 (a fixture)
 
-from support.explorer import Explorer
+from explorer.server import Explorer
 
 
 def texts(driver, selector):

@@ -17,9 +17,10 @@ import torch
 from test_explore import PROMPT, analyze, request, serve, trained  # noqa: F401 (a fixture)
 from test_interpret import cut_after, one_head_patched
 
-from support import head_measures, interpret, timeline
+from explorer import interpret
+from explorer.server import Explorer
+from support import head_measures, timeline
 from support.checkpoint import checkpoint_path, save_checkpoint
-from support.explorer import Explorer
 
 CLEAN = "ROMEO:\nBut soft, what light thro"
 CORRUPT = "JULIET:\nBut soft, what light thr"  # the same number of characters

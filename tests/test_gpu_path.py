@@ -26,8 +26,9 @@ import support.device
 import train
 from bench import smoke_gpu
 from bench.common import BenchError
+from data import batches
 from model import GPT, GPTConfig, attention, causal_mask
-from support import batches, distributed, engine, loading
+from support import distributed, engine, loading
 from support.configurator import parse_args
 from support.engine import compiled_decoder, generate_compiled
 from support.mfu import estimate_mfu, flops_per_token

@@ -20,11 +20,11 @@ import torch.nn.functional as F
 import heads
 import train
 from data.prepare import load_tokens, prepare_text
+from data.tokenizer import build_tokenizer
 from model import GPT, GPTConfig
 from support import attention_maps as am
 from support import head_measures
 from support.checkpoint import checkpoint_path, save_checkpoint
-from support.tokenizer import build_tokenizer
 
 T = 64
 LETTERS = [chr(97 + i % 26) for i in range(T)]  # tokens with no delimiters: no block ends

@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_run
 
+from data.tokenizer import CharTokenizer, gpt2_encoding
 from model import GPT, GPTConfig
 from support import hellaswag
-from support.tokenizer import CharTokenizer, gpt2_encoding
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHARS = " .abcdefgh"

@@ -1,4 +1,4 @@
-"""support/interpret.py: the logit lens, direct logit attribution and activation patching.
+"""explorer/interpret.py: the logit lens, direct logit attribution and activation patching.
 
 Each is checked against the model computed another way: the lens against copies of
 the model cut after each block (their own forward gives ln_f and lm_head of that
@@ -13,8 +13,9 @@ import pytest
 import torch
 import torch.nn as nn
 
+from explorer import interpret
 from model import GPT, GPTConfig
-from support import head_measures, interpret
+from support import head_measures
 
 T = 12
 SHAPES = {

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from data.tokenizer import get_tokenizer
 from model import GPT, GPTConfig, linear_attention
 from support import engine
 from support.engine import generate_compiled
-from support.tokenizer import get_tokenizer
 
 
 def recurrence(q, k, v, S=None, z=None):

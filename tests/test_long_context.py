@@ -255,8 +255,8 @@ def test_bad_cache_window_fails_in_one_line():
 def save_tiny_checkpoint(folder, **kw):
     import dataclasses
 
+    from data.tokenizer import build_tokenizer
     from support.checkpoint import checkpoint_path, save_checkpoint
-    from support.tokenizer import build_tokenizer
 
     tok = build_tokenizer("char", "abcdefghijklmnopqrstuvwxyz ,.\n")
     model = tiny(vocab_size=tok.vocab_size, **kw)

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import train
+from data.batches import load_split
 from support import hardware, optim
-from support.batches import load_split
 from support.device import time_cpu_dtypes
 from support.settings import Settings, model_args
 

@@ -22,10 +22,10 @@ import torch
 from conftest import train_char_model
 
 import sample
+from data.tokenizer import get_tokenizer
 from model import GPT, GPTConfig
 from support import attention_maps
 from support.checkpoint import checkpoint_path, save_checkpoint
-from support.tokenizer import get_tokenizer
 
 BLOCK = 32
 DASHES = "-" * 40

@@ -21,9 +21,10 @@ import torch.nn.functional as F
 from conftest import child_env, read_log, signal_when_training, start_training, tiny_run, torchrun
 
 import train
+from data import batches
 from data.prepare import ensure_dataset, load_tokens
 from model import GPT, GPTConfig
-from support import batches, evaluation, run_estimate
+from support import evaluation, run_estimate
 from support.checkpoint import load_checkpoint
 from support.device import precision_context
 from support.settings import Settings

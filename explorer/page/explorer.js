@@ -1,5 +1,5 @@
 // The explorer page: asks the server's JSON API and draws what the model did.
-// Served by support/explorer.py; an exported .html carries this file and a
+// Served by explorer/server.py; an exported .html carries this file and a
 // snapshot of the answer (window.EXPLORER_SNAPSHOT) and runs without the server.
 // Three views: the heads (maps, labels, switching heads off), why this token
 // (direct logit attribution and the logit lens) and activation patching; a

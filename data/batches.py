@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from data.prepare import DataError, load_tokens
-from support.shards import ShardedTokens
+from data.shards import ShardedTokens
 
 SMALL_DATASET = 100_000_000  # tokens; a smaller split lives on the device as int64
 

@@ -9,7 +9,7 @@ intact), generate (sampled tokens, one by one) and patch (activation patching of
 every head, clean prompt into corrupt). Ablation is head_measures.ablated, the
 definition heads.py uses, and labels follow attention_maps' rule over the
 prompt, as sample.py's do, with heads.py's induction probe on top; the lens,
-the attribution and patching are support/interpret.py's. Every number comes
+the attribution and patching are explorer/interpret.py's. Every number comes
 from the model's own forward: the page is a window onto model.py, not a second
 implementation. Given a training run's folder, it also serves the run's
 snapshots (support/timeline.py): every question may name a "step".
@@ -31,12 +31,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from support import attention_maps, engine, head_measures, interpret, timeline
+from data.tokenizer import TokenizerError
+from explorer import interpret
+from support import attention_maps, engine, head_measures, timeline
 from support.checkpoint import CheckpointError
 from support.loading import LoadError, load_model
-from support.tokenizer import TokenizerError
 
-PAGE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "explorer_page")
+PAGE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "page")
 # the only files the server reads after it starts, by the path the page asks for
 PAGE_FILES = {
     "/": ("index.html", "text/html; charset=utf-8"),

@@ -12,7 +12,7 @@ one row group of up to WHOLE_GROUP_BYTES): rows of a parquet row group, byte
 ranges of a jsonl file (the lines that start in each), or whole .txt files
 (one document each). The plan is made from file sizes and parquet's metadata
 alone, so the process that makes it reads no text, and each tokenizer process
-reads its own tasks (support/corpus.py). A hub dataset, and a .json file that
+reads its own tasks (data/corpus.py). A hub dataset, and a .json file that
 holds one JSON array rather than a document per line, can only be read from
 the start by one process: they are a Stream, read by the `datasets` library.
 """
@@ -24,7 +24,7 @@ import math
 import os
 from typing import NamedTuple
 
-from support.shards import DataError
+from data.shards import DataError
 
 # Arrow's default allocator (jemalloc) keeps pages of the row groups already read, more
 # of them the longer the read: the main process grew from 179 MB for a 250 MB corpus to

@@ -28,9 +28,9 @@ import traceback
 import numpy as np
 from tqdm import tqdm
 
-from support.shards import SHARD_TOKENS, SPLITS, DataError, ShardWriter, dtype_for, is_shard_file
-from support.sources import Stream, TaskReader, iter_documents, open_source
-from support.tokenizer import TokenizerError, bpe_vocab_size, get_tokenizer, train_bpe
+from data.shards import SHARD_TOKENS, SPLITS, DataError, ShardWriter, dtype_for, is_shard_file
+from data.sources import Stream, TaskReader, iter_documents, open_source
+from data.tokenizer import TokenizerError, bpe_vocab_size, get_tokenizer, train_bpe
 
 BATCH_CHARS = 1 << 20  # about 1 MB of a stream's text per tokenizer task
 BPE_SAMPLE_CHARS = 100_000_000  # the share of the corpus a bpe:VOCAB tokenizer learns from

@@ -1,0 +1,1 @@
+"""The attention explorer: its analysis, its server and its page (explore.py starts it)."""
