@@ -40,10 +40,14 @@ from torch.nn import functional as F
 
 
 # 1. Scaled dot-product attention ----------
-def attention(q, k, v, mask=None):
+def attention(q, k, v, mask=None, dropout_p=0.0):
     """Attention written out, so that its weights can be looked at: softmax(q k^T / sqrt(d)) v
     for q (..., Tq, d), k (..., Tk, d), v (..., Tk, dv) and a bool mask broadcastable to
-    (..., Tq, Tk), True where attending is allowed. Returns (out (..., Tq, dv), weights)."""
+    (..., Tq, Tk), True where attending is allowed. Returns (out (..., Tq, dv), weights).
+
+    Its twin, MultiHeadAttention.fused (F.scaled_dot_product_attention), trains by default.
+    With fused=False (train.py --fused=False) every forward, any cache, window or sinks
+    included, runs this function and causal_mask() as written: edit them and train."""
     d = q.size(-1)
     # dividing by sqrt(d) keeps the scores' variance near 1 whatever the head size,
     # so the softmax does not saturate into a one-hot as d grows
@@ -54,7 +58,8 @@ def attention(q, k, v, mask=None):
         scores = scores.masked_fill(~mask, float("-inf"))
     # the softmax runs in float32 so that bf16/fp16 weights still sum to 1
     weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # (..., Tq, Tk)
-    out = weights @ v  # (..., Tq, dv)
+    # dropout on the weights while training, as the fused kernel's dropout_p does
+    out = F.dropout(weights, dropout_p) @ v  # (..., Tq, dv)
     return out, weights
 
 
@@ -223,6 +228,8 @@ class MultiHeadAttention(nn.Module):
         self.sinks = config.sink_tokens
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
+        # False: attention() itself on every path (section 1), slower and the same numbers
+        self.use_fused = config.fused
         # the fused kernel: a seam, GPT.split_context puts ring attention here
         self.sdpa = F.scaled_dot_product_attention
         # a list while GPT.attention_maps records: each forward appends its weights
@@ -268,9 +275,9 @@ class MultiHeadAttention(nn.Module):
         the line runs, so a plain model never needs them (and runs with Part II cut off)."""
         if self.attention == "linear":
             return linear_attend(q, k, v, kv_cache, layer, self.maps)
-        # the explicit path gives the weights; in the decode step one query's row is small,
-        # and compiled it beats the fused kernel with a mask
-        if self.maps is not None or at is not None:
+        # attention() as written when asked, and for the weights; in the decode step one
+        # query's row is small, and compiled it beats the fused kernel with a mask
+        if not self.use_fused or self.maps is not None or at is not None:
             return self.explicit(q, k, v, mask)
         # a window over the whole sequence, with no (T, T) mask: time linear in T
         if self.window is not None and mask is None and q.size(2) == k.size(2):
@@ -292,7 +299,7 @@ class MultiHeadAttention(nn.Module):
         v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, nh, Tk, hs)
         if mask is None:
             mask = causal_mask(T, Tk, self.window, self.sinks, q.device)  # (T, Tk)
-        y, weights = attention(q, k, v, mask)
+        y, weights = attention(q, k, v, mask, self.dropout_p)
         if self.maps is not None:
             self.maps.append(weights)
         return y
@@ -371,6 +378,9 @@ class GPTConfig:
     attention: str = "softmax"  # or "linear": linear_attention, O(T) and a fixed-size state
     sliding_window: int | None = None  # each query sees its last W positions (itself included)
     sink_tokens: int = 0  # and the first S positions, whatever the window (needs sliding_window)
+    # softmax attention in F.scaled_dot_product_attention's fused kernel; False: in attention()
+    # and causal_mask() as written in section 1 and 2, so that an edit there trains
+    fused: bool = True
 
     def __post_init__(self):
         if self.n_kv_head is None:
@@ -618,6 +628,10 @@ class GPT(nn.Module):
         part of every sequence. context_parallel.positions(T, device) gives its T tokens'
         places in the whole sequence, and its sdpa (F.scaled_dot_product_attention's
         signature) attends over the whole sequence in every layer."""
+        if not self.config.fused:
+            raise ValueError(
+                "context parallelism attends through the fused kernel's ring; use fused=True"
+            )
         self.context_parallel = context_parallel
         for block in self.transformer.h:
             block.attn.sdpa = context_parallel.sdpa

@@ -17,7 +17,11 @@ def load_pretrained(init, cfg):
     """GPT-2 weights from a Hugging Face folder or by name; any failure is one line naming it."""
     try:
         return GPT.from_pretrained(
-            init, dropout=cfg.dropout, block_size=cfg.block_size, attention=cfg.attention
+            init,
+            dropout=cfg.dropout,
+            block_size=cfg.block_size,
+            attention=cfg.attention,
+            fused=cfg.fused,
         )
     except (OSError, *LOAD_ERRORS) as e:
         if out_of_memory(e):

@@ -70,7 +70,9 @@ def resume_model(cfg, meta):
             f"(dataset {ckpt.get('dataset')!r}); pass --dataset={ckpt.get('dataset')}"
         )
     try:
-        model = GPT(GPTConfig(**dict(ckpt["model_args"], dropout=cfg.dropout)))
+        # dropout and the attention's kernel are the run's choice, not the weights'
+        args = dict(ckpt["model_args"], dropout=cfg.dropout, fused=cfg.fused)
+        model = GPT(GPTConfig(**args))
         model.load_state_dict(ckpt["model"])
     except LOAD_ERRORS as e:
         if out_of_memory(e):
