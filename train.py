@@ -30,7 +30,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from data.batches import load_split, step_batches
-from data.prepare import ensure_dataset, load_meta
+from data.dataset import ensure_dataset, load_meta
 from support import cli, hellaswag, settings, timeline
 from support.checkpoint import (
     CheckpointError,
@@ -50,7 +50,7 @@ from support.mfu import estimate_mfu
 from support.optim import get_lr, make_optimizers
 from support.resume import out_of_memory, restore, rng_state, set_rng_state
 from support.run_estimate import print_run_estimate
-from support.run_log import LogError, log_evaluation, start_log, start_wandb
+from support.run_log import LogError, log_evaluation, log_step, start_log, start_wandb
 from support.run_state import Run
 from support.settings import Settings, check
 from support.signals import Stopped, StopSignals, stop_requested
@@ -213,17 +213,146 @@ def setup(cfg):
 # Training
 
 
-def train_step(run, lr):
-    """One iter: all micro-steps, then one optimizer step. Returns this
-    process's loss summed over its micro-steps, left on the device."""
-    for opt in run.optimizers:
+def train(run):
+    """The training loop. Every eval_interval and at the end: evaluate, and save
+    when the val loss improved. Every iter: the learning rate from the schedule,
+    the batch, forward and backward, one optimizer step. Every log_interval: the
+    step's measurements, one dict that the progress bar, log.jsonl and wandb read.
+    It stops at max_iters, at max_time or on a stop signal, and says how it ended."""
+    cfg = run.cfg
+    iter_num = run.start_iter
+    best_val_loss = run.best_val_loss
+    # a resumed run was usually evaluated just before its checkpoint was saved
+    evaluated = run.start_evaluated
+    clock = Clock(iter_num)
+    out_of_time = False  # max_time reached: evaluate, save and stop
+    final = False  # whether the final evaluation has begun
+    done = False  # whether the final evaluation is done
+    bar = tqdm(total=cfg.max_iters, initial=iter_num, dynamic_ncols=True, disable=not run.master)
+    with StopSignals() as signals, bar:
+        run.signals = signals  # evaluations and steps look at it too (stop_requested)
+        if run.master and run.world == 1 and cfg.device == "auto" and run.device.type == "cpu":
+            tqdm.write("timing one step for an estimate of the run time...")
+            print_run_estimate(run)  # no GPU was found: say what that costs
+            clock.restart()  # timing the estimate is not training
+        try:
+            while True:
+                # evaluate, and save, every eval_interval and at the end
+                final = iter_num >= cfg.max_iters or out_of_time
+                if final or (iter_num % cfg.eval_interval == 0 and not evaluated):
+                    with clock.paused(run.device):
+                        rec = evaluate(run, iter_num, clock.seconds(), final)
+                        improved = rec["val_loss"] < best_val_loss
+                        best_val_loss = min(best_val_loss, rec["val_loss"])
+                        if final or (iter_num > 0 and (improved or cfg.always_save_checkpoint)):
+                            save(run, iter_num, best_val_loss)
+                evaluated = False
+                if final:
+                    done = True
+                    break
+
+                # the learning rate of this iter
+                lr = get_lr(iter_num, cfg)
+                set_lr(run.optimizers, lr)
+                # the batch: gradient_accumulation_steps micro-batches of batch_size
+                # sequences; the random state before it undoes a step cut short
+                before = rng_state(run.device), run.data_gen.get_state()
+                x, y = next_batch(run)
+                # forward and backward, micro-batch by micro-batch, then one step
+                loss_sum = forward_backward(run, x, y, before)
+                grad_norm = clip_gradients(run)
+                optimizer_step(run)
+                iter_num += 1
+                bar.update()
+
+                # the processes agree on the loss and on stopping at log steps only,
+                # as that waits for the device
+                wants_stop = signals.name is not None or 0 < cfg.max_time <= clock.seconds()
+                if iter_num % cfg.log_interval == 0 or iter_num == cfg.max_iters:
+                    loss, wants_stop = agree(run, loss_sum, wants_stop)
+                    if not math.isfinite(loss):
+                        raise diverged(loss, iter_num - 1)
+                    dt = clock.per_iter(iter_num)  # seconds per iter since the last log step
+                    # the step's measurements: a new one is one more key here
+                    step = dict(
+                        iter=iter_num,
+                        loss=loss,
+                        lr=lr,
+                        grad_norm=grad_norm.item(),
+                        tok_per_s=run.tokens_per_iter / dt,
+                    )
+                    # the MFU of a GPU of known peak; a CPU run has none
+                    mfu = estimate_mfu(run.raw, run.tokens_per_iter // run.world, dt)
+                    if run.device.type == "cuda" and mfu is not None:
+                        step["mfu"] = mfu
+                    if run.master:
+                        bar.set_postfix_str(progress(step))
+                        log_step(step, cfg.out_dir, run.wandb)
+                elif run.world > 1:
+                    wants_stop = False  # not before the processes agree, at the next log step
+                if wants_stop and signals.name is not None:
+                    break  # no evaluation: the process may have little time left
+                out_of_time = wants_stop
+        except Stopped:  # in an evaluation, or between micro-steps (the step is undone)
+            pass
+    if not done:
+        stopped(run, signals.name, iter_num, best_val_loss, during_final=final)
+    elif run.master:
+        finished(run, iter_num, best_val_loss, clock.seconds(), max_time=out_of_time)
+
+
+class Clock:
+    """Seconds of training: wall time less the time spent evaluating and saving."""
+
+    def __init__(self, iter_num):
+        self.restart()
+        self.last_log = (iter_num, 0.0)  # (iter, seconds of training) at the last log step
+
+    def restart(self):
+        self.start = time.perf_counter()
+        self.excluded = 0.0
+
+    def seconds(self):
+        return time.perf_counter() - self.start - self.excluded
+
+    @contextlib.contextmanager
+    def paused(self, device):
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # charge the queued steps to training time
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.excluded += time.perf_counter() - t0
+
+    def per_iter(self, iter_num):
+        """Seconds per iter since the last log step."""
+        seconds = self.seconds()
+        dt = (seconds - self.last_log[1]) / (iter_num - self.last_log[0])
+        self.last_log = (iter_num, seconds)
+        return dt
+
+
+def set_lr(optimizers, lr):
+    for opt in optimizers:
         for group in opt.param_groups:
             group["lr"] = lr
-    before = rng_state(run.device), run.data_gen.get_state()  # to undo a step cut short
+
+
+def next_batch(run):
+    """This process's (x, y) for one iter: (gradient_accumulation_steps / dp_world,
+    batch_size, block_size) each, its part of every sequence under context parallelism."""
     batches = step_batches(
         run.splits["train"], run.data_gen, run.cfg, run.dp_rank, run.dp_world, run.device
     )
-    x, y = map(run.split, batches)
+    return tuple(map(run.split, batches))
+
+
+def forward_backward(run, x, y, before):
+    """Forward and backward over the micro-batches x[i], y[i], the gradients
+    summed. Returns this process's loss summed over its micro-batches, left on the
+    device. A stop signal between micro-batches undoes the step (the random state
+    goes back to before) and raises Stopped."""
     n = x.size(0)
     loss_sum = torch.zeros((), device=run.device)
     for micro in range(n):
@@ -244,16 +373,26 @@ def train_step(run, lr):
                 _, loss = run.ddp_model(x[micro], y[micro])
             loss_sum += loss.detach().float()
             run.scaler.scale(loss / n).backward()
+    return loss_sum
+
+
+def clip_gradients(run):
+    """The gradients' total norm before clipping, on the device; clipped to
+    grad_clip when grad_clip > 0. Float16's loss scale is taken out first."""
+    params = [p for p in run.raw.parameters() if p.grad is not None]
+    for opt in run.optimizers:
+        run.scaler.unscale_(opt)
     if run.cfg.grad_clip > 0:
-        for opt in run.optimizers:
-            run.scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(run.raw.parameters(), run.cfg.grad_clip)
+        return torch.nn.utils.clip_grad_norm_(params, run.cfg.grad_clip)
+    return torch.nn.utils.get_total_norm([p.grad for p in params])
+
+
+def optimizer_step(run):
     for opt in run.optimizers:
         run.scaler.step(opt)
     run.scaler.update()
     for opt in run.optimizers:
         opt.zero_grad(set_to_none=True)
-    return loss_sum
 
 
 def agree(run, loss_sum, wants_stop):
@@ -264,75 +403,6 @@ def agree(run, loss_sum, wants_stop):
     stop = torch.tensor(float(wants_stop), device=run.device)
     loss, stop = all_sum(torch.stack([loss_sum / micro_batches, stop]), run.world).tolist()
     return loss, stop > 0
-
-
-def train(run):
-    """The loop: evaluate (and save) every eval_interval and at the end, step,
-    show progress; stop at max_iters, at max_time or on a stop signal, and say
-    how it ended."""
-    cfg = run.cfg
-    iter_num = run.start_iter
-    best_val_loss = run.best_val_loss
-    t_start = time.perf_counter()
-    t_evaluating = 0.0  # seconds spent evaluating and saving: training time leaves them out
-    last_log = (iter_num, 0.0)  # (iter, seconds of training) at the last log step
-    out_of_time = False  # max_time reached: evaluate, save and stop
-    final = False  # whether the final evaluation has begun
-    done = False  # whether the final evaluation is done
-    bar = tqdm(total=cfg.max_iters, initial=iter_num, dynamic_ncols=True, disable=not run.master)
-    with StopSignals() as signals, bar:
-        run.signals = signals  # evaluations and steps look at it too (stop_requested)
-        if run.master and run.world == 1 and cfg.device == "auto" and run.device.type == "cpu":
-            tqdm.write("timing one step for an estimate of the run time...")
-            print_run_estimate(run)  # no GPU was found: say what that costs
-            t_start = time.perf_counter()  # timing the estimate is not training
-        try:
-            while True:
-                # evaluate and save every eval_interval and at the end; a resumed run
-                # was usually evaluated just before its checkpoint was saved
-                final = iter_num >= cfg.max_iters or out_of_time
-                evaluated = run.start_evaluated and iter_num == run.start_iter
-                if final or (iter_num % cfg.eval_interval == 0 and not evaluated):
-                    if run.device.type == "cuda":
-                        torch.cuda.synchronize()  # charge the queued steps to training time
-                    t0 = time.perf_counter()
-                    rec = evaluate(run, iter_num, t0 - t_start - t_evaluating, final)
-                    improved = rec["val_loss"] < best_val_loss
-                    best_val_loss = min(best_val_loss, rec["val_loss"])
-                    if final or (iter_num > 0 and (improved or cfg.always_save_checkpoint)):
-                        save(run, iter_num, best_val_loss)
-                    t_evaluating += time.perf_counter() - t0
-                if final:
-                    done = True
-                    break
-
-                # one iter, then its progress; the processes agree on the loss and on
-                # stopping at log steps only, as that waits for the device
-                loss_sum = train_step(run, get_lr(iter_num, cfg))
-                iter_num += 1
-                bar.update()
-                seconds = time.perf_counter() - t_start - t_evaluating
-                wants_stop = signals.name is not None or 0 < cfg.max_time <= seconds
-                if iter_num % cfg.log_interval == 0 or iter_num == cfg.max_iters:
-                    loss, wants_stop = agree(run, loss_sum, wants_stop)
-                    if not math.isfinite(loss):
-                        raise diverged(loss, iter_num - 1)
-                    seconds = time.perf_counter() - t_start - t_evaluating
-                    dt = (seconds - last_log[1]) / (iter_num - last_log[0])  # seconds per iter
-                    last_log = (iter_num, seconds)
-                    bar.set_postfix_str(progress(run, loss, get_lr(iter_num - 1, cfg), dt))
-                elif run.world > 1:
-                    wants_stop = False  # not before the processes agree, at the next log step
-                if wants_stop and signals.name is not None:
-                    break  # no evaluation: the process may have little time left
-                out_of_time = wants_stop
-        except Stopped:  # in an evaluation, or between micro-steps (the step is undone)
-            pass
-    if not done:
-        stopped(run, signals.name, iter_num, best_val_loss, during_final=final)
-    elif run.master:
-        seconds = time.perf_counter() - t_start - t_evaluating
-        finished(run, iter_num, best_val_loss, seconds, max_time=out_of_time)
 
 
 def evaluate_only(run):
@@ -346,13 +416,12 @@ def evaluate_only(run):
                 print(f"stopped by {signals.name} during the evaluation; nothing was saved")
 
 
-def progress(run, loss, lr, dt):
-    """The progress bar's text at a log step, dt seconds per iter."""
-    text = f"loss {loss:.4f}, lr {lr:.2e}, {run.tokens_per_iter / dt:,.0f} tok/s"
-    # the MFU of a GPU's peak; a CPU run on a machine with a GPU has none
-    if run.device.type == "cuda":
-        mfu = estimate_mfu(run.raw, run.tokens_per_iter // run.world, dt)
-        text += f", MFU {mfu:.1%}"
+def progress(step):
+    """The progress bar's text: the step's measurements."""
+    text = f"loss {step['loss']:.4f}, lr {step['lr']:.2e}, grad norm {step['grad_norm']:.2f}"
+    text += f", {step['tok_per_s']:,.0f} tok/s"
+    if "mfu" in step:
+        text += f", MFU {step['mfu']:.1%}"
     return text
 
 

@@ -43,8 +43,8 @@ import torch
 
 from bench import common
 from data.batches import get_batch
-from data.prepare import DataError, find_shakespeare, shakespeare_dir
-from data.shards import ShardedTokens
+from data.shards import DataError, ShardedTokens
+from data.tiny_shakespeare import find_shakespeare, shakespeare_dir
 from data.tokenizer import gpt2_encoding
 from model import GPT, GPTConfig
 from support.configurator import ConfigError, describe, parse_args

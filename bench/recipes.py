@@ -10,7 +10,6 @@ laptops): whole-val loss and wall time. With --nanogpt=PATH, a nanoGPT checkout
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
-import json
 import os
 import re
 import subprocess
@@ -21,6 +20,7 @@ import time
 import torch
 
 from bench import common
+from support.run_log import read_evaluations
 
 DEFAULTS = dict(
     common.DEFAULTS,
@@ -121,8 +121,7 @@ def train_run(config, env, out_dir, data_root=None, args=()):
         stderr = err.read()
     if proc.returncode != 0 or len(stamps) < 2:
         raise common.BenchError(f"train.py {config} failed: {stderr.strip().splitlines()[-1:]}")
-    with open(os.path.join(out_dir, "log.jsonl")) as f:
-        last = json.loads(f.read().splitlines()[-1])
+    last = read_evaluations(out_dir)[-1]
     start = next(line for line in stdout if "parameters |" in line)
     phases = dict(
         startup_s=stamps["start"],
@@ -156,7 +155,7 @@ def bench_recipes(log, recipes=RECIPES, data_root=None, nanogpt=""):
     """Each recipe trained to the end on each CPU class, the first recipe (nanoGPT's
     settings) first: the others' wall times are given as fractions of its, and of
     nanoGPT's own train.py's when a checkout is given."""
-    from data.prepare import ensure_dataset
+    from data.dataset import ensure_dataset
 
     ensure_dataset("shakespeare_char", data_root)  # prepared before the clocks start
     rows = []

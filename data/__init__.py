@@ -1,0 +1,18 @@
+"""
+The data package: text into tokens, and tokens into batches.
+
+    tokenizer.py         characters, GPT-2 BPE, or a BPE trained on your corpus
+    sources.py           a corpus's documents: FORMATS, the table of file kinds
+    corpus.py            documents into token shards, on every core
+    text.py              one text into train.bin and val.bin
+    tiny_shakespeare.py  the corpus of the README, found or downloaded
+    shards.py            the shard files, written and read
+    dataset.py           a prepared dataset folder: meta.json, its tokens
+    batches.py           training and evaluation batches from a split
+    prepare.py           the command: python data/prepare.py SOURCE ...
+"""
+
+import os
+
+# where dataset folders live unless --data_root says otherwise
+DATA_ROOT = os.path.dirname(os.path.abspath(__file__))

@@ -12,8 +12,8 @@ import os
 import numpy as np
 import torch
 
-from data.prepare import DataError, load_tokens
-from data.shards import ShardedTokens
+from data.dataset import load_tokens
+from data.shards import DataError, ShardedTokens
 
 SMALL_DATASET = 100_000_000  # tokens; a smaller split lives on the device as int64
 

@@ -27,7 +27,8 @@ import sys
 import numpy as np
 import torch
 
-from data.prepare import load_tokens, prepare_text
+from data.dataset import load_tokens
+from data.text import prepare_text
 from data.tokenizer import build_tokenizer
 from model import GPT, GPTConfig
 from support import head_measures as heads

@@ -34,6 +34,7 @@ import torch
 
 from model import GPT, GPTConfig
 from support import engine
+from support.run_log import read_evaluations
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
@@ -100,8 +101,7 @@ def train_one(kind, extra=()):
         ]
     )
     wall = time.perf_counter() - t0
-    with open(os.path.join(ROOT, out, "log.jsonl")) as f:
-        last = [json.loads(line) for line in f][-1]
+    last = read_evaluations(os.path.join(ROOT, out))[-1]
     text = run(["sample.py", f"--out_dir={out}", *SAMPLE]).split("\n" + "-" * 40 + "\n")[0]
     return dict(
         iters=last["iter"],

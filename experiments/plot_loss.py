@@ -6,7 +6,7 @@ Plot train and val loss against training time from a run's log.jsonl.
 """
 
 import argparse
-import json
+import os
 import sys
 
 import matplotlib
@@ -14,11 +14,12 @@ import matplotlib
 matplotlib.use("Agg")  # write files; no display needed
 import matplotlib.pyplot as plt
 
+from support.run_log import read_evaluations
+
 
 def read_log(path):
     try:
-        with open(path) as f:
-            rows = [json.loads(line) for line in f if line.strip()]
+        rows = read_evaluations(os.path.dirname(path))
     except (OSError, ValueError) as e:
         sys.exit(f"error: cannot read {path} ({type(e).__name__}); train with train.py to make one")
     if not rows:

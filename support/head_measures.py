@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from data.prepare import ensure_dataset, load_meta, load_tokens
+from data.dataset import ensure_dataset, load_meta, load_tokens
 from support import attention_maps
 from support.checkpoint import checkpoint_path
 

@@ -1,6 +1,7 @@
 """
-Where a training run records its evaluations: one JSON line each in
-out_dir/log.jsonl, and in wandb when wandb_log is on.
+Where a training run records its evaluations and its steps' measurements: one
+JSON line each in out_dir/log.jsonl, and in wandb when wandb_log is on. An
+evaluation's line has a val_loss; a step's (every log_interval) has none.
 """
 
 import dataclasses
@@ -54,6 +55,20 @@ def log_evaluation(rec, out_dir, wandb):
     if "val_loss_full" in rec:
         line += f", whole val split {rec['val_loss_full']:.4f}"
     tqdm.write(line)
+    append(rec, out_dir)
+    if wandb is not None:
+        wandb.log(rec, step=rec["iter"])
+
+
+def log_step(step, out_dir, wandb):
+    """Append a training step's measurements to the log (and wandb, if not None)."""
+    append(step, out_dir)
+    if wandb is not None:
+        wandb.log(step, step=step["iter"])
+
+
+def append(rec, out_dir):
+    """One JSON line more in out_dir/log.jsonl."""
     path = os.path.join(out_dir, "log.jsonl")
     try:
         with open(path, "a") as f:
@@ -62,5 +77,12 @@ def log_evaluation(rec, out_dir, wandb):
         raise LogError(
             f"cannot write {path} ({e.strerror or e}); the last checkpoint is kept"
         ) from None
-    if wandb is not None:
-        wandb.log(rec, step=rec["iter"])
+
+
+def read_evaluations(out_dir):
+    """The evaluations in out_dir/log.jsonl, first to last: the lines with a
+    val_loss (the others are training steps). OSError or ValueError if it
+    cannot be read."""
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    return [rec for rec in records if "val_loss" in rec]

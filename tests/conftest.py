@@ -1,5 +1,4 @@
 import atexit
-import json
 import os
 import shutil
 import signal
@@ -30,6 +29,9 @@ BF16 = hardware.check_bf16()
 import pytest
 import torch
 
+from support.resume import rng_state
+from support.run_log import read_evaluations
+
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked bf16 run bfloat16 on the CPU: skipped where it would crash."""
@@ -52,7 +54,8 @@ def repo_root():
 
 @pytest.fixture(scope="session")
 def corpus_path():
-    from data.prepare import SHAKESPEARE_ENV, DataError, find_shakespeare, shakespeare_dir
+    from data.shards import DataError
+    from data.tiny_shakespeare import SHAKESPEARE_ENV, find_shakespeare, shakespeare_dir
 
     folder = shakespeare_dir("char")
     try:
@@ -68,7 +71,7 @@ def corpus_path():
 @pytest.fixture(scope="session")
 def data_root(tmp_path_factory, corpus_path):
     """A folder of prepared datasets, tiny Shakespeare in characters; tests may add others."""
-    from data.prepare import ensure_dataset
+    from data.dataset import ensure_dataset
 
     root = str(tmp_path_factory.mktemp("data"))
     ensure_dataset("shakespeare_char", root, input_path=corpus_path)
@@ -180,10 +183,23 @@ def child_env(**extra):
     return dict(os.environ, OMP_NUM_THREADS="1", **extra)
 
 
+def train_step(r, lr):
+    """One iter of train.py's loop, made of its own pieces; returns the loss summed
+    over the micro-batches, on the device."""
+    import train
+
+    train.set_lr(r.optimizers, lr)
+    before = rng_state(r.device), r.data_gen.get_state()
+    x, y = train.next_batch(r)
+    loss_sum = train.forward_backward(r, x, y, before)
+    train.clip_gradients(r)
+    train.optimizer_step(r)
+    return loss_sum
+
+
 def read_log(out_dir):
     """The evaluations in out_dir/log.jsonl, first to last."""
-    with open(os.path.join(out_dir, "log.jsonl")) as f:
-        return [json.loads(line) for line in f]
+    return read_evaluations(out_dir)
 
 
 def torchrun(processes, argv, timeout, script="train.py"):

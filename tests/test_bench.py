@@ -223,7 +223,7 @@ def test_a_benchmark_runs_alone(repo_root, tmp_path):
 
 def test_recipe_race_on_both_cpu_classes(tmp_path, corpus_path, monkeypatch):
     """--recipes with two tiny configs: each CPU class runs both, in order, through train.py."""
-    from data.prepare import ensure_dataset
+    from data.dataset import ensure_dataset
 
     ensure_dataset("shakespeare_char", str(tmp_path / "data"), input_path=corpus_path)
     tiny = (

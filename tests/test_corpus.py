@@ -21,10 +21,12 @@ import train
 from data import sources
 from data.batches import get_batch, load_split, step_batches
 from data.corpus import is_val, prepare_corpus
-from data.prepare import DataError, ensure_dataset, load_meta, load_tokens, prepare_text
-from data.shards import ShardedTokens, ShardWriter, dtype_for
+from data.dataset import ensure_dataset, load_meta, load_tokens
+from data.shards import DataError, ShardedTokens, ShardWriter, dtype_for
+from data.text import prepare_text
 from data.tokenizer import END_OF_TEXT, get_tokenizer, gpt2_encoding, train_bpe
 from support.checkpoint import load_checkpoint
+from support.run_log import read_evaluations
 
 REPO = os.path.dirname(os.path.abspath(train.__file__))
 
@@ -630,10 +632,7 @@ def test_two_processes_match_one_on_shards_with_hellaswag(tmp_path, documents):
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    logs = [
-        [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-        for out in (one, two)
-    ]
+    logs = [read_evaluations(out) for out in (one, two)]
     assert [r["iter"] for r in logs[1]] == [0, 2]
     for a, b in zip(*logs):
         assert a["val_loss"] == pytest.approx(b["val_loss"], abs=1e-4)

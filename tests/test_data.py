@@ -14,15 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from data import prepare, tokenizer
-from data.prepare import (
-    DataError,
-    ensure_dataset,
-    load_meta,
-    load_tokens,
-    prepare_shakespeare,
-    prepare_text,
-)
+from data import dataset, tiny_shakespeare, tokenizer
+from data.dataset import ensure_dataset, load_meta, load_tokens
+from data.shards import DataError
+from data.text import prepare_text
+from data.tiny_shakespeare import prepare_shakespeare
 from data.tokenizer import (
     CharTokenizer,
     GPT2Tokenizer,
@@ -43,7 +39,7 @@ quick = settings(
 @pytest.fixture(autouse=True)
 def no_user_corpus(monkeypatch):
     # The developer's own environment must not decide where tests read from.
-    monkeypatch.delenv(prepare.SHAKESPEARE_ENV, raising=False)
+    monkeypatch.delenv(tiny_shakespeare.SHAKESPEARE_ENV, raising=False)
 
 
 @pytest.fixture
@@ -75,7 +71,7 @@ def char_tok():
 
 
 def decoded_splits(dataset_dir):
-    tok = prepare.load_tokenizer(dataset_dir)
+    tok = dataset.load_tokenizer(dataset_dir)
     return [tok.decode(load_tokens(dataset_dir, split).tolist()) for split in ("train", "val")]
 
 
@@ -115,7 +111,7 @@ def test_char_prepare_from_input_path(tmp_path, corpus_path, corpus_text, offlin
 
 
 def test_char_prepare_from_env_var(tmp_path, corpus_path, corpus_text, offline, monkeypatch):
-    monkeypatch.setenv(prepare.SHAKESPEARE_ENV, corpus_path)
+    monkeypatch.setenv(tiny_shakespeare.SHAKESPEARE_ENV, corpus_path)
     dataset_dir = ensure_dataset("shakespeare_char", data_root=str(tmp_path))
     assert dataset_dir == os.path.join(str(tmp_path), "shakespeare_char")
     check_char_dataset(dataset_dir, corpus_text)
@@ -130,31 +126,34 @@ def test_input_txt_in_dataset_folder_is_used(tmp_path, corpus_text, offline):
     dataset_dir = tmp_path / "shakespeare_char"
     dataset_dir.mkdir()
     (dataset_dir / "input.txt").write_bytes(corpus_text.encode("utf-8"))
-    assert prepare.shakespeare_text(str(dataset_dir)) == corpus_text
+    assert tiny_shakespeare.shakespeare_text(str(dataset_dir)) == corpus_text
     assert not offline
 
 
 def test_missing_input_flag_file_is_an_error(tmp_path, offline):
     with pytest.raises(DataError, match="does not exist"):
-        prepare.shakespeare_text(str(tmp_path), input_path=str(tmp_path / "nope.txt"))
+        tiny_shakespeare.shakespeare_text(str(tmp_path), input_path=str(tmp_path / "nope.txt"))
 
 
 def test_edited_user_file_only_warns(tmp_path, capsys, offline):
     own = tmp_path / "mine.txt"
     own.write_text("To be, or not to be.\n")
-    assert prepare.shakespeare_text(str(tmp_path), input_path=str(own)) == "To be, or not to be.\n"
+    assert (
+        tiny_shakespeare.shakespeare_text(str(tmp_path), input_path=str(own))
+        == "To be, or not to be.\n"
+    )
     assert "warning" in capsys.readouterr().err
 
 
 def test_offline_without_local_file_says_where_to_put_it(tmp_path, offline):
     dataset_dir = tmp_path / "shakespeare_char"
     with pytest.raises(DataError) as err:
-        prepare.shakespeare_text(str(dataset_dir))
+        tiny_shakespeare.shakespeare_text(str(dataset_dir))
     message = str(err.value)
     assert len(offline) == 1
     assert "\n" not in message
     assert str(dataset_dir / "input.txt") in message
-    assert "--input" in message and prepare.SHAKESPEARE_ENV in message
+    assert "--input" in message and tiny_shakespeare.SHAKESPEARE_ENV in message
 
 
 class FakeResponse(io.BytesIO):
@@ -170,7 +169,7 @@ def test_download_is_verified_and_saved(tmp_path, corpus_text, monkeypatch):
         urllib.request, "urlopen", lambda url, timeout: FakeResponse(corpus_text.encode())
     )
     dataset_dir = tmp_path / "shakespeare"
-    assert prepare.shakespeare_text(str(dataset_dir)) == corpus_text
+    assert tiny_shakespeare.shakespeare_text(str(dataset_dir)) == corpus_text
     assert (dataset_dir / "input.txt").read_text(encoding="utf-8") == corpus_text
 
 
@@ -178,7 +177,7 @@ def test_corrupt_download_is_an_error_and_not_saved(tmp_path, corpus_text, monke
     damaged = corpus_text.encode()[:-10]
     monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: FakeResponse(damaged))
     with pytest.raises(DataError, match="corrupt"):
-        prepare.shakespeare_text(str(tmp_path))
+        tiny_shakespeare.shakespeare_text(str(tmp_path))
     assert not (tmp_path / "input.txt").exists()
 
 
@@ -190,11 +189,11 @@ def test_corpus_lookup_order(tmp_path, corpus_text, monkeypatch, offline):
         path.write_text(corpus_text, encoding="utf-8")
 
     def find():
-        return prepare.find_shakespeare(str(dataset_dir), also=[str(beside)])
+        return tiny_shakespeare.find_shakespeare(str(dataset_dir), also=[str(beside)])
 
-    monkeypatch.setenv(prepare.SHAKESPEARE_ENV, str(env_copy))
+    monkeypatch.setenv(tiny_shakespeare.SHAKESPEARE_ENV, str(env_copy))
     assert find() == str(env_copy)
-    monkeypatch.delenv(prepare.SHAKESPEARE_ENV)
+    monkeypatch.delenv(tiny_shakespeare.SHAKESPEARE_ENV)
     assert find() == str(dataset_dir / "input.txt")
     (dataset_dir / "input.txt").unlink()
     assert find() == str(beside)
@@ -229,7 +228,7 @@ def lone_copy(repo_root, folder):
 
 def test_tests_run_in_a_clone_with_nothing_beside_it(repo_root, tmp_path, corpus_text):
     clone = lone_copy(repo_root, tmp_path)
-    env = {k: v for k, v in os.environ.items() if k != prepare.SHAKESPEARE_ENV}
+    env = {k: v for k, v in os.environ.items() if k != tiny_shakespeare.SHAKESPEARE_ENV}
     env["https_proxy"] = env["HTTPS_PROXY"] = (
         "http://127.0.0.1:9"  # offline: connection refused at once
     )
@@ -270,7 +269,7 @@ def test_gpt2_prepare_offline(tmp_path, corpus_path, corpus_text, offline):
 
 def test_chunked_encoding_matches_whole_text(tmp_path, corpus_text, gpt2, monkeypatch):
     text = corpus_text[:200_000]
-    monkeypatch.setattr(prepare, "CHUNK_CHARS", 3_000)
+    monkeypatch.setattr(text, "CHUNK_CHARS", 3_000)
     prepare_text(text, str(tmp_path), "gpt2", val_fraction=0.5)
     train_ids = load_tokens(str(tmp_path), "train").tolist()
     assert train_ids == gpt2.encode(text[:100_000])
@@ -279,7 +278,7 @@ def test_chunked_encoding_matches_whole_text(tmp_path, corpus_text, gpt2, monkey
 @quick
 @given(text=st.text(alphabet=st.sampled_from("ab \n\n\t.'é"), max_size=80), size=st.integers(1, 12))
 def test_chunk_cuts_never_change_gpt2_tokens(text, size, gpt2):
-    pieces = list(prepare._chunks(text, size))
+    pieces = list(text._chunks(text, size))
     assert "".join(pieces) == text
     assert [t for p in pieces for t in gpt2.encode(p)] == gpt2.encode(text)
 
@@ -325,7 +324,7 @@ def test_cli_prepares_a_folder(repo_root, tmp_path, corpus_folder, kind):
     # GPT-2 BPE makes a corpus of documents, one per file, each ended by <|endoftext|>:
     # the first is the val split (one in a hundred, from the first)
     assert meta["documents"] == {"train": 1, "val": 1}
-    tok = prepare.load_tokenizer(dataset_dir)
+    tok = dataset.load_tokenizer(dataset_dir)
     train, val = (load_tokens(dataset_dir, split) for split in ("train", "val"))
     assert (
         tok.decode(val[np.arange(len(val))]) == "Roses are red,\nviolets are blue.\n<|endoftext|>"

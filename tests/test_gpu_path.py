@@ -15,7 +15,7 @@ import types
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import child_env, read_log, tiny_run, torchrun
+from conftest import child_env, read_log, tiny_run, torchrun, train_step
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -167,7 +167,7 @@ def test_training_steps_on_the_meta_device(meta_run, monkeypatch, optimizer, dat
     assert isinstance(r.splits["train"], torch.Tensor) == (data == "tensor")
     with OneDevicePerOp():
         for it in range(2):
-            loss_sum = train.train_step(r, get_lr(it, r.cfg))
+            loss_sum = train_step(r, get_lr(it, r.cfg))
             assert loss_sum.device == META and loss_sum.dim() == 0
         x, y = batches.get_batch(r.splits["val"], torch.tensor([0, 5]), 8, r.device)
         assert x.device == y.device == META and x.shape == (2, 8)
@@ -192,7 +192,7 @@ def test_a_batch_left_on_the_cpu_fails_the_meta_step(meta_run, monkeypatch, data
         OneDevicePerOp(),
         pytest.raises(RuntimeError, match="mixes devices|not on the expected device"),
     ):
-        train.train_step(r, 1e-3)
+        train_step(r, 1e-3)
 
 
 # -----------------------------------------------------------------------------
@@ -687,7 +687,7 @@ def test_a_training_step_on_cuda_matches_the_cpu(optimizer, float32_cuda_matmuls
             ctx=functools.partial(support.device.precision_context, device.type, "float32", 16),
             signals=None,
         )
-        losses = [train.train_step(r, 1e-3).item() for _ in range(3)]
+        losses = [train_step(r, 1e-3).item() for _ in range(3)]
         return losses, [p.detach().cpu() for p in raw.parameters()]
 
     (cuda_losses, cuda_weights), (cpu_losses, cpu_weights) = (

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 import heads
 import train
-from data.prepare import load_tokens, prepare_text
+from data.dataset import load_tokens
+from data.text import prepare_text
 from data.tokenizer import build_tokenizer
 from model import GPT, GPTConfig
 from support import attention_maps as am

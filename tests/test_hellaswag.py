@@ -15,6 +15,7 @@ from conftest import tiny_run
 from data.tokenizer import CharTokenizer, gpt2_encoding
 from model import GPT, GPTConfig
 from support import hellaswag
+from support.run_log import read_evaluations
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHARS = " .abcdefgh"
@@ -188,7 +189,7 @@ def test_train_logs_hellaswag_at_every_evaluation(tmp_path, data_root):
     hellaswag_data = f"--hellaswag_data={tmp_path / 'hs.jsonl'}"
     keys = dict(n_layer=1, batch_size=4, max_iters=2, eval_interval=1, eval_iters=1)
     train.main(tiny_run(data_root, out, "--hellaswag=True", hellaswag_data, **keys))
-    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    log = read_evaluations(out)
     assert [r["iter"] for r in log] == [0, 1, 2]
     for r in log:
         assert r["hellaswag_acc_norm"] in (0, 1 / 3, 2 / 3, 1)

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 import support.resume
 import train
-from data.prepare import prepare_text
+from data.text import prepare_text
 from support.checkpoint import load_checkpoint
 from support.configurator import ConfigError
 
@@ -129,7 +129,7 @@ import torch
 import torch._dynamo  # torch.optim imports it on first use: seconds, better spent once here
 import sample, train  # noqa: F401  (imported once, for every child)
 from support import attention_maps  # noqa: F401
-import data.prepare  # noqa: F401
+import data.dataset  # noqa: F401
 
 real_save, slow = torch.save, [False]
 
@@ -443,7 +443,7 @@ def test_resource_faults_keep_the_checkpoint(inputs, tmp_path, monkeypatch, caps
     if fault == "no memory for the model":
         monkeypatch.setattr(support.resume, "GPT", no_cpu_memory)  # resuming builds the model
     elif fault == "no memory while training":
-        monkeypatch.setattr(train, "train_step", no_memory)
+        monkeypatch.setattr(train, "forward_backward", no_memory)
     else:
         os.remove(out / "log.jsonl")
         os.mkdir(out / "log.jsonl")  # appending to it fails, as on a full or read-only disk
@@ -864,19 +864,19 @@ import os, signal, sys, time
 sys.path.insert(0, os.getcwd())
 import train
 
-fault, step = sys.argv[1], train.train_step
+fault, step = sys.argv[1], train.forward_backward
 calls = [0]
 
-def faulty_step(r, lr):
+def faulty_step(r, x, y, before):
     calls[0] += 1
     if r.rank == 1 and calls[0] == 2:  # after one step together
         if fault == "die":
             os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer would
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         time.sleep(600)  # stuck, e.g. on a dead file system
-    return step(r, lr)
+    return step(r, x, y, before)
 
-train.train_step = faulty_step
+train.forward_backward = faulty_step
 train.main(sys.argv[2:])
 """
 

@@ -40,7 +40,7 @@ def run(data_root, tmp_path_factory):
 
 
 def val_tokens(data_root):
-    from data.prepare import load_tokens
+    from data.dataset import load_tokens
 
     return np.asarray(load_tokens(os.path.join(data_root, "shakespeare_char"), "val"))
 

@@ -18,11 +18,19 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import child_env, read_log, signal_when_training, start_training, tiny_run, torchrun
+from conftest import (
+    child_env,
+    read_log,
+    signal_when_training,
+    start_training,
+    tiny_run,
+    torchrun,
+    train_step,
+)
 
 import train
 from data import batches
-from data.prepare import ensure_dataset, load_tokens
+from data.dataset import ensure_dataset, load_tokens
 from model import GPT, GPTConfig
 from support import evaluation, run_estimate
 from support.checkpoint import load_checkpoint
@@ -657,7 +665,7 @@ def test_timing_a_step_leaves_the_run_untouched(data_root, tmp_path):
         )
     )
     r = train.setup(cfg)
-    train.train_step(r, 1e-3)  # optimizer state exists, as in a resumed run
+    train_step(r, 1e-3)  # optimizer state exists, as in a resumed run
     before = (
         copy.deepcopy(r.raw.state_dict()),
         copy.deepcopy([o.state_dict() for o in r.optimizers]),

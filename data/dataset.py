@@ -1,0 +1,185 @@
+"""
+A prepared dataset: a folder holding meta.json (the tokenizer's description and
+the token counts) and either train.bin and val.bin (one text, uint16 token ids,
+data/text.py) or train_00000.bin, ..., val_00000.bin, ... (a corpus of
+documents in shards, data/shards.py, written by data/corpus.py). What training,
+heads.py and the benchmarks read; data/prepare.py is the command that writes one.
+"""
+
+import glob
+import json
+import os
+
+import numpy as np
+
+from data import DATA_ROOT
+from data.shards import DataError, ShardedTokens, check_shards
+from data.tiny_shakespeare import FOLDERS, prepare_shakespeare
+from data.tokenizer import GPT2_VOCAB_SIZE, TokenizerError, get_tokenizer
+
+# the datasets prepared on first use, and their tokenizer
+DATASETS = {name: kind for kind, name in FOLDERS.items()}
+SPLITS = ("train", "val")
+FILES = ("train.bin", "val.bin", "meta.json")
+_META_TYPES = {
+    "tokenizer": dict,
+    "vocab_size": int,
+    "dtype": str,
+    "train_tokens": int,
+    "val_tokens": int,
+}
+DTYPE_LIMITS = {"uint16": 2**16, "uint32": 2**32}
+
+
+def _prepare_hint(dataset_dir):
+    name = os.path.basename(os.path.normpath(dataset_dir))
+    if name in DATASETS:
+        return f"python data/{name}/prepare.py"
+    return f"python data/prepare.py YOUR_CORPUS --name {name}"
+
+
+def load_meta(dataset_dir):
+    """The dataset's meta.json, checked for the fields training relies on."""
+    path = os.path.join(dataset_dir, "meta.json")
+    if not os.path.exists(path):
+        raise DataError(
+            f"{path} is missing; prepare the dataset with: {_prepare_hint(dataset_dir)}"
+        )
+    again = f"prepare the dataset again with: {_prepare_hint(dataset_dir)}"
+    try:
+        with open(path, "rb") as f:
+            meta = json.loads(f.read().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        raise DataError(f"{path} is not valid JSON; {again}") from None
+    if isinstance(meta, dict) and isinstance(meta.get("tokenizer"), dict):
+        meta["tokenizer"] = _saved_tokenizer(dataset_dir, meta["tokenizer"], again)
+    problem = _meta_problem(meta)
+    if problem:
+        raise DataError(f"{path} is malformed ({problem}); {again}")
+    return meta
+
+
+def _saved_tokenizer(dataset_dir, desc, again):
+    """A 'bpe' tokenizer's description with its saved file read in, so that
+    checkpoints hold the whole tokenizer and need no dataset folder."""
+    if desc.get("kind") != "bpe" or not isinstance(desc.get("file"), str):
+        return desc
+    path = os.path.join(dataset_dir, os.path.basename(desc["file"]))
+    try:
+        with open(path, encoding="utf-8") as f:
+            return {"kind": "bpe", "json": f.read()}
+    except (OSError, UnicodeDecodeError):
+        raise DataError(f"cannot read the dataset's tokenizer {path}; {again}") from None
+
+
+def _meta_problem(meta):
+    if not isinstance(meta, dict):
+        return "not a JSON object"
+    for key, kind in _META_TYPES.items():
+        value = meta.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return f"'{key}' should be {kind.__name__}"
+    if meta["dtype"] not in DTYPE_LIMITS or ("shards" not in meta and meta["dtype"] != "uint16"):
+        return f"dtype {meta['dtype']!r} is not one of {', '.join(DTYPE_LIMITS)}"
+    if not isinstance(meta["tokenizer"].get("kind"), str):
+        return "the tokenizer has no 'kind'"
+    if meta["vocab_size"] <= 0 or meta["train_tokens"] < 0 or meta["val_tokens"] < 0:
+        return "negative sizes"
+    if meta["vocab_size"] > DTYPE_LIMITS[meta["dtype"]]:
+        return f"vocab_size {meta['vocab_size']} does not fit {meta['dtype']}"
+    if "shards" in meta and _shards_problem(meta):
+        return _shards_problem(meta)
+    return _tokenizer_problem(meta["tokenizer"], meta["vocab_size"])
+
+
+def _shards_problem(meta):
+    shards = meta["shards"]
+    if not isinstance(shards, dict) or set(shards) != set(SPLITS):
+        return "'shards' should map train and val to lists of shards"
+    for split in SPLITS:
+        if not isinstance(shards[split], list):
+            return f"the {split} shards should be a list"
+        for shard in shards[split]:
+            if not isinstance(shard, dict) or not isinstance(shard.get("file"), str):
+                return f"a {split} shard has no 'file'"
+            if shard["file"] != os.path.basename(shard["file"]):
+                return f"the shard {shard['file']!r} is not a plain file name"
+            if not isinstance(shard.get("tokens"), int) or shard["tokens"] < 0:
+                return f"the shard {shard['file']!r} has no token count"
+        if sum(shard["tokens"] for shard in shards[split]) != meta[f"{split}_tokens"]:
+            return f"the {split} shards do not add up to {split}_tokens"
+    return None
+
+
+def _tokenizer_problem(desc, vocab_size):
+    # The model is sized by vocab_size and decodes with the tokenizer, so the two must agree.
+    if desc["kind"] == "char":
+        chars = desc.get("chars")
+        if not isinstance(chars, str) or not chars or len(set(chars)) != len(chars):
+            return "the char tokenizer needs 'chars', a string of distinct characters"
+        size = len(chars)
+    elif desc["kind"] == "gpt2":
+        size = GPT2_VOCAB_SIZE
+    elif desc["kind"] == "bpe":
+        try:
+            size = get_tokenizer(desc).vocab_size
+        except TokenizerError as e:
+            return str(e)
+    else:
+        return f"unknown tokenizer kind {desc['kind']!r}"
+    if size != vocab_size:
+        return f"vocab_size is {vocab_size} but the tokenizer has {size} tokens"
+    return None
+
+
+def load_tokenizer(dataset_dir):
+    """The tokenizer the dataset was encoded with."""
+    try:
+        return get_tokenizer(load_meta(dataset_dir)["tokenizer"])
+    except TokenizerError as e:
+        raise DataError(f"{os.path.join(dataset_dir, 'meta.json')}: {e}") from None
+
+
+def load_tokens(dataset_dir, split):
+    """The split's token ids, read-only: a uint16 memmap of split.bin, or the
+    split's shards as one ShardedTokens."""
+    if split not in SPLITS:
+        raise DataError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
+    meta = load_meta(dataset_dir)
+    again = f"prepare the dataset again with: {_prepare_hint(dataset_dir)}"
+    if "shards" in meta:
+        return ShardedTokens(check_shards(dataset_dir, meta, split, again), meta["dtype"])
+    path = os.path.join(dataset_dir, f"{split}.bin")
+    if not os.path.exists(path):
+        raise DataError(f"{path} is missing; {again}")
+    size = os.path.getsize(path)
+    expected = meta[f"{split}_tokens"]
+    if size % 2:
+        raise DataError(f"{path} has an odd number of bytes ({size}), so it is truncated; {again}")
+    if size // 2 != expected:
+        raise DataError(f"{path} holds {size // 2} tokens but meta.json says {expected}; {again}")
+    if size == 0:
+        raise DataError(f"{path} is empty; {again}")
+    return np.memmap(path, dtype=np.uint16, mode="r")
+
+
+def ensure_dataset(name, data_root=None, input_path=None):
+    """The folder of a prepared dataset, preparing tiny Shakespeare if needed."""
+    data_root = data_root or DATA_ROOT
+    dataset_dir = os.path.join(data_root, name)
+    if all(os.path.exists(os.path.join(dataset_dir, f)) for f in FILES):
+        return dataset_dir
+    # a sharded dataset: meta.json is written last, after every shard
+    if os.path.exists(os.path.join(dataset_dir, "meta.json")) and glob.glob(
+        os.path.join(dataset_dir, "train_*.bin")
+    ):
+        return dataset_dir
+    if name not in DATASETS:
+        raise DataError(
+            f"unknown dataset {name!r} (no prepared files in {dataset_dir}); "
+            f"known ones: {', '.join(DATASETS)}; prepare your own corpus with: "
+            f"python data/prepare.py YOUR_CORPUS --name {name}"
+        )
+    print(f"preparing {name} in {dataset_dir} (first use)")
+    prepare_shakespeare(DATASETS[name], data_root, input_path)
+    return dataset_dir
