@@ -15,25 +15,30 @@ folder gives the page a step slider. Ctrl-C stops it. Options are --key=value;
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
+import dataclasses
 import sys
 
 import torch
 
 from explorer.server import Explorer, ExplorerServer, address
 from support import cli
-from support.loading import load_model, pick_device, pick_dtype
+from support.device import inference_dtype, pick_device
+from support.loading import load_model
 from support.timeline import checkpoint_step
 
-DEFAULTS = dict(
-    out_dir="out-shakespeare-char",  # the checkpoint's folder
+
+@dataclasses.dataclass
+class Settings:
+    out_dir: str = "out-shakespeare-char"  # the checkpoint's folder
     # "" = out_dir's checkpoint; or a checkpoint folder, or a Hugging Face GPT-2 folder
-    init_from="",
-    host="127.0.0.1",  # the address to listen on; anything but localhost opens it to the network
-    port=8000,  # 0 = any free port
-    device="cpu",  # cpu, auto (cuda, then mps, then cpu), cuda, cuda:N, mps
-    dtype="float32",  # float32, bfloat16, float16, or auto (bfloat16 on a GPU that has it)
-    threads=0,  # torch's CPU threads; 0 = torch's default
-)
+    init_from: str = ""
+    # the address to listen on; anything but localhost opens it to the network
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0 = any free port
+    device: str = "cpu"  # cpu, auto (cuda, then mps, then cpu), cuda, cuda:N, mps
+    dtype: str = "float32"  # float32, bfloat16, float16, or auto (bfloat16 on a GPU that has it)
+    threads: int = 0  # torch's CPU threads; 0 = torch's default
+
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -44,32 +49,32 @@ class ExploreError(Exception):
 
 def start_server(cfg):
     """Load the model and bind the server; return it (not yet serving)."""
-    if not isinstance(cfg["port"], int) or not 0 <= cfg["port"] <= 65535:
-        raise ExploreError(f"--port must be from 0 to 65535, got {cfg['port']!r}")
-    if cfg["threads"] < 0:
-        raise ExploreError(f"--threads must be 0 (torch's default) or more, got {cfg['threads']}")
-    if cfg["threads"]:
-        torch.set_num_threads(cfg["threads"])
-    device = pick_device(cfg["device"])
-    dtype = pick_dtype(cfg["dtype"], device)
-    model, tok, folder = load_model(cfg)
+    if not isinstance(cfg.port, int) or not 0 <= cfg.port <= 65535:
+        raise ExploreError(f"--port must be from 0 to 65535, got {cfg.port!r}")
+    if cfg.threads < 0:
+        raise ExploreError(f"--threads must be 0 (torch's default) or more, got {cfg.threads}")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = pick_device(cfg.device)
+    dtype = inference_dtype(cfg.dtype, device)
+    model, tok, folder = load_model(cfg.init_from, cfg.out_dir)
     model.to(device=device, dtype=dtype).eval()
     # a training run's folder: its snapshots are steps the page can go back to
     explorer = Explorer(model, tok, run_dir=folder, step=checkpoint_step(folder))
     try:
-        return ExplorerServer(explorer, cfg["host"], cfg["port"])
+        return ExplorerServer(explorer, cfg.host, cfg.port)
     except OSError as e:
         raise ExploreError(
-            f"cannot listen on {cfg['host']}:{cfg['port']} ({e.strerror or e}); "
+            f"cannot listen on {cfg.host}:{cfg.port} ({e.strerror or e}); "
             "pass another --port (or --port=0 for any free one)"
         ) from None
 
 
 def main(cfg):
     server = start_server(cfg)
-    if cfg["host"] not in LOOPBACK:
+    if cfg.host not in LOOPBACK:
         print(
-            f"warning: listening on {cfg['host']}: anyone who can reach this machine can use "
+            f"warning: listening on {cfg.host}: anyone who can reach this machine can use "
             "the model; the default --host=127.0.0.1 keeps it to this machine",
             file=sys.stderr,
         )
@@ -86,7 +91,7 @@ def main(cfg):
 
 def run(argv):
     """The command: what `python explore.py ...` exits with (cli.py)."""
-    return cli.run(main, argv, __doc__, DEFAULTS, (ExploreError,))
+    return cli.run(main, argv, __doc__, Settings, (ExploreError,))
 
 
 if __name__ == "__main__":

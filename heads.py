@@ -26,6 +26,7 @@ models. Options are --key=value; `python heads.py --help` lists them.
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
+import dataclasses
 import json
 import os
 import sys
@@ -34,6 +35,7 @@ import numpy as np
 
 from support import attention_maps, cli
 from support.attention_maps import CLASSES
+from support.device import inference_dtype, pick_device
 from support.head_measures import (
     BATCH_TOKENS,
     INDUCTION,
@@ -46,22 +48,25 @@ from support.head_measures import (
     val_tokens,
     windows,
 )
-from support.loading import load_model, pick_device, pick_dtype
+from support.loading import load_model
 
-DEFAULTS = dict(
-    out_dir="out-shakespeare-char",  # the checkpoint's folder; the results go to <out_dir>/heads
+
+@dataclasses.dataclass
+class Settings:
+    # the checkpoint's folder; the results go to <out_dir>/heads
+    out_dir: str = "out-shakespeare-char"
     # "" = out_dir's checkpoint; or a checkpoint folder, or a Hugging Face GPT-2 folder
-    init_from="",
-    dataset="",  # "" = the one the checkpoint was trained on; else a prepared dataset's name
+    init_from: str = ""
+    dataset: str = ""  # "" = the one the checkpoint was trained on; else a prepared dataset's name
     # the folder of dataset folders; None: the checkpoint's, else data/ in this repo
-    data_root=None,
-    max_windows=0,  # 0 = every window of the val split; N: N windows spread evenly over it
-    batch_size=0,  # windows per forward; 0: as many as hold BATCH_TOKENS tokens
-    prune_below=0.01,  # nats: heads whose ablation costs less are pruning candidates
-    seed=1337,  # the induction probe's random tokens
-    device="auto",  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
-    dtype="auto",  # auto (bfloat16 on a GPU that has it, else float32), float32, bfloat16, float16
-)
+    data_root: str | None = None
+    max_windows: int = 0  # 0 = every window of the val split; N: N windows spread evenly over it
+    batch_size: int = 0  # windows per forward; 0: as many as hold BATCH_TOKENS tokens
+    prune_below: float = 0.01  # nats: heads whose ablation costs less are pruning candidates
+    seed: int = 1337  # the induction probe's random tokens
+    device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
+    # auto (bfloat16 on a GPU that has it, else float32), float32, bfloat16, float16
+    dtype: str = "auto"
 
 
 # -----------------------------------------------------------------------------
@@ -87,12 +92,12 @@ DEFAULTS = dict(
 def report(cfg, model, tok, data, folder, source):
     """Every measurement of every head, as the dict heads.json holds."""
     c = model.config
-    spans = windows(len(data), c.block_size, cfg["max_windows"])
+    spans = windows(len(data), c.block_size, cfg.max_windows)
     if not spans:
         raise HeadsError("the val split has fewer than 2 tokens; prepare the dataset again")
-    pats = patterns(model, tok, data, spans, cfg["batch_size"])
-    probe = induction_scores(model, cfg["seed"])
-    abl = ablation(model, data, spans, cfg["batch_size"], cfg["prune_below"])
+    pats = patterns(model, tok, data, spans, cfg.batch_size)
+    probe = induction_scores(model, cfg.seed)
+    abl = ablation(model, data, spans, cfg.batch_size, cfg.prune_below)
     order = np.argsort(-abl["head_nats"], axis=None, kind="stable")  # most important first
     rank = np.empty(order.size, dtype=int)
     rank[order] = np.arange(1, order.size + 1)
@@ -124,11 +129,11 @@ def report(cfg, model, tok, data, folder, source):
         "dataset": folder,
         "windows": len(spans),
         "tokens": sum(length for _, length in spans),
-        "seed": cfg["seed"],
+        "seed": cfg.seed,
         "dtype": str(model.lm_head.weight.dtype).removeprefix("torch."),
         "baseline_loss": round(abl["baseline_loss"], 5),
         "layer_ablation_nats": [round(float(v), 5) for v in abl["layer_nats"]],
-        "prune_below": cfg["prune_below"],
+        "prune_below": cfg.prune_below,
         "pruned_loss": round(abl["pruned_loss"], 5),
         "pruned_nats": round(abl["pruned_loss"] - abl["baseline_loss"], 5),
         "induction_probe": {
@@ -240,19 +245,19 @@ def write(rep, folder, n_layer, n_head):
 
 
 def main(cfg):
-    if cfg["max_windows"] < 0 or cfg["batch_size"] < 0:
+    if cfg.max_windows < 0 or cfg.batch_size < 0:
         raise HeadsError(
             "--max_windows and --batch_size must be >= 0 (0: all windows, an automatic batch)"
         )
-    if cfg["data_root"] is not None:
-        cfg["data_root"] = str(cfg["data_root"])
-    device = pick_device(cfg["device"])
-    dtype = pick_dtype(cfg["dtype"], device)
-    model, tok, folder = load_model(cfg)
-    source = cfg["init_from"] or cfg["out_dir"]
+    if cfg.data_root is not None:
+        cfg.data_root = str(cfg.data_root)
+    device = pick_device(cfg.device)
+    dtype = inference_dtype(cfg.dtype, device)
+    source = cfg.init_from or cfg.out_dir
+    model, tok, folder = load_model(cfg.init_from, cfg.out_dir)
     data, dataset = val_tokens(cfg, source, tok)
     model.to(device=device, dtype=dtype).eval()
-    cfg["batch_size"] = cfg["batch_size"] or max(1, BATCH_TOKENS // model.config.block_size)
+    cfg.batch_size = cfg.batch_size or max(1, BATCH_TOKENS // model.config.block_size)
     rep = report(cfg, model, tok, data, dataset, source)
     out = os.path.join(folder, "heads")
     try:
@@ -271,7 +276,7 @@ OUT_OF_MEMORY = "try --device=cpu or a smaller --batch_size"
 
 def run(argv):
     """The command: what `python heads.py ...` exits with (cli.py)."""
-    return cli.run(main, argv, __doc__, DEFAULTS, (HeadsError,), OUT_OF_MEMORY)
+    return cli.run(main, argv, __doc__, Settings, (HeadsError,), OUT_OF_MEMORY)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ index.html in a browser); --attn_dir DIR writes them elsewhere and
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
+import dataclasses
 import os
 import sys
 import time
@@ -22,29 +23,33 @@ import time
 import torch
 
 from support import attention_maps, cli, engine
-from support.loading import load_model, pick_device, pick_dtype
+from support.device import inference_dtype, pick_device
+from support.loading import load_model
 
-DEFAULTS = dict(
-    out_dir="out-shakespeare-char",  # the folder config/shakespeare.py trains into
+
+@dataclasses.dataclass
+class Settings:
+    out_dir: str = "out-shakespeare-char"  # the folder config/shakespeare.py trains into
     # "" = out_dir's checkpoint; or a checkpoint folder, or a Hugging Face GPT-2 folder
-    init_from="",
-    prompt="\n",  # text, or FILE:path to read it from a file
-    num_samples=3,
-    max_new_tokens=500,
-    temperature=0.8,  # 0 = greedy; below 1 sharper, above 1 more random
-    top_k=200,  # keep only the k most likely tokens (None: all)
-    top_p=1.0,  # nucleus sampling: keep the most likely tokens up to this much probability
-    seed=1337,
-    device="auto",  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
-    dtype="auto",  # auto (bfloat16 on a GPU that has it, else float32), float32, bfloat16, float16
-    no_cache=False,  # recompute the whole context every token: same output, slower
+    init_from: str = ""
+    prompt: str = "\n"  # text, or FILE:path to read it from a file
+    num_samples: int = 3
+    max_new_tokens: int = 500
+    temperature: float = 0.8  # 0 = greedy; below 1 sharper, above 1 more random
+    top_k: int | None = 200  # keep only the k most likely tokens (None: all)
+    top_p: float = 1.0  # nucleus sampling: keep the most likely tokens up to this much probability
+    seed: int = 1337
+    device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
+    # auto (bfloat16 on a GPU that has it, else float32), float32, bfloat16, float16
+    dtype: str = "auto"
+    no_cache: bool = False  # recompute the whole context every token: same output, slower
     # decode with the compiled fixed-shape step (compiling takes 10-60 s; no attention maps)
-    compile=False,
-    stream=False,  # print tokens as they are generated
-    attn_dir=None,  # None = <out_dir>/attention; "" = do not save attention maps
-    window=None,  # StreamingLLM: keep the last W tokens in the cache (rope models), never slide
-    sinks=0,  # ... and the first S tokens, the attention sinks (with --window)
-)
+    compile: bool = False
+    stream: bool = False  # print tokens as they are generated
+    attn_dir: str | None = None  # None = <out_dir>/attention; "" = do not save attention maps
+    # StreamingLLM: keep the last W tokens in the cache (rope models), never slide
+    window: int | None = None
+    sinks: int = 0  # ... and the first S tokens, the attention sinks (with --window)
 
 
 class SampleError(Exception):
@@ -57,23 +62,23 @@ class SampleError(Exception):
 
 def check_options(cfg):
     """cfg with its values checked (SampleError) and a few tidied."""
-    if cfg["max_new_tokens"] < 1:
-        raise SampleError(f"--max_new_tokens must be at least 1, got {cfg['max_new_tokens']}")
-    if cfg["num_samples"] < 1:
-        raise SampleError(f"--num_samples must be at least 1, got {cfg['num_samples']}")
-    if cfg["temperature"] < 0:
-        raise SampleError(f"--temperature must be >= 0 (0 is greedy), got {cfg['temperature']}")
-    if cfg["top_k"] is not None and (not isinstance(cfg["top_k"], int) or cfg["top_k"] < 1):
-        raise SampleError(f"--top_k must be a positive integer or None, got {cfg['top_k']!r}")
-    if cfg["top_p"] is None:
-        cfg["top_p"] = 1.0
-    if not isinstance(cfg["top_p"], (int, float)) or not 0 < cfg["top_p"] <= 1:
-        raise SampleError(f"--top_p must be in (0, 1], got {cfg['top_p']!r}")
-    if cfg["attn_dir"] is not None:
-        cfg["attn_dir"] = str(cfg["attn_dir"])
-    if cfg["compile"] and cfg["no_cache"]:
+    if cfg.max_new_tokens < 1:
+        raise SampleError(f"--max_new_tokens must be at least 1, got {cfg.max_new_tokens}")
+    if cfg.num_samples < 1:
+        raise SampleError(f"--num_samples must be at least 1, got {cfg.num_samples}")
+    if cfg.temperature < 0:
+        raise SampleError(f"--temperature must be >= 0 (0 is greedy), got {cfg.temperature}")
+    if cfg.top_k is not None and (not isinstance(cfg.top_k, int) or cfg.top_k < 1):
+        raise SampleError(f"--top_k must be a positive integer or None, got {cfg.top_k!r}")
+    if cfg.top_p is None:
+        cfg.top_p = 1.0
+    if not isinstance(cfg.top_p, (int, float)) or not 0 < cfg.top_p <= 1:
+        raise SampleError(f"--top_p must be in (0, 1], got {cfg.top_p!r}")
+    if cfg.attn_dir is not None:
+        cfg.attn_dir = str(cfg.attn_dir)
+    if cfg.compile and cfg.no_cache:
         raise SampleError("--compile decodes through the KV cache; drop --no_cache or --compile")
-    if (cfg["window"] is not None or cfg["sinks"]) and (cfg["compile"] or cfg["no_cache"]):
+    if (cfg.window is not None or cfg.sinks) and (cfg.compile or cfg.no_cache):
         raise SampleError(
             "--window and --sinks shape the eager KV cache; drop --compile and --no_cache"
         )
@@ -145,7 +150,7 @@ def generate_one(model, idx, cfg, generator, attention=False, on_token=None):
     slides) and gives its attention row. The token it samples is dropped and
     the generator's state restored, so the samples are the same either way.
     """
-    n_new = cfg["max_new_tokens"]
+    n_new = cfg.max_new_tokens
     # a linear-attention model's state keeps no keys to weigh: its maps come from whole forwards
     linear = attention and model.config.attention == "linear"
     # compiled: the step built at the warm-up in main, and kept, is found again
@@ -153,14 +158,14 @@ def generate_one(model, idx, cfg, generator, attention=False, on_token=None):
         model,
         idx,
         n_new + int(attention),
-        temperature=cfg["temperature"],
-        top_k=cfg["top_k"],
-        top_p=cfg["top_p"],
+        temperature=cfg.temperature,
+        top_k=cfg.top_k,
+        top_p=cfg.top_p,
         generator=generator,
-        use_cache=not (cfg["no_cache"] or linear),
-        window=cfg["window"],
-        sinks=cfg["sinks"],
-        compiled=cfg["compile"],
+        use_cache=not (cfg.no_cache or linear),
+        window=cfg.window,
+        sinks=cfg.sinks,
+        compiled=cfg.compile,
         attention=attention,
     )
     new, steps = [], []
@@ -208,51 +213,48 @@ def make_printer(tok, prompt_ids):
 
 
 def sync(device):
-    if device.startswith("cuda"):
+    if device.type == "cuda":
         torch.cuda.synchronize()
 
 
 def main(cfg):
     cfg = check_options(cfg)
-    device = pick_device(cfg["device"])
-    if device.startswith("cuda"):
-        # synchronize, the CUDA graphs and the bf16 check act on the current device, else GPU 0
-        torch.cuda.set_device(device)
-    dtype = pick_dtype(cfg["dtype"], device)
-    text = read_prompt(cfg["prompt"])
-    model, tok, folder = load_model(cfg)
+    device = pick_device(cfg.device)
+    dtype = inference_dtype(cfg.dtype, device)
+    text = read_prompt(cfg.prompt)
+    model, tok, folder = load_model(cfg.init_from, cfg.out_dir)
     prompt_ids = encode_prompt(tok, text, model)
-    if cfg["window"] is not None or cfg["sinks"]:
+    if cfg.window is not None or cfg.sinks:
         try:  # a bad window, sinks without one, or learned positions: one line
-            model.make_kv_cache(1, window=cfg["window"], sinks=cfg["sinks"])
+            model.make_kv_cache(1, window=cfg.window, sinks=cfg.sinks)
         except ValueError as e:
-            raise SampleError(f"--window={cfg['window']} --sinks={cfg['sinks']}: {e}") from None
-    if cfg["compile"] and model.config.sliding_window:
+            raise SampleError(f"--window={cfg.window} --sinks={cfg.sinks}: {e}") from None
+    if cfg.compile and model.config.sliding_window:
         raise SampleError(
             "--compile decodes a full-attention cache; this model has a sliding window"
         )
     # a rolling cache holds its keys by slot, not position: the maps come from one
     # forward over the last block_size tokens once a sample is done
-    rolling = cfg["window"] is not None or (
+    rolling = cfg.window is not None or (
         model.config.sliding_window is not None and model.config.rope
     )
     model.to(device=device, dtype=dtype).eval()
 
-    attn_dir = cfg["attn_dir"]
+    attn_dir = cfg.attn_dir
     if attn_dir is None:
         attn_dir = os.path.join(folder, "attention")
-    if cfg["compile"] and attn_dir:
+    if cfg.compile and attn_dir:
         print(
             "(--compile: the compiled step returns no attention weights, so no maps are saved)",
             file=sys.stderr,
         )
         attn_dir = ""
-    torch.manual_seed(cfg["seed"])
-    generator = torch.Generator(device=device).manual_seed(cfg["seed"])
+    torch.manual_seed(cfg.seed)
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)
 
-    if cfg["compile"]:
-        if not device.startswith(("cpu", "cuda")):
+    if cfg.compile:
+        if device.type not in ("cpu", "cuda"):
             raise SampleError(f"--compile runs on CPU and CUDA, not {device}; drop --compile")
         if model.config.attention != "softmax":
             raise SampleError(
@@ -264,9 +266,9 @@ def main(cfg):
         sync(device)
         print(f"compiled the decode step in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     elapsed, attention = 0.0, None
-    for k in range(cfg["num_samples"]):
+    for k in range(cfg.num_samples):
         want_attention = k == 0 and bool(attn_dir)
-        on_token, finish = make_printer(tok, prompt_ids) if cfg["stream"] else (None, None)
+        on_token, finish = make_printer(tok, prompt_ids) if cfg.stream else (None, None)
         sync(device)
         t0 = time.perf_counter()
         new, steps = generate_one(
@@ -274,7 +276,7 @@ def main(cfg):
         )
         sync(device)
         elapsed += time.perf_counter() - t0
-        if cfg["stream"]:
+        if cfg.stream:
             finish()
         else:
             print(tok.decode(prompt_ids + new))
@@ -284,19 +286,19 @@ def main(cfg):
                 steps or final_window_maps(model, prompt_ids + new, device),
                 prompt_ids + new,
             )
-    n_new = cfg["num_samples"] * cfg["max_new_tokens"]
-    path = "no cache" if cfg["no_cache"] else "compiled, kv cache" if cfg["compile"] else "kv cache"
+    n_new = cfg.num_samples * cfg.max_new_tokens
+    path = "no cache" if cfg.no_cache else "compiled, kv cache" if cfg.compile else "kv cache"
     if rolling:
         w, s = (
-            (cfg["window"], cfg["sinks"])
-            if cfg["window"]
+            (cfg.window, cfg.sinks)
+            if cfg.window
             else (model.config.sliding_window, model.config.sink_tokens)
         )
         path = f"rolling kv cache of {s} sinks + {w} tokens"
     how = f"{path}, {device}, {str(dtype).removeprefix('torch.')}"
     print(
         f"prompt {len(prompt_ids)} tokens, "
-        f"{cfg['num_samples']} x {cfg['max_new_tokens']} new tokens, "
+        f"{cfg.num_samples} x {cfg.max_new_tokens} new tokens, "
         f"{n_new / max(elapsed, 1e-9):.1f} tokens/s ({how})"
     )
 
@@ -335,7 +337,7 @@ OUT_OF_MEMORY = "try --device=cpu, a smaller --max_new_tokens or --num_samples"
 
 def run(argv):
     """The command: what `python sample.py ...` exits with (cli.py)."""
-    return cli.run(main, argv, __doc__, DEFAULTS, (SampleError,), OUT_OF_MEMORY)
+    return cli.run(main, argv, __doc__, Settings, (SampleError,), OUT_OF_MEMORY)
 
 
 if __name__ == "__main__":

@@ -42,10 +42,16 @@ from support.checkpoint import (
 from support.configurator import parse_settings
 from support.context_parallel import ContextParallel
 from support.context_parallel import check as check_context_parallel
-from support.device import explain_device, pick_device, precision_context, time_cpu_dtypes
+from support.device import (
+    explain_device,
+    pick_device,
+    precision_context,
+    time_cpu_dtypes,
+    training_dtype,
+)
 from support.distributed import all_sum, join_processes, lost_peer, wrap_model
 from support.evaluation import estimate_loss, full_val_loss
-from support.init_from import init_model
+from support.loading import training_model
 from support.mfu import estimate_mfu
 from support.optim import get_lr, make_optimizers
 from support.resume import out_of_memory, restore, rng_state, set_rng_state
@@ -124,7 +130,8 @@ def setup(cfg):
             f"gradient_accumulation_steps ({cfg.gradient_accumulation_steps}) must be "
             f"divisible by the number of data-parallel processes ({dp_world})"
         )
-    device, dtype, why = pick_device(cfg, local_rank, world > 1)
+    device = pick_device(cfg.device, local_rank, world > 1)
+    dtype, why = training_dtype(cfg.dtype, device)
     if rank == 0:
         explain_device(cfg, device, dtype)
     # first: a logger that cannot start should stop the run before any data or model work
@@ -149,7 +156,7 @@ def setup(cfg):
     if cfg.hellaswag:
         # a missing or malformed file stops the run before it starts
         hellaswag.training_examples(cfg.hellaswag_data)
-    raw, ckpt, cfg = init_model(cfg, meta)
+    raw, ckpt, cfg = training_model(cfg, meta)
     raw.to(device)
     splits = {
         split: load_split(dataset_dir, split, cfg.block_size, meta["vocab_size"], device)

@@ -34,29 +34,31 @@ transformers is a test-only dependency (requirements-dev.txt).
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
+import dataclasses
 import sys
 
 from bench import attention, common, decode, generate, long_context, recipes, train_step
 
-DEFAULTS = dict(
-    train_step.DEFAULTS,  # device, quick, threads, out and compile
+
+@dataclasses.dataclass
+class Settings(train_step.Settings):
     # instead: train the CPU recipe against nanoGPT's CPU settings, on this CPU and capped at AVX2
-    recipes=False,
+    recipes: bool = False
     # with --recipes: a nanoGPT checkout (its data prepared) whose own train.py runs beside ours
-    nanogpt="",
-    long_context=False,  # instead: sliding-window attention and the rolling KV cache against dense
-    long_context_part="all",  # with --long_context: all, attention or cache
-)
+    nanogpt: str = ""
+    # instead: sliding-window attention and the rolling KV cache against dense
+    long_context: bool = False
+    long_context_part: str = "all"  # with --long_context: all, attention or cache
 
 
 def sections(args):
     """The default set, or --recipes or --long_context instead of it."""
-    if args["recipes"]:
+    if args.recipes:
         return [recipes.section]
-    if args["long_context"]:
+    if args.long_context:
         return [long_context.section]
     return [train_step.section, generate.section, attention.section, decode.section]
 
 
 if __name__ == "__main__":
-    sys.exit(common.main("bench", __doc__, DEFAULTS, sections, sys.argv[1:]))
+    sys.exit(common.main("bench", __doc__, Settings, sections, sys.argv[1:]))

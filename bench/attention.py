@@ -122,7 +122,7 @@ def bench_length(T, dtype, repeats, device):
 
 
 def bench_attention(args, log):
-    device, quick = args["device"], args["quick"]
+    device, quick = args.device, args.quick
     dtype = torch.float32
     # the flash kernel needs half precision on GPU
     if device == "cuda":
@@ -177,7 +177,7 @@ def section(args, log):
     """The figures and the table, for common.run."""
     rows = bench_attention(args, log)
     table = "## Attention alone (B=1, 12 heads, head size 64, causal, forward)\n\n"
-    return dict(attention=rows), [table + attention_table(rows, args["device"] == "cuda")], []
+    return dict(attention=rows), [table + attention_table(rows, args.device == "cuda")], []
 
 
 def sections(args):

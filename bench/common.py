@@ -6,6 +6,7 @@ one line for bad input, the tables printed, every figure written to --out as JSO
 """
 
 import contextlib
+import dataclasses
 import datetime
 import json
 import os
@@ -17,15 +18,18 @@ import time
 import torch
 
 from support import engine
-from support.configurator import ConfigError, describe, parse_args
+from support.configurator import ConfigError, describe_settings, parse_settings
+
 
 # The options every benchmark takes; each adds its own
-DEFAULTS = dict(
-    device="cpu",  # cpu or cuda
-    quick=False,  # small repeat counts, no GPT-2 124M training, shorter generation: under a minute
-    threads=0,  # CPU threads; 0 keeps torch's default. 1 steadies ratios on a busy machine
-    out="bench.json",  # where every figure goes
-)
+@dataclasses.dataclass
+class Settings:
+    device: str = "cpu"  # cpu or cuda
+    # small repeat counts, no GPT-2 124M training, shorter generation: under a minute
+    quick: bool = False
+    threads: int = 0  # CPU threads; 0 keeps torch's default. 1 steadies ratios on a busy machine
+    out: str = "bench.json"  # where every figure goes
+
 
 # The model shapes the benchmarks share
 NANOGPT_CPU = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=65)
@@ -300,17 +304,17 @@ def header_lines(result, device):
 
 def check_options(args):
     """The options every benchmark shares: device, threads and a writable --out."""
-    device = args["device"]
+    device = args.device
     if device not in ("cpu", "cuda"):
         raise BenchError(f"--device must be cpu or cuda, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise BenchError("CUDA is not available here; run with --device=cpu")
-    if args["threads"] < 0:
-        raise BenchError(f"--threads must be 0 (torch's default) or more, got {args['threads']}")
-    folder = os.path.dirname(os.path.abspath(args["out"]))
+    if args.threads < 0:
+        raise BenchError(f"--threads must be 0 (torch's default) or more, got {args.threads}")
+    folder = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
         raise BenchError(
-            f"cannot write {args['out']}: {folder} is not a writable folder; "
+            f"cannot write {args.out}: {folder} is not a writable folder; "
             "pass --out=PATH somewhere writable"
         )
 
@@ -327,11 +331,11 @@ def run(args, prog, sections, log=print):
             "pip install transformers (see requirements-dev.txt)"
         ) from None
     transformers.logging.set_verbosity_error()
-    device = args["device"]
+    device = args.device
     if device == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 for every contender alike
-    if args["threads"]:
-        torch.set_num_threads(args["threads"])
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     result = dict(
         device=dict(type=device, name=device_name(device), threads=torch.get_num_threads()),
@@ -340,7 +344,7 @@ def run(args, prog, sections, log=print):
         python=platform.python_version(),
         date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         command=" ".join(["python", "-m", prog] + sys.argv[1:]),
-        quick=args["quick"],
+        quick=args.quick,
         notes=NOTES,
     )
     result["load_average_before"] = load_average()
@@ -369,10 +373,11 @@ def write_json(result, path):
     os.replace(tmp, path)
 
 
-def main(prog, doc, defaults, sections, argv):
-    """The command line of `python -m prog`: sections(args) says what to run."""
+def main(prog, doc, settings, sections, argv):
+    """The command line of `python -m prog`, its options the dataclass settings:
+    sections(args) says what to run."""
     if any(a in ("-h", "--help") for a in argv):
-        print(doc.strip() + "\n\noptions:\n" + describe(defaults))
+        print(doc.strip() + "\n\noptions:\n" + describe_settings(settings))
         return 0
     start = time.perf_counter()
 
@@ -380,7 +385,7 @@ def main(prog, doc, defaults, sections, argv):
         print(f"[{time.perf_counter() - start:5.0f} s] {msg}", file=sys.stderr, flush=True)
 
     try:
-        args = parse_args(defaults, argv, allow_files=False)
+        args = parse_settings(settings, argv, allow_files=False)
         result = run(args, prog, sections(args), log)
     except ConfigError as e:
         print(f"{prog}: {e}", file=sys.stderr)
@@ -396,13 +401,12 @@ def main(prog, doc, defaults, sections, argv):
         return 130
     print(result["markdown"])
     try:
-        write_json(result, args["out"])
+        write_json(result, args.out)
     except OSError as e:
         print(
-            f"{prog}: cannot write {args['out']} ({e.strerror}); pass --out=PATH "
-            "somewhere writable",
+            f"{prog}: cannot write {args.out} ({e.strerror}); pass --out=PATH somewhere writable",
             file=sys.stderr,
         )
         return 1
-    print(f"\nwrote {args['out']} ({result['seconds']:.0f} s)", file=sys.stderr)
+    print(f"\nwrote {args.out} ({result['seconds']:.0f} s)", file=sys.stderr)
     return 0

@@ -29,6 +29,7 @@ in one run are what count; the machine's load average is printed with them.
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -47,21 +48,25 @@ from data.shards import DataError, ShardedTokens
 from data.tiny_shakespeare import find_shakespeare, shakespeare_dir
 from data.tokenizer import gpt2_encoding
 from model import GPT, GPTConfig
-from support.configurator import ConfigError, describe, parse_args
+from support.configurator import ConfigError, describe_settings, parse_settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # where the tests also look: a shared folder beside the checkout
 BESIDE = os.path.join(os.path.dirname(ROOT), "shared", "data", "tinyshakespeare", "input.txt")
-DEFAULTS = dict(
-    parts="speed,memory,step",  # which measurements, comma-separated
-    mb=250,  # size of the speed corpus, MB of text
-    rounds=3,  # speed: every contender once per round, in turn; the best round counts
-    num_procs="1,2",  # speed: the --num_proc values the command is timed with
-    memory_mb="250,1000",  # sizes of the memory corpora, MB of text, comma-separated
-    one_row_group=False,  # memory: each corpus written as a single row group
-    tmp=tempfile.gettempdir(),  # where the corpora are made (and deleted afterwards)
-)
+
+
+@dataclasses.dataclass
+class Settings:
+    parts: str = "speed,memory,step"  # which measurements, comma-separated
+    mb: int = 250  # size of the speed corpus, MB of text
+    rounds: int = 3  # speed: every contender once per round, in turn; the best round counts
+    num_procs: str = "1,2"  # speed: the --num_proc values the command is timed with
+    memory_mb: str = "250,1000"  # sizes of the memory corpora, MB of text, comma-separated
+    one_row_group: bool = False  # memory: each corpus written as a single row group
+    tmp: str = tempfile.gettempdir()  # where the corpora are made (and deleted afterwards)
+
+
 POLL_S = 0.02  # how often a timed command's processes are looked at
 BARE_BATCH = 4096  # documents per encode_ordinary_batch call: the token lists of a
 # whole 250 MB corpus as Python ints would take gigabytes
@@ -445,24 +450,24 @@ def load():
 
 def main(argv):
     if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.strip() + "\n\noptions (defaults):\n" + describe(DEFAULTS))
+        print(__doc__.strip() + "\n\noptions (defaults):\n" + describe_settings(Settings))
         return 0
     try:
-        args = parse_args(DEFAULTS, argv, allow_files=False)
+        args = parse_settings(Settings, argv, allow_files=False)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(common.cpu_class())
     print(f"load average before: {' '.join(load())}")
-    tmp = tempfile.mkdtemp(prefix="bench_corpus_", dir=args["tmp"])
+    tmp = tempfile.mkdtemp(prefix="bench_corpus_", dir=args.tmp)
     try:
-        parts = args["parts"].split(",")
+        parts = args.parts.split(",")
         if "speed" in parts:
-            num_procs = [int(n) for n in args["num_procs"].split(",")]
-            bench_speed(tmp, args["mb"], args["rounds"], num_procs)
+            num_procs = [int(n) for n in args.num_procs.split(",")]
+            bench_speed(tmp, args.mb, args.rounds, num_procs)
         if "memory" in parts:
-            sizes = [int(s) for s in args["memory_mb"].split(",")]
-            bench_memory(tmp, sizes, args["one_row_group"])
+            sizes = [int(s) for s in args.memory_mb.split(",")]
+            bench_memory(tmp, sizes, args.one_row_group)
         if "step" in parts:
             bench_step(tmp)
     except DataError as e:

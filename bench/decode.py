@@ -41,7 +41,7 @@ def bench_decode_bandwidth(args, log):
     shape = common.GPT2_124M
     model = GPT(GPTConfig(dropout=0.0, bias=True, **shape)).to("cuda", torch.bfloat16).eval()
     n = shape["block_size"] - 1
-    if args["quick"]:
+    if args.quick:
         n = 128
     prompt = torch.zeros(1, 1, dtype=torch.long, device="cuda")
 
@@ -121,7 +121,7 @@ def decode_bandwidth_table(r):
 
 def section(args, log):
     """The figures and the table, for common.run; on a CPU, nothing to measure."""
-    if args["device"] != "cuda":
+    if args.device != "cuda":
         return dict(decode_bandwidth=None), [], []
     row = bench_decode_bandwidth(args, log)
     table = "## Decoding GPT-2 124M, batch 1, bf16\n\n" + decode_bandwidth_table(row)
@@ -129,7 +129,7 @@ def section(args, log):
 
 
 def sections(args):
-    if args["device"] != "cuda":
+    if args.device != "cuda":
         raise common.BenchError("the decode benchmark measures a GPU; run with --device=cuda")
     return [section]
 

@@ -34,6 +34,7 @@ The CPU's class comes from bench/common.py, as for every benchmark.
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
+import dataclasses
 import http.client
 import json
 import os
@@ -54,17 +55,20 @@ from model import GPT, GPTConfig
 from support import attention_maps, cli, head_measures, timeline
 from support.checkpoint import checkpoint_path
 from support.loading import load_model
-from support.settings import Settings
+from support.settings import Settings as TrainSettings
 
-DEFAULTS = dict(
-    out_dir="out-shakespeare-char-cpu",  # the CPU recipe's checkpoint
-    init_from="",  # or a checkpoint folder, or a Hugging Face GPT-2 folder
-    threads=2,  # torch's CPU threads
-    tokens=64,  # the prompt's length
-    repeats=20,  # timed runs of each part; the median is reported
-    gpt2=True,  # also patch every head of a GPT-2-shaped random model (about a minute)
-    config="config/shakespeare_cpu.py",  # the recipe whose training step --log_heads is against
-)
+
+@dataclasses.dataclass
+class Settings:
+    out_dir: str = "out-shakespeare-char-cpu"  # the CPU recipe's checkpoint
+    init_from: str = ""  # or a checkpoint folder, or a Hugging Face GPT-2 folder
+    threads: int = 2  # torch's CPU threads
+    tokens: int = 64  # the prompt's length
+    repeats: int = 20  # timed runs of each part; the median is reported
+    gpt2: bool = True  # also patch every head of a GPT-2-shaped random model (about a minute)
+    # the recipe whose training step --log_heads is against
+    config: str = "config/shakespeare_cpu.py"
+
 
 TEXT = (
     "ROMEO:\nBut soft, what light through yonder window breaks?\n"
@@ -95,17 +99,17 @@ def post(port, body, path="/api/analyze"):
 
 
 def main(cfg):
-    torch.set_num_threads(cfg["threads"])
-    model, tok, _ = load_model(cfg)
+    torch.set_num_threads(cfg.threads)
+    model, tok, _ = load_model(cfg.init_from, cfg.out_dir)
     model.eval()
     explorer = Explorer(model, tok)
     c = model.config
-    ids = tok.encode(TEXT * 20)[: min(cfg["tokens"], c.block_size)]
+    ids = tok.encode(TEXT * 20)[: min(cfg.tokens, c.block_size)]
     prompt = tok.decode(ids)
     heads = [[c.n_layer - 1, 0]]
     body = {"prompt": prompt, "ablate": heads}
     idx = torch.tensor([ids])
-    n = cfg["repeats"]
+    n = cfg.repeats
 
     server = ExplorerServer(explorer, "127.0.0.1", 0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -158,7 +162,7 @@ def main(cfg):
     print(f"cpu: {common.cpu_class()}")
     print(
         f"model: {c.n_layer} layers x {c.n_head} heads, {c.n_embd} wide, float32; "
-        f"prompt {len(ids)} tokens; heads off {heads}; {cfg['threads']} threads; "
+        f"prompt {len(ids)} tokens; heads off {heads}; {cfg.threads} threads; "
         f"median of {n}; load average {os.getloadavg()[0]:.2f}"
     )
     print(f"{'part':<36} {'ms':>8} {'x forward':>10}  per analysis")
@@ -175,7 +179,7 @@ def main(cfg):
     print()
     why(model, tok, body, n)
     print()
-    patching(model, tok, ids, n, cfg["gpt2"])
+    patching(model, tok, ids, n, cfg.gpt2)
     print()
     log_heads_cost(model, tok, cfg)
 
@@ -275,7 +279,7 @@ def log_heads_cost(model, tok, cfg):
     import train
 
     folder = tempfile.mkdtemp(prefix="bench-explore-")
-    settings = train.get_config([cfg["config"], f"--out_dir={folder}", "--device=cpu"])
+    settings = train.get_config([cfg.config, f"--out_dir={folder}", "--device=cpu"])
     run = train.setup(settings)
     val = run.splits["val"]
     tokens = timeline.probe_text(val, timeline.PROBE_WINDOWS * timeline.PROBE_LENGTH + 1)
@@ -297,18 +301,18 @@ def log_heads_cost(model, tok, cfg):
     times = common.alternate(fns, 5, 1, "cpu")
     step_s = statistics.median(times["step"])
     probe_s = statistics.median(times["probe"])
-    source = cfg["init_from"] or cfg["out_dir"]
+    source = cfg.init_from or cfg.out_dir
     evaluations = len(timeline.logged_iters(source)) or 1
     n_iters = settings.max_iters
     share = evaluations * probe_s / (n_iters * step_s)
     print(
         f"--log_heads: the probe {1000 * probe_s:.1f} ms per evaluation; a training step of "
-        f"{cfg['config']} {1000 * step_s:.1f} ms ({run.dtype}); {evaluations} evaluation(s) "
+        f"{cfg.config} {1000 * step_s:.1f} ms ({run.dtype}); {evaluations} evaluation(s) "
         f"(the log in {source}) over {n_iters} iters: {100 * share:.2f}% of the training time "
         "(goal <= 5%)"
     )
     limit = settings.snapshot_limit
-    timeline.write_snapshot(Settings(out_dir=folder), model, {"tokenizer": tok.describe()}, 0)
+    timeline.write_snapshot(TrainSettings(out_dir=folder), model, {"tokenizer": tok.describe()}, 0)
     one = os.path.getsize(timeline.snapshot_path(folder, 0))
     held = sum(os.path.getsize(p) for p in timeline.list_snapshots(source).values())
     # the snapshots those evaluations keep: the logged iters, their interval the smallest gap
@@ -318,11 +322,11 @@ def log_heads_cost(model, tok, cfg):
     print(
         f"--snapshots: {one / 1e6:.2f} MB each (ckpt.pt: "
         f"{os.path.getsize(checkpoint_path(source)) / 1e6:.2f} MB); {evaluations} evaluation(s) "
-        f"keep {kept} at {cfg['config']}'s snapshot_limit={limit}: {kept * one / 1e6:.1f} MB; "
+        f"keep {kept} at {cfg.config}'s snapshot_limit={limit}: {kept * one / 1e6:.1f} MB; "
         f"{source}/snapshots holds {held / 1e6:.1f} MB (goal <= 10 MB)"
     )
     shutil.rmtree(folder)
 
 
 if __name__ == "__main__":
-    sys.exit(cli.run(main, sys.argv[1:], __doc__, DEFAULTS))
+    sys.exit(cli.run(main, sys.argv[1:], __doc__, Settings))

@@ -48,7 +48,7 @@ def check_greedy_agree(ours, hf, device, n=8):
 def bench_batch(ours, hf, batch, new_tokens, agree, args, log):
     """One batch size: every contender decodes new_tokens from a 1-token prompt;
     agree is how many greedy tokens the models were checked to agree on."""
-    device, quick = args["device"], args["quick"]
+    device, quick = args.device, args.quick
     gpu = device == "cuda"
     repeats = 3
     if quick:
@@ -131,7 +131,7 @@ def bench_batch(ours, hf, batch, new_tokens, agree, args, log):
 
 
 def bench_generate(args, log):
-    device, quick = args["device"], args["quick"]
+    device, quick = args.device, args.quick
     torch.manual_seed(0)
     ours = GPT(GPTConfig(dropout=0.0, bias=True, **common.BABY)).to(device).eval()
     hf = common.to_hf(ours).eval()
@@ -225,9 +225,9 @@ def generate_targets(rows, quick):
 def section(args, log):
     """The figures, the table and (on a CPU) the targets, for common.run."""
     rows = bench_generate(args, log)
-    gpu = args["device"] == "cuda"
+    gpu = args.device == "cuda"
     table = "## Generation (greedy, 1-token prompt, baby model)\n\n" + generate_table(rows, gpu)
-    found = [] if gpu else generate_targets(rows, args["quick"])
+    found = [] if gpu else generate_targets(rows, args.quick)
     return dict(generate=rows), [table], found
 
 

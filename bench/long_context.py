@@ -11,6 +11,7 @@ half alone).
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
+import dataclasses
 import sys
 import time
 from statistics import median
@@ -22,10 +23,11 @@ from bench import common
 from model import GPT, GPTConfig, MultiHeadAttention, attention, causal_mask, windowed_attention
 from support import engine
 
-DEFAULTS = dict(
-    common.DEFAULTS,
-    long_context_part="all",  # all, attention or cache
-)
+
+@dataclasses.dataclass
+class Settings(common.Settings):
+    long_context_part: str = "all"  # all, attention or cache
+
 
 # Targets (issue: long context); the window and shapes they were set for
 TARGET_WINDOW_ATTENTION = 4.0  # attention alone, fwd + bwd, T = 8192: dense ms / windowed ms
@@ -92,7 +94,7 @@ def bench_window_attention(args, log):
     repeats, 3 with --quick)."""
     lengths = LONG_LENGTHS
     repeats = 5
-    if args["quick"]:
+    if args.quick:
         lengths = LONG_QUICK
         repeats = 3
     rows = []
@@ -181,7 +183,7 @@ def bench_rolling_cache(args, log):
     """The rolling KV cache of a windowed rope model (6 layers, 384 wide, block 1024,
     W = 128, S = 4, eager, float32) against the same model dense, which slides."""
     shape = DECODE_SHAPE
-    if args["quick"]:
+    if args.quick:
         shape = dict(DECODE_SHAPE, block_size=256)
     block = shape["block_size"]
     torch.manual_seed(0)
@@ -308,10 +310,10 @@ def long_context_targets(attn, roll, quick):
 
 def section(args, log):
     """The figures, the tables and the targets, for common.run."""
-    part = args["long_context_part"]
+    part = args.long_context_part
     if part not in ("all", "attention", "cache"):
         raise common.BenchError(f"--long_context_part is all, attention or cache, not {part!r}")
-    if args["device"] == "cuda":
+    if args.device == "cuda":
         raise common.BenchError("--long_context measures the CPU path; drop --device=cuda")
     attn = []
     if part in ("all", "attention"):
@@ -332,7 +334,7 @@ def section(args, log):
             "## Rolling KV cache (6 layers, 384 wide, block 1024, W = 128, S = 4, "
             "eager)\n\n" + cache
         )
-    found = long_context_targets(attn, roll, args["quick"])
+    found = long_context_targets(attn, roll, args.quick)
     return dict(long_context=attn, rolling_cache=roll), tables, found
 
 
@@ -341,4 +343,4 @@ def sections(args):
 
 
 if __name__ == "__main__":
-    sys.exit(common.main("bench.long_context", __doc__, DEFAULTS, sections, sys.argv[1:]))
+    sys.exit(common.main("bench.long_context", __doc__, Settings, sections, sys.argv[1:]))

@@ -10,6 +10,7 @@ laptops): whole-val loss and wall time. With --nanogpt=PATH, a nanoGPT checkout
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -22,10 +23,11 @@ import torch
 from bench import common
 from support.run_log import read_evaluations
 
-DEFAULTS = dict(
-    common.DEFAULTS,
-    nanogpt="",  # a nanoGPT checkout (its data prepared) whose own train.py runs beside ours
-)
+
+@dataclasses.dataclass
+class Settings(common.Settings):
+    nanogpt: str = ""  # a nanoGPT checkout (its data prepared) whose own train.py runs beside ours
+
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -251,9 +253,9 @@ def recipe_targets(rows):
 
 def section(args, log):
     """The figures, the table and the targets, for common.run."""
-    if args["device"] == "cuda":
+    if args.device == "cuda":
         raise common.BenchError("--recipes compares CPU training recipes; drop --device=cuda")
-    rows = bench_recipes(log, nanogpt=args["nanogpt"])
+    rows = bench_recipes(log, nanogpt=args.nanogpt)
     table = "## Training to the target loss\n\n" + recipes_table(rows)
     return dict(recipes=rows), [table], recipe_targets(rows)
 
@@ -263,4 +265,4 @@ def sections(args):
 
 
 if __name__ == "__main__":
-    sys.exit(common.main("bench.recipes", __doc__, DEFAULTS, sections, sys.argv[1:]))
+    sys.exit(common.main("bench.recipes", __doc__, Settings, sections, sys.argv[1:]))

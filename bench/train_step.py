@@ -8,6 +8,7 @@ same run.
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
+import dataclasses
 import sys
 from statistics import median
 
@@ -18,10 +19,11 @@ from model import GPT, GPTConfig
 from support.mfu import estimate_mfu
 from support.optim import configure_optimizers
 
-DEFAULTS = dict(
-    common.DEFAULTS,
-    compile=False,  # torch.compile our model for the training section (cuda only)
-)
+
+@dataclasses.dataclass
+class Settings(common.Settings):
+    compile: bool = False  # torch.compile our model for the training section (cuda only)
+
 
 # name, model shape, batch on CPU, batch on GPU
 TRAIN_CASES = [
@@ -97,7 +99,7 @@ def repeat_counts(name, device, quick):
 def bench_case(name, shape, batch, counts, args):
     """One model size: ours and both Hugging Face variants, alternating. A function
     of its own so that each size's models are freed before the next is built."""
-    device = args["device"]
+    device = args.device
     gpu = device == "cuda"
     warmup, repeats, calls = counts
     T = shape["block_size"]
@@ -110,7 +112,7 @@ def bench_case(name, shape, batch, counts, args):
     x, y = seq[:, :-1], seq[:, 1:]
     logit_diff = common.check_same_logits(ours, hf, x[:1], name)
 
-    compiled = gpu and args["compile"]
+    compiled = gpu and args.compile
     our_module = ours
     if compiled:
         our_module = torch.compile(ours)
@@ -160,10 +162,10 @@ def bench_case(name, shape, batch, counts, args):
 
 
 def bench_train(args, log):
-    device = args["device"]
+    device = args.device
     rows = []
     for name, shape, cpu_batch, gpu_batch in TRAIN_CASES:
-        counts = repeat_counts(name, device, args["quick"])
+        counts = repeat_counts(name, device, args.quick)
         if counts is None:
             log(f"train: {name} skipped (--quick on CPU)")
             continue
@@ -224,12 +226,12 @@ def train_targets(rows, quick):
 
 def section(args, log):
     """The figures, the table and (on a CPU) the target, for common.run."""
-    gpu = args["device"] == "cuda"
+    gpu = args.device == "cuda"
     rows = bench_train(args, log)
     table = "## Training step (forward, backward, AdamW)\n\n" + train_table(rows, gpu)
     found = []
     if not gpu:
-        found = train_targets(rows, args["quick"])
+        found = train_targets(rows, args.quick)
     return dict(train=rows), [table], found
 
 
@@ -238,4 +240,4 @@ def sections(args):
 
 
 if __name__ == "__main__":
-    sys.exit(common.main("bench.train_step", __doc__, DEFAULTS, sections, sys.argv[1:]))
+    sys.exit(common.main("bench.train_step", __doc__, Settings, sections, sys.argv[1:]))

@@ -67,7 +67,7 @@ def step_batches(data, gen, cfg, rank, world, device):
     Every process draws the windows of all micro-steps from the same generator
     and takes micro-steps rank, rank + world, ...: the update is then the same
     whatever the number of processes."""
-    n, B, T = cfg["gradient_accumulation_steps"], cfg["batch_size"], cfg["block_size"]
+    n, B, T = cfg.gradient_accumulation_steps, cfg.batch_size, cfg.block_size
     starts = torch.randint(len(data) - T, (n, B), generator=gen)[rank::world]  # (n / world, B)
     x, y = get_batch(data, starts.reshape(-1), T, device)
     return x.reshape(-1, B, T), y.reshape(-1, B, T)

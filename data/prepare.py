@@ -7,7 +7,7 @@ data/shards.py; streamed and tokenized on every core by data/corpus.py).
 
 Prepare your own corpus:
 
-    python data/prepare.py SOURCE --tokenizer gpt2|bpe:VOCAB --name NAME [--num_proc N]
+    python data/prepare.py SOURCE --tokenizer=gpt2|bpe:VOCAB --name=NAME [--num_proc=N]
 
 where SOURCE is a folder or glob of .jsonl, .parquet or .txt files (a .txt
 file is one document) or a Hugging Face dataset id (with --subset). One .txt
@@ -18,7 +18,7 @@ python data/shakespeare_char/prepare.py (characters) or
 python data/shakespeare/prepare.py (GPT-2 BPE).
 """
 
-import argparse
+import dataclasses
 import glob
 import os
 import sys
@@ -32,7 +32,8 @@ from data import DATA_ROOT
 from data.corpus import prepare_corpus
 from data.shards import SHARD_TOKENS, DataError
 from data.text import prepare_text, read_corpus
-from data.tiny_shakespeare import SHAKESPEARE_ENV, prepare_shakespeare, shakespeare_dir
+from data.tiny_shakespeare import prepare_shakespeare, shakespeare_dir
+from support.configurator import ConfigError, describe_settings, parse_settings
 
 
 def summary(dataset_dir, meta):
@@ -49,30 +50,46 @@ def summary(dataset_dir, meta):
     )
 
 
-def _run(action):
-    """Run a command-line action; errors become one line on stderr and exit code 1."""
-    try:
-        print(action())
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+@dataclasses.dataclass
+class Settings:
+    """The options of `python data/prepare.py SOURCE`."""
+
+    # a folder or glob of .jsonl/.parquet/.txt files, a Hugging Face dataset id, or one
+    # UTF-8 text file (SOURCE, the one bare argument)
+    source: str = ""
+    # char: one token per character (one small text); gpt2: GPT-2 BPE; bpe:VOCAB: a
+    # byte-level BPE of VOCAB tokens trained on the corpus
+    tokenizer: str = "char"
+    name: str = ""  # dataset folder name ("": the file or folder name)
+    num_proc: int | None = None  # tokenizer processes (None: one per core)
+    val_docs: int | None = None  # the first N documents are the val split
+    # share kept for validation: of the documents (None: 0.01), or of one text's characters
+    # (None: 0.1)
+    val_fraction: float | None = None
+    text_column: str = "text"  # the column that holds the text
+    subset: str | None = None  # the hub dataset's subset (config), e.g. sample-10BT
+    shard_tokens: int = SHARD_TOKENS  # tokens per shard file
+    data_root: str = DATA_ROOT  # where dataset folders live
+
+
+@dataclasses.dataclass
+class ShakespeareSettings:
+    """The options of data/shakespeare_char/prepare.py and data/shakespeare/prepare.py."""
+
+    # a local copy of input.txt ("": $TINYSHAKESPEARE_PATH, then data/NAME/input.txt,
+    # then a download)
+    input: str = ""
 
 
 def shakespeare_main(kind, argv=None):
     """Command line of data/shakespeare_char/prepare.py and data/shakespeare/prepare.py."""
-    parser = argparse.ArgumentParser(
-        description=f"Prepare tiny Shakespeare with the {kind} tokenizer."
-    )
-    parser.add_argument(
-        "--input",
-        metavar="PATH",
-        help=f"a local copy of input.txt (default: ${SHAKESPEARE_ENV}, then download)",
-    )
-    args = parser.parse_args(argv)
-    _run(lambda: summary(shakespeare_dir(kind), prepare_shakespeare(kind, input_path=args.input)))
+
+    def prepare_it(cfg):
+        meta = prepare_shakespeare(kind, input_path=cfg.input or None)
+        print(summary(shakespeare_dir(kind), meta))
+
+    doc = f"Prepare tiny Shakespeare with the {kind} tokenizer."
+    sys.exit(run(prepare_it, argv, doc, ShakespeareSettings))
 
 
 def _dataset_name(path, name):
@@ -82,76 +99,69 @@ def _dataset_name(path, name):
     return name
 
 
-def _one_text(args):
+def _one_text(cfg):
     """Whether the source is prepared as one text: the char tokenizer, or one .txt file."""
-    return args.tokenizer == "char" or (os.path.isfile(args.path) and args.path.endswith(".txt"))
+    return cfg.tokenizer == "char" or (os.path.isfile(cfg.source) and cfg.source.endswith(".txt"))
 
 
-def _prepare(args):
-    name = _dataset_name(args.path, args.name)
-    out_dir = os.path.join(args.data_root or DATA_ROOT, name)
-    if args.tokenizer == "char" and not (os.path.isdir(args.path) or args.path.endswith(".txt")):
+def prepare(cfg):
+    """Prepare cfg.source into data_root/NAME and print what was written."""
+    if not cfg.source:
+        raise DataError("name the corpus: python data/prepare.py SOURCE (see --help)")
+    name = _dataset_name(cfg.source, cfg.name)
+    out_dir = os.path.join(cfg.data_root, name)
+    if cfg.tokenizer == "char" and not (os.path.isdir(cfg.source) or cfg.source.endswith(".txt")):
         raise DataError(
             f"--tokenizer char reads one text, a .txt file or a folder of them; "
-            f"for {args.path} use --tokenizer gpt2 or bpe:VOCAB"
+            f"for {cfg.source} use --tokenizer gpt2 or bpe:VOCAB"
         )
-    if _one_text(args):
-        text = read_corpus(args.path)
-        val_fraction = 0.1 if args.val_fraction is None else args.val_fraction
+    if _one_text(cfg):
+        text = read_corpus(cfg.source)
+        val_fraction = 0.1 if cfg.val_fraction is None else cfg.val_fraction
         meta = prepare_text(
-            text, out_dir, args.tokenizer, val_fraction, source=os.path.abspath(args.path)
+            text, out_dir, cfg.tokenizer, val_fraction, source=os.path.abspath(cfg.source)
         )
-        return summary(out_dir, meta)
-    meta = prepare_corpus(
-        args.path,
-        out_dir,
-        kind=args.tokenizer,
-        num_proc=args.num_proc,
-        val_docs=args.val_docs,
-        val_fraction=0.01 if args.val_fraction is None else args.val_fraction,
-        text_column=args.text_column,
-        subset=args.subset,
-        shard_tokens=args.shard_tokens,
-    )
-    return summary(out_dir, meta)
+    else:
+        meta = prepare_corpus(
+            cfg.source,
+            out_dir,
+            kind=cfg.tokenizer,
+            num_proc=cfg.num_proc,
+            val_docs=cfg.val_docs,
+            val_fraction=0.01 if cfg.val_fraction is None else cfg.val_fraction,
+            text_column=cfg.text_column,
+            subset=cfg.subset,
+            shard_tokens=cfg.shard_tokens,
+        )
+    print(summary(out_dir, meta))
+
+
+def run(command, argv, doc, settings, positional=None):
+    """command(cfg) with cfg parsed from argv (sys.argv's by default), or --help.
+    Every failure is one line, as in every command of the project (support/cli.py;
+    this light copy keeps torch out, as preparing data needs none): exit code 2 for
+    a bad option, 1 for a corpus that cannot be prepared. Returns the exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        print(doc.strip() + "\n\noptions (defaults):\n" + describe_settings(settings))
+        return 0
+    try:
+        command(parse_settings(settings, argv, allow_files=False, positional=positional))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
-        description="Tokenize a corpus into data/NAME/: shards of documents, or one text."
-    )
-    parser.add_argument(
-        "path",
-        metavar="SOURCE",
-        help="a folder or glob of .jsonl/.parquet/.txt files, a Hugging Face dataset id, "
-        "or one UTF-8 text file",
-    )
-    parser.add_argument(
-        "--tokenizer",
-        default="char",
-        help="char: one token per character (one small text); gpt2: GPT-2 BPE; "
-        "bpe:VOCAB: a byte-level BPE of VOCAB tokens trained on the corpus (default: char)",
-    )
-    parser.add_argument("--name", help="dataset folder name (default: the file or folder name)")
-    parser.add_argument("--num_proc", type=int, help="tokenizer processes (default: one per core)")
-    parser.add_argument("--val_docs", type=int, help="the first N documents are the val split")
-    parser.add_argument(
-        "--val_fraction",
-        type=float,
-        help="share kept for validation: of the documents (default 0.01), "
-        "or of one text's characters (default 0.1)",
-    )
-    parser.add_argument("--text_column", default="text", help="the column that holds the text")
-    parser.add_argument("--subset", help="the hub dataset's subset (config), e.g. sample-10BT")
-    parser.add_argument(
-        "--shard_tokens", type=int, default=SHARD_TOKENS, help="tokens per shard file"
-    )
-    parser.add_argument(
-        "--data_root", help="where dataset folders live (default: data/ in this repo)"
-    )
-    args = parser.parse_args(argv)
-    _run(lambda: _prepare(args))
+    return run(prepare, argv, __doc__, Settings, positional="source")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

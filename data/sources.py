@@ -3,6 +3,7 @@ A corpus source's documents, in a fixed order, cut into read tasks that any
 process can read by itself.
 
     local_files     the files of a local source (a file, a folder, a glob)
+    FORMATS         the kinds of file, each read its own way: a new one is an entry
     open_source     a Plan of read tasks for local files, else a Stream
     TaskReader      the documents of a plan's tasks, read in one process
     iter_documents  every document of a source, in order, read in one process
@@ -22,7 +23,7 @@ import io
 import json
 import math
 import os
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from data.shards import DataError
 
@@ -33,7 +34,6 @@ from data.shards import DataError
 # anything here imports it; a value the user set wins.
 os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
-BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 TASK_BYTES = 1 << 20  # about 1 MB of text per read task
 # A parquet row group decodes from its start only, so processes that share one
 # each decode all of it (the rows of the others' tasks too, 2% of the work of
@@ -62,7 +62,7 @@ class Plan(NamedTuple):
     the documents."""
 
     source: str
-    kind: str  # "parquet", "json" or "text"
+    format: "Format"  # how its files are read: one of FORMATS
     text_column: str
     tasks: list
     documents: int | None  # where the metadata says how many
@@ -82,9 +82,9 @@ def local_files(source):
     """The files of a local source (a file, a folder, a glob), or None for a hub id."""
     if os.path.isdir(source):
         names = sorted(glob.glob(os.path.join(source, "**", "*"), recursive=True))
-        files = [name for name in names if os.path.splitext(name)[1] in BUILDERS]
+        files = [name for name in names if os.path.splitext(name)[1] in FORMATS]
         if not files:
-            kinds = ", ".join(BUILDERS)
+            kinds = ", ".join(FORMATS)
             raise DataError(f"{source} holds no {kinds} files; pass a folder of documents")
         return files
     if glob.has_magic(source):
@@ -99,15 +99,16 @@ def local_files(source):
     return None
 
 
-def _builder(files):
+def _format(files):
+    """The Format of the files: one of FORMATS, the same for every file."""
     kinds = {os.path.splitext(name)[1] for name in files}
-    builders = {BUILDERS.get(kind) for kind in kinds}
-    if None in builders or len(builders) != 1:
+    formats = {FORMATS.get(kind) for kind in kinds}
+    if None in formats or len(formats) != 1:
         raise DataError(
             f"the source mixes or holds unknown file kinds ({', '.join(sorted(kinds))}); "
-            "use only .jsonl, only .parquet or only .txt files"
+            f"use files of one kind: {', '.join(FORMATS)}"
         )
-    return builders.pop()
+    return formats.pop()
 
 
 def _is_json_array(path):
@@ -125,18 +126,14 @@ def open_source(source, text_column="text", subset=None):
     files = local_files(source)
     if files is None or any(f.endswith(".json") and _is_json_array(f) for f in files):
         return _open_stream(source, files, text_column, subset)
-    kind = _builder(files)
-    if kind == "parquet":
-        pieces = [piece for path in files for piece in _parquet_pieces(path, source, text_column)]
-        count = sum(piece.stop - piece.start for piece, _ in pieces)
-    elif kind == "json":
-        _check_json_column(files, source, text_column)
-        pieces = [piece for path in files for piece in _jsonl_pieces(path)]
-        count = None
-    else:
-        pieces = [_text_piece(path) for path in files]
-        count = len(pieces)
-    return Plan(source, kind, text_column, _tasks(pieces), count)
+    fmt = _format(files)
+    if fmt.check is not None:
+        fmt.check(files, source, text_column)
+    pieces = [piece for path in files for piece in fmt.pieces(path, source, text_column)]
+    count = None
+    if fmt.documents is not None:
+        count = sum(fmt.documents(piece) for piece, _ in pieces)
+    return Plan(source, fmt, text_column, _tasks(pieces), count)
 
 
 def _tasks(pieces):
@@ -199,7 +196,7 @@ def _parquet_pieces(path, source, text_column):
     return pieces
 
 
-def _jsonl_pieces(path):
+def _jsonl_pieces(path, source, text_column):
     """(piece, bytes) for each byte range of a jsonl file."""
     size = os.path.getsize(path)
     if size == 0:
@@ -208,10 +205,10 @@ def _jsonl_pieces(path):
     return [(Piece(path, None, start, stop), stop - start) for start, stop in cuts]
 
 
-def _text_piece(path):
-    """(piece, bytes) for a .txt file, one document."""
+def _text_pieces(path, source, text_column):
+    """[(piece, bytes)] for a .txt file, one document."""
     size = os.path.getsize(path)
-    return Piece(path, None, 0, size), size
+    return [(Piece(path, None, 0, size), size)]
 
 
 def _check_json_column(files, source, text_column):
@@ -252,12 +249,7 @@ class TaskReader:
         """The texts of one task's documents, in order."""
         texts = []
         for piece in task:
-            if self.plan.kind == "parquet":
-                texts += self._parquet_rows(piece)
-            elif self.plan.kind == "json":
-                texts += self._jsonl_lines(piece)
-            else:
-                texts.append(_text_file(piece.path))
+            texts += self.plan.format.read(self, piece)
         if not all(isinstance(text, str) for text in texts):
             raise DataError(
                 f"{self.plan.source}: some {self.plan.text_column!r} values are not text"
@@ -279,7 +271,7 @@ class TaskReader:
         batch = next(self.batches, None)
         return None if batch is None else batch.column(0)
 
-    def _parquet_rows(self, piece):
+    def parquet_rows(self, piece):
         if (piece.path, piece.group) != (self.path, self.group) or piece.start < self.row:
             self._open_group(piece.path, piece.group)
         texts = []
@@ -295,7 +287,7 @@ class TaskReader:
             self.batch = self._next_batch()
         return texts
 
-    def _jsonl_lines(self, piece):
+    def jsonl_lines(self, piece):
         """The texts of the lines that start in bytes piece.start..piece.stop."""
         with open(piece.path, "rb") as f:
             begin = piece.start
@@ -351,6 +343,10 @@ def _json_row(line, path, offset):
     return row
 
 
+def _text_document(reader, piece):
+    return [_text_file(piece.path)]
+
+
 def _text_file(path):
     """A .txt file's text, one document. Newlines are read as `datasets` read
     them (\\r\\n and \\r as \\n), so the tokens match earlier preparations."""
@@ -361,6 +357,33 @@ def _text_file(path):
         raise DataError(
             f"{path} is not UTF-8 text (bad byte at offset {e.start}); convert it to UTF-8 first"
         ) from None
+
+
+# ---------------------------------------------------------------- the formats
+
+
+class Format(NamedTuple):
+    """How one kind of file is planned and read. A new kind of file is one entry
+    of FORMATS: its pieces (how a file is cut into parts that processes read by
+    themselves), its reader (the texts of one piece), and the `datasets` builder
+    that reads it when only a stream will do."""
+
+    builder: str  # the `datasets` builder of such files
+    pieces: Callable  # (path, source, text_column) -> [(Piece, bytes of text)]
+    read: Callable  # (TaskReader, piece) -> [texts]
+    documents: Callable | None  # piece -> how many documents, where the plan can know
+    check: Callable | None  # (files, source, text_column) -> None, raises DataError
+
+
+JSON_LINES = Format("json", _jsonl_pieces, TaskReader.jsonl_lines, None, _check_json_column)
+FORMATS = {
+    ".parquet": Format(
+        "parquet", _parquet_pieces, TaskReader.parquet_rows, lambda p: p.stop - p.start, None
+    ),
+    ".jsonl": JSON_LINES,
+    ".json": JSON_LINES,  # one document per line; a file that is one JSON array is a Stream
+    ".txt": Format("text", _text_pieces, _text_document, lambda p: 1, None),
+}
 
 
 # ---------------------------------------------------------------- one reader only
@@ -379,7 +402,7 @@ def _open_stream(source, files, text_column, subset):
             documents = info["train"].num_examples if info and "train" in info else None
         else:
             stream = datasets.load_dataset(
-                _builder(files), data_files=files, split="train", streaming=True
+                _format(files).builder, data_files=files, split="train", streaming=True
             )
     except ConnectionError:
         raise DataError(

@@ -220,7 +220,7 @@ def part_decode(results):
             if block_size == 64:
                 from support.loading import load_model
 
-                model = load_model(dict(init_from=None, out_dir=os.path.join(ROOT, OUT[kind])))[0]
+                model = load_model("", os.path.join(ROOT, OUT[kind]))[0]
             else:
                 model = GPT(
                     GPTConfig(

@@ -27,6 +27,7 @@ Prints markdown, writes docs/long_context.png and docs/long_context.json.
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
+import dataclasses
 import json
 import math
 import os
@@ -42,20 +43,21 @@ from support.loading import load_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-DEFAULTS = dict(
-    dense="out-shakespeare-char-cpu",  # the CPU recipe's checkpoint folder
+
+@dataclasses.dataclass
+class Settings:
+    dense: str = "out-shakespeare-char-cpu"  # the CPU recipe's checkpoint folder
     # the same recipe with --sliding_window --sink_tokens
-    windowed="out-shakespeare-char-cpu-window",
-    blocks=80,  # tokens scored: this many times block_size
-    sinks=4,  # StreamingLLM's sinks for (c); (b) has the same cache size with none
+    windowed: str = "out-shakespeare-char-cpu-window"
+    blocks: int = 80  # tokens scored: this many times block_size
+    sinks: int = 4  # StreamingLLM's sinks for (c); (b) has the same cache size with none
     # how many heads to ablate: those with the largest share of attention on the first token
-    ablate=3,
-    out=os.path.join(ROOT, "docs", "long_context"),  # .png and .json
-)
+    ablate: int = 3
+    out: str = os.path.join(ROOT, "docs", "long_context")  # .png and .json
 
 
 def load(folder):
-    model, tok, _ = load_model(dict(init_from="", out_dir=folder))
+    model, tok, _ = load_model("", folder)
     return model.eval(), tok
 
 
@@ -99,12 +101,12 @@ def ppl(nll):
 
 def main(cfg):
     torch.manual_seed(0)
-    dense, tok = load(cfg["dense"])
-    trained, _ = load(cfg["windowed"])
-    data, _ = val_tokens(dict(dataset="", data_root=None), cfg["dense"], tok)
+    dense, tok = load(cfg.dense)
+    trained, _ = load(cfg.windowed)
+    data, _ = val_tokens(dict(dataset="", data_root=None), cfg.dense, tok)
     block = dense.config.block_size
-    tokens = torch.from_numpy(data[: cfg["blocks"] * block + 1].astype("int64"))
-    W, S = trained.config.sliding_window, cfg["sinks"]
+    tokens = torch.from_numpy(data[: cfg.blocks * block + 1].astype("int64"))
+    W, S = trained.config.sliding_window, cfg.sinks
     runs = {
         "(a) dense, slides": lambda: score(dense, tokens, slide=True),
         f"(b) window {S + W}, no sinks": lambda: score(dense, tokens, window=S + W, sinks=0),
@@ -119,8 +121,8 @@ def main(cfg):
         nll, rate, nbytes = fn()
         results[name] = dict(nll=nll, tokens_per_s=rate, cache_bytes=nbytes)
 
-    heads, shares = sink_heads(dense, tok, data, cfg["ablate"])
-    print(f"the {cfg['ablate']} heads most on the first token: {heads}", file=sys.stderr)
+    heads, shares = sink_heads(dense, tok, data, cfg.ablate)
+    print(f"the {cfg.ablate} heads most on the first token: {heads}", file=sys.stderr)
     ablations = {}
     if heads:
         with ablated(dense, heads):
@@ -131,7 +133,7 @@ def main(cfg):
     # the table
     n = len(tokens) - 1
     lines = [
-        f"{n} val tokens ({cfg['blocks']} x block_size {block}), scored one at a time; "
+        f"{n} val tokens ({cfg.blocks} x block_size {block}), scored one at a time; "
         f"perplexity over all of them, and over the first and last {block}:",
         "",
         "| run | perplexity | first block | last block | tokens/s | cache bytes |",
@@ -181,8 +183,8 @@ def main(cfg):
     ax.set_title("Scoring past block_size: slide, window, window + sinks, trained window")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(cfg["out"] + ".png", dpi=110)
-    with open(cfg["out"] + ".json", "w") as f:
+    fig.savefig(cfg.out + ".png", dpi=110)
+    with open(cfg.out + ".json", "w") as f:
         json.dump(
             dict(
                 tokens=n,
@@ -205,4 +207,4 @@ def main(cfg):
 
 
 if __name__ == "__main__":
-    sys.exit(cli.run(main, sys.argv[1:], __doc__, DEFAULTS))
+    sys.exit(cli.run(main, sys.argv[1:], __doc__, Settings))

@@ -24,6 +24,7 @@ docs/path_length.md reads them.
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
+import dataclasses
 import json
 import math
 import os
@@ -41,17 +42,20 @@ from support.configurator import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-DEFAULTS = dict(
-    out_dir=os.path.join(ROOT, "docs"),
-    distances=(2, 4, 8, 16, 32, 64, 128, 256),  # part 1: n
-    steps=400,  # part 1: training steps per model and n
-    batch_size=64,
-    width=64,
-    lengths=(16, 32, 64, 128, 256, 512, 1024, 2048),  # part 2: T
-    timing_width=128,
-    repeats=5,  # part 2: timings per T, the median kept
-    seed=0,
-)
+
+@dataclasses.dataclass
+class Settings:
+    out_dir: str = os.path.join(ROOT, "docs")
+    distances: tuple = (2, 4, 8, 16, 32, 64, 128, 256)  # part 1: n
+    steps: int = 400  # part 1: training steps per model and n
+    batch_size: int = 64
+    width: int = 64
+    lengths: tuple = (16, 32, 64, 128, 256, 512, 1024, 2048)  # part 2: T
+    timing_width: int = 128
+    repeats: int = 5  # part 2: timings per T, the median kept
+    seed: int = 0
+
+
 MARKED = 8  # tokens 0..7 are the marked ones, the answers
 UNMARKED = 16  # tokens 8..23 fill the gap
 QUERY = MARKED + UNMARKED  # token 24 asks for the answer
@@ -129,12 +133,12 @@ def sequences(n, count, gen):
 
 def recall(kind, n, cfg):
     """Train a fresh model on distance n; its accuracy on 500 new sequences."""
-    torch.manual_seed(cfg["seed"])
-    model = make(kind, cfg["width"])
+    torch.manual_seed(cfg.seed)
+    model = make(kind, cfg.width)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    gen = torch.Generator().manual_seed(cfg["seed"] + n)
-    for _ in range(cfg["steps"]):
-        x, y = sequences(n, cfg["batch_size"], gen)
+    gen = torch.Generator().manual_seed(cfg.seed + n)
+    for _ in range(cfg.steps):
+        x, y = sequences(n, cfg.batch_size, gen)
         loss = F.cross_entropy(model(x), y)
         optimizer.zero_grad()
         loss.backward()
@@ -149,7 +153,7 @@ def part_recall(cfg):
     from tqdm import tqdm
 
     out = {kind: [] for kind in KINDS}
-    jobs = [(kind, n) for n in cfg["distances"] for kind in KINDS]
+    jobs = [(kind, n) for n in cfg.distances for kind in KINDS]
     for kind, n in tqdm(jobs, desc="recall", disable=None):
         out[kind].append(recall(kind, n, cfg))
     return out
@@ -173,15 +177,15 @@ def time_pass(layer, x, repeats):
 
 def part_timing(cfg):
     """Forward + backward seconds of a GRU layer and an attention layer against T."""
-    C = cfg["timing_width"]
-    torch.manual_seed(cfg["seed"])
+    C = cfg.timing_width
+    torch.manual_seed(cfg.seed)
     gru = nn.GRU(C, C, batch_first=True)
     attention = AttentionLayer(C)
-    out = dict(T=list(cfg["lengths"]), gru_seconds=[], attention_seconds=[])
-    for T in cfg["lengths"]:
+    out = dict(T=list(cfg.lengths), gru_seconds=[], attention_seconds=[])
+    for T in cfg.lengths:
         x = torch.randn(8, T, C, requires_grad=True)
-        out["gru_seconds"].append(time_pass(gru, x, cfg["repeats"]))
-        out["attention_seconds"].append(time_pass(attention, x, cfg["repeats"]))
+        out["gru_seconds"].append(time_pass(gru, x, cfg.repeats))
+        out["attention_seconds"].append(time_pass(attention, x, cfg.repeats))
         print(
             f"T = {T}: GRU {out['gru_seconds'][-1] * 1e3:.1f} ms, "
             f"attention {out['attention_seconds'][-1] * 1e3:.1f} ms",
@@ -243,34 +247,34 @@ def plot(data, path):
 
 def check(cfg):
     for key in ("distances", "lengths"):
-        values = cfg[key]
+        values = getattr(cfg, key)
         if isinstance(values, int):
             values = (values,)
         if not isinstance(values, (tuple, list)) or not values:
             raise ConfigError(f"--{key} expects numbers like (2, 4, 8), got {values!r}")
         if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
             raise ConfigError(f"--{key} must be whole numbers of at least 1, got {values!r}")
-        cfg[key] = sorted(set(values))
+        setattr(cfg, key, sorted(set(values)))
     for key in ("steps", "batch_size", "width", "timing_width", "repeats"):
-        if cfg[key] < 1:
-            raise ConfigError(f"--{key} must be at least 1, got {cfg[key]}")
+        if getattr(cfg, key) < 1:
+            raise ConfigError(f"--{key} must be at least 1, got {getattr(cfg, key)}")
 
 
 def main(cfg):
     check(cfg)
-    cli.output_folder(cfg["out_dir"])
+    cli.output_folder(cfg.out_dir)
     torch.set_num_threads(1)
     load_before = round(os.getloadavg()[0], 2)
     cpu = time.process_time()
-    data = dict(distances=cfg["distances"], recall=part_recall(cfg), timing=part_timing(cfg))
-    data["settings"] = {k: v for k, v in cfg.items() if k != "out_dir"}
+    data = dict(distances=cfg.distances, recall=part_recall(cfg), timing=part_timing(cfg))
+    data["settings"] = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "out_dir"}
     data["machine"] = dict(
         cpu=cpu_class(),
         load_average_before=load_before,
         load_average_after=round(os.getloadavg()[0], 2),
     )
     data["cpu_seconds"] = round(time.process_time() - cpu, 1)
-    path = os.path.join(cfg["out_dir"], "path_length")
+    path = os.path.join(cfg.out_dir, "path_length")
     with open(path + ".json", "w") as f:
         json.dump(data, f, indent=1)
     plot(data, path + ".png")
@@ -279,7 +283,7 @@ def main(cfg):
 
 def run(argv):
     """The command: main() with --help, and bad input as one line (support/cli.py)."""
-    return cli.run(main, argv, __doc__, DEFAULTS)
+    return cli.run(main, argv, __doc__, Settings)
 
 
 if __name__ == "__main__":

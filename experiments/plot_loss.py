@@ -1,12 +1,13 @@
 """
 Plot train and val loss against training time from a run's log.jsonl.
 
-    python -m experiments.plot_loss out-shakespeare-char-cpu/log.jsonl docs/loss_cpu.png \\
-        --target=1.88
+    python -m experiments.plot_loss --out_dir=out-shakespeare-char-cpu \\
+        --png=docs/loss_cpu.png --target=1.88
 """
 
-import argparse
-import os
+import support.before_torch  # bfloat16 tried in a child process, before torch loads
+
+import dataclasses
 import sys
 
 import matplotlib
@@ -14,16 +15,31 @@ import matplotlib
 matplotlib.use("Agg")  # write files; no display needed
 import matplotlib.pyplot as plt
 
+from support import cli
 from support.run_log import read_evaluations
 
 
-def read_log(path):
+@dataclasses.dataclass
+class Settings:
+    out_dir: str = "out-shakespeare-char-cpu"  # the training run's folder, with log.jsonl
+    png: str = "loss.png"  # the picture to write
+    target: float | None = None  # a val loss to draw as a line
+    title: str | None = None
+
+
+class PlotError(Exception):
+    """A log that cannot be drawn; one line saying what to do."""
+
+
+def read_log(out_dir):
     try:
-        rows = read_evaluations(os.path.dirname(path))
+        rows = read_evaluations(out_dir)
     except (OSError, ValueError) as e:
-        sys.exit(f"error: cannot read {path} ({type(e).__name__}); train with train.py to make one")
+        raise PlotError(
+            f"cannot read {out_dir}/log.jsonl ({type(e).__name__}); train with train.py to make one"
+        ) from None
     if not rows:
-        sys.exit(f"error: {path} holds no evaluations yet")
+        raise PlotError(f"{out_dir}/log.jsonl holds no evaluations yet")
     return rows
 
 
@@ -52,16 +68,10 @@ def plot(rows, out, target=None, title=None):
     fig.savefig(out, dpi=110)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument("log")
-    parser.add_argument("out")
-    parser.add_argument("--target", type=float, default=None)
-    parser.add_argument("--title", default=None)
-    args = parser.parse_args()
-    plot(read_log(args.log), args.out, args.target, args.title)
-    print(f"wrote {args.out}")
+def main(cfg):
+    plot(read_log(cfg.out_dir), cfg.png, cfg.target, cfg.title)
+    print(f"wrote {cfg.png}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli.run(main, sys.argv[1:], __doc__, Settings, (PlotError,)))

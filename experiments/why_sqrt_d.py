@@ -30,6 +30,7 @@ docs/why_sqrt_d.md reads them.
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
+import dataclasses
 import json
 import math
 import os
@@ -48,19 +49,20 @@ from support.configurator import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-DEFAULTS = dict(
-    out_dir=os.path.join(ROOT, "docs"),
-    d_max=1024,  # part 1: d = 4, 8, ..., d_max
-    n_keys=64,  # part 1: keys per query
-    samples=2000,  # part 1: queries per d
-    head_size=256,  # part 2: the GPT's one head (n_embd = head_size)
-    n_layer=2,  # part 2
-    steps=300,  # part 2: training steps per run
-    batch_size=32,  # part 2
-    longest=16,  # part 2: the longest source sentence
-    lr=1e-3,  # part 2: Adam
-    seed=0,
-)
+
+@dataclasses.dataclass
+class Settings:
+    out_dir: str = os.path.join(ROOT, "docs")
+    d_max: int = 1024  # part 1: d = 4, 8, ..., d_max
+    n_keys: int = 64  # part 1: keys per query
+    samples: int = 2000  # part 1: queries per d
+    head_size: int = 256  # part 2: the GPT's one head (n_embd = head_size)
+    n_layer: int = 2  # part 2
+    steps: int = 300  # part 2: training steps per run
+    batch_size: int = 32  # part 2
+    longest: int = 16  # part 2: the longest source sentence
+    lr: float = 1e-3  # part 2: Adam
+    seed: int = 0
 
 
 # Part 1 ----------
@@ -110,11 +112,11 @@ def softmax_measures(q, k, u, scaled):
 
 
 def part_random(cfg):
-    gen = torch.Generator().manual_seed(cfg["seed"])
+    gen = torch.Generator().manual_seed(cfg.seed)
     d = 4
     rows = []
-    while d <= cfg["d_max"]:
-        row = random_attention(d, cfg["n_keys"], cfg["samples"], gen)
+    while d <= cfg.d_max:
+        row = random_attention(d, cfg.n_keys, cfg.samples, gen)
         row["d"] = d
         rows.append(row)
         print(
@@ -128,12 +130,12 @@ def part_random(cfg):
 def make_gpt(cfg, init, scaled):
     """The part-2 model and its hooks. init "gpt2": model.py's own; "unit": W_Q and W_K of
     std 1/sqrt(C), so that q and k of a LayerNormed input have unit-variance entries."""
-    torch.manual_seed(cfg["seed"])
-    C = cfg["head_size"]
+    torch.manual_seed(cfg.seed)
+    C = cfg.head_size
     config = GPTConfig(
-        block_size=2 * cfg["longest"] + 1,
+        block_size=2 * cfg.longest + 1,
         vocab_size=task.GPT_VOCAB,
-        n_layer=cfg["n_layer"],
+        n_layer=cfg.n_layer,
         n_head=1,
         n_embd=C,
         dropout=0.0,
@@ -196,17 +198,17 @@ def gpt_accuracy(model, s_max, length, n, gen):
 
 def train_gpt(cfg, init, scaled):
     model, hooks = make_gpt(cfg, init, scaled)
-    s_max = cfg["longest"]
-    gen = torch.Generator().manual_seed(cfg["seed"] + 1)
-    probe_lengths = torch.full((cfg["batch_size"],), s_max)
+    s_max = cfg.longest
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    probe_lengths = torch.full((cfg.batch_size,), s_max)
     src, _, y_out, _ = task.batch(probe_lengths, torch.Generator().manual_seed(123))
     probe = task.gpt_layout(src, y_out, s_max)
     before = gpt_measures(model, hooks, *probe, s_max)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg["lr"])
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     losses = []
     t0 = time.process_time()
-    for step in range(cfg["steps"]):
-        lengths = task.training_lengths(cfg["batch_size"], 3, s_max, gen)
+    for step in range(cfg.steps):
+        lengths = task.training_lengths(cfg.batch_size, 3, s_max, gen)
         src, _, y_out, _ = task.batch(lengths, gen)
         idx, targets = task.gpt_layout(src, y_out, s_max)
         _, loss = model(idx, targets)
@@ -297,23 +299,23 @@ def plot(results, path):
 
 def main(cfg):
     for key in ("d_max", "n_keys", "samples", "head_size", "n_layer", "steps", "batch_size"):
-        if cfg[key] < 1:
-            raise ConfigError(f"--{key} must be at least 1, got {cfg[key]}")
-    if cfg["d_max"] < 4:
-        raise ConfigError(f"--d_max must be at least 4, got {cfg['d_max']}")
-    if cfg["longest"] < 3:
-        raise ConfigError(f"--longest must be at least 3, got {cfg['longest']}")
-    cli.output_folder(cfg["out_dir"])
+        if getattr(cfg, key) < 1:
+            raise ConfigError(f"--{key} must be at least 1, got {getattr(cfg, key)}")
+    if cfg.d_max < 4:
+        raise ConfigError(f"--d_max must be at least 4, got {cfg.d_max}")
+    if cfg.longest < 3:
+        raise ConfigError(f"--longest must be at least 3, got {cfg.longest}")
+    cli.output_folder(cfg.out_dir)
     torch.set_num_threads(1)
     t0 = time.process_time()
     results = part_random(cfg)
-    results["n_keys"] = cfg["n_keys"]
-    results["samples"] = cfg["samples"]
-    results["head_size"] = cfg["head_size"]
+    results["n_keys"] = cfg.n_keys
+    results["samples"] = cfg.samples
+    results["head_size"] = cfg.head_size
     results["gpt"] = part_gpt(cfg)
     results["cpu_seconds"] = round(time.process_time() - t0, 1)
     results["machine"] = dict(cpu=cpu_class(), load_average=round(os.getloadavg()[0], 2))
-    path = os.path.join(cfg["out_dir"], "why_sqrt_d")
+    path = os.path.join(cfg.out_dir, "why_sqrt_d")
     with open(path + ".json", "w") as f:
         json.dump(results, f, indent=1)
     plot(results, path)
@@ -322,7 +324,7 @@ def main(cfg):
 
 def run(argv):
     """The command: main() with --help, and bad input as one line (support/cli.py)."""
-    return cli.run(main, argv, __doc__, DEFAULTS)
+    return cli.run(main, argv, __doc__, Settings)
 
 
 if __name__ == "__main__":

@@ -228,7 +228,7 @@ class Explorer:
     def load_step(self, step, path):
         """The Explorer of one snapshot; called under the lock."""
         try:
-            model, _, _ = load_model({"init_from": path, "out_dir": self.run_dir})
+            model, _, _ = load_model(path, self.run_dir)
         except (CheckpointError, LoadError, TokenizerError) as e:
             raise RequestError(f"step {step}: {e}") from None
         dtype = self.model.lm_head.weight.dtype

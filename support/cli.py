@@ -16,11 +16,12 @@ import torch
 from data.shards import DataError
 from data.tokenizer import TokenizerError
 from support.checkpoint import CheckpointError
-from support.configurator import ConfigError, describe, parse_args
+from support.configurator import ConfigError, describe_settings, parse_settings
+from support.device import DeviceError
 from support.loading import LoadError
 
 # what a command's user can fix: a bad option, file, checkpoint, tokenizer or dataset
-USER_ERRORS = (ConfigError, DataError, CheckpointError, TokenizerError, LoadError)
+USER_ERRORS = (ConfigError, DataError, CheckpointError, TokenizerError, LoadError, DeviceError)
 BAD_INPUT = 2
 FAILED = 1
 INTERRUPTED = 130
@@ -50,15 +51,26 @@ def output_folder(path, option="--out_dir"):
         ) from None
 
 
-def run(main, argv, doc, defaults, errors=(), out_of_memory="try --device=cpu"):
-    """A command: main(cfg), cfg the --key=value options in argv over defaults (a
-    dict), or --help. errors: the command's own exceptions for bad input;
-    out_of_memory: what to try when the GPU runs out. Returns the exit code."""
+def run(
+    main,
+    argv,
+    doc,
+    settings,
+    errors=(),
+    out_of_memory="try --device=cpu",
+    config_files=False,
+    positional=None,
+):
+    """A command: main(cfg), cfg an instance of the dataclass settings with the
+    --key=value options in argv (and config files, with config_files), or --help.
+    errors: the command's own exceptions for bad input; out_of_memory: what to try
+    when the GPU runs out; positional: the field a bare argument sets. Returns the
+    exit code."""
     if wants_help(argv):
-        print_help(doc, describe(defaults))
+        print_help(doc, describe_settings(settings))
         return 0
     try:
-        main(parse_args(defaults, argv, allow_files=False))
+        main(parse_settings(settings, argv, config_files, positional))
     except USER_ERRORS + errors as e:
         error(e)
         return BAD_INPUT

@@ -130,11 +130,33 @@ def describe(defaults):
     return "\n".join(f"  --{k}={v!r}" for k, v in defaults.items())
 
 
-def parse_settings(cls, argv):
+def parse_settings(cls, argv, allow_files=True, positional=None):
     """An instance of the dataclass cls, its fields set from config files and
-    overrides in argv as parse_args sets a dict's keys."""
+    overrides in argv as parse_args sets a dict's keys. positional: the field a
+    bare argument sets (data/prepare.py's SOURCE), where a command takes one
+    rather than config files."""
     defaults = {field.name: field.default for field in dataclasses.fields(cls)}
-    return cls(**parse_args(defaults, argv))
+    if positional is not None:
+        argv = with_positional(argv, positional)
+    return cls(**parse_args(defaults, argv, allow_files))
+
+
+def with_positional(argv, key):
+    """argv with its one bare argument written as --key=value."""
+    bare = [
+        i for i, arg in enumerate(argv) if not arg.startswith("--") and not follows_key(argv, i)
+    ]
+    if len(bare) > 1:
+        raise ConfigError(f"one {key.upper()} only; other options look like --key=value")
+    if not bare:
+        return argv
+    i = bare[0]
+    return argv[:i] + [f"--{key}={argv[i]}"] + argv[i + 1 :]
+
+
+def follows_key(argv, i):
+    """Whether argv[i] is the value of the option before it (--key value)."""
+    return i > 0 and argv[i - 1].startswith("--") and "=" not in argv[i - 1]
 
 
 def describe_settings(cls, keys=None):

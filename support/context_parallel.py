@@ -31,7 +31,7 @@ LAYOUTS = ("zigzag", "contiguous")
 
 def check(cfg, world):
     """The settings' errors, one line each, before any process group exists."""
-    p, layout = cfg["context_parallel"], cfg["context_parallel_layout"]
+    p, layout = cfg.context_parallel, cfg.context_parallel_layout
     if layout not in LAYOUTS:
         raise ValueError(f"unknown context_parallel_layout {layout!r}; use zigzag or contiguous")
     if world % p:
@@ -41,10 +41,10 @@ def check(cfg, world):
         )
     if p == 1:
         return
-    check_length(cfg["block_size"], p, layout == "zigzag")
-    if cfg["dropout"] > 0:
+    check_length(cfg.block_size, p, layout == "zigzag")
+    if cfg.dropout > 0:
         raise ValueError("context parallelism has no attention dropout; use --dropout=0")
-    if cfg["compile"]:
+    if cfg.compile:
         raise ValueError(
             "context parallelism runs uncompiled (the ring's transfers are not traced); "
             "use --compile=False"

@@ -1,7 +1,7 @@
 """
-Where a training run computes, and in what precision: the device (CUDA, then
-MPS, then the CPU), the dtype ('auto' decides from the hardware, hardware.py),
-and the autocast context every forward pass runs in.
+Where a command computes, and in what precision: the device (CUDA, then MPS,
+then the CPU), the dtype ('auto' decides from the hardware, hardware.py), and
+the autocast context every training forward pass runs in.
 """
 
 import contextlib
@@ -16,16 +16,32 @@ from support.hardware import auto_dtype, bf16_error, faster_cpu_dtype, native_bf
 from support.settings import MODEL_KEYS
 
 
-def pick_device(cfg, local_rank, ddp):
-    """(device, dtype name, why that dtype): CUDA, then MPS, then CPU; dtype 'auto'
-    is bfloat16 autocast where the hardware has native bfloat16 (hardware.py).
-    A CUDA device becomes the current one."""
+class DeviceError(ValueError):
+    """A device or precision this machine cannot use; one line saying what to do."""
+
+
+# the torch dtype of each --dtype name a command takes
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def pick_device(name, local_rank=0, ddp=False):
+    """The torch.device --device=name names, for every command: 'auto' is CUDA,
+    then MPS, then the CPU. Under torchrun (ddp) each process takes the GPU of its
+    local_rank. A CUDA device becomes the current one: synchronize, pinned copies,
+    the MFU's device name and the bfloat16 check act on the current device, which
+    is otherwise GPU 0."""
     available = {
         "cuda": torch.cuda.is_available(),
         "mps": torch.backends.mps.is_available(),
         "cpu": True,
     }
-    name = cfg.device
     if name == "auto":
         name = next(kind for kind, ok in available.items() if ok)
     try:
@@ -33,28 +49,49 @@ def pick_device(cfg, local_rank, ddp):
     except RuntimeError:
         device = None
     if device is None or device.type not in available:
-        raise ValueError(f"unknown device {name!r}; use auto, cpu, cuda, cuda:N or mps")
+        raise DeviceError(f"unknown --device {name!r}; use auto, cpu, cuda, cuda:N or mps")
     if not available[device.type]:
-        raise ValueError(f"{device.type.upper()} is not available; use --device=cpu")
+        missing = {"cuda": "no CUDA GPU is available", "mps": "MPS is not available"}
+        raise DeviceError(f"--device={name} but {missing[device.type]}; use --device=cpu")
     if device.type == "cuda" and (ddp or device.index is None):
         device = torch.device("cuda", local_rank)  # one GPU per process
     if device.type == "cuda":
         if device.index >= torch.cuda.device_count():
-            raise ValueError(
+            raise DeviceError(
                 f"there is no {device}: this machine has {torch.cuda.device_count()} GPU(s); "
                 "use --device=cuda:N with N below that, or fewer processes"
             )
-        # synchronize, pinned copies, the MFU's device name and the bf16 check
-        # below all act on the current device, which is otherwise GPU 0
         torch.cuda.set_device(device)
-    dtype, why = cfg.dtype, "as set"
+    return device
+
+
+def training_dtype(name, device):
+    """(dtype name, why) of a training run: 'auto' is bfloat16 autocast where the
+    hardware has native bfloat16 (hardware.py), float16 needs CUDA, and bfloat16
+    is refused where it would die with SIGILL."""
+    dtype, why = name, "as set"
     if dtype == "auto":
         dtype, why = auto_dtype(device.type)
     if dtype == "float16" and device.type != "cuda":
-        raise ValueError("float16 training needs CUDA; use --dtype=bfloat16 or --dtype=float32")
+        raise DeviceError("float16 training needs CUDA; use --dtype=bfloat16 or --dtype=float32")
     if dtype == "bfloat16" and (error := bf16_error(device.type)):
-        raise ValueError(error)  # where bfloat16 would die with SIGILL
-    return device, dtype, why
+        raise DeviceError(error)
+    return dtype, why
+
+
+def inference_dtype(name, device):
+    """The torch dtype a model is cast to for sampling and analysis: 'auto' is
+    bfloat16 on a GPU with native bfloat16 tensor cores (a V100 or T4 would
+    emulate it), else float32; bfloat16 is refused where it would die with SIGILL."""
+    if name == "auto":
+        if device.type == "cuda" and native_bf16("cuda")[0]:
+            return torch.bfloat16
+        return torch.float32
+    if name not in DTYPES:
+        raise DeviceError(f"unknown --dtype {name!r}; use auto, float32, bfloat16 or float16")
+    if DTYPES[name] == torch.bfloat16 and (error := bf16_error(device.type)):
+        raise DeviceError(error)
+    return DTYPES[name]
 
 
 def explain_device(cfg, device, dtype):
@@ -134,5 +171,5 @@ def time_cpu_dtypes(cfg, model, data):
         model.zero_grad(set_to_none=True)
         return best
 
-    shape = ",".join(f"{key}={cfg[key]}" for key in MODEL_KEYS + ("batch_size",))
+    shape = ",".join(f"{key}={getattr(cfg, key)}" for key in MODEL_KEYS + ("batch_size",))
     return faster_cpu_dtype(f"{shape},threads={torch.get_num_threads()}", seconds)

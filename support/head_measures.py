@@ -37,7 +37,7 @@ class HeadsError(Exception):
 
 def val_tokens(cfg, source, tok):
     """The val split's token ids (a uint16 memmap) and the dataset folder."""
-    name, root = cfg["dataset"], cfg["data_root"]
+    name, root = cfg.dataset, cfg.data_root
     path = checkpoint_path(source) if os.path.isdir(source) else source
     if os.path.isfile(
         path

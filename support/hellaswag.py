@@ -19,6 +19,7 @@ example: its index, the 4 summed and mean losses, the predictions and the label.
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
+import dataclasses
 import functools
 import json
 import os
@@ -32,7 +33,8 @@ from tqdm import tqdm
 
 from data.tokenizer import get_tokenizer
 from support import cli
-from support.loading import load_model, pick_device, pick_dtype
+from support.device import inference_dtype, pick_device
+from support.loading import load_model
 
 HELLASWAG_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 DEFAULT_DATA = os.path.join(
@@ -43,16 +45,18 @@ DEFAULT_DATA = os.path.join(
 )
 DOWNLOAD_TIMEOUT_S = 30
 
-DEFAULTS = dict(
-    out_dir="out-gpt2",  # the checkpoint folder to score
+
+@dataclasses.dataclass
+class Settings:
+    out_dir: str = "out-gpt2"  # the checkpoint folder to score
     # "" = out_dir's checkpoint; or a checkpoint folder, or a Hugging Face GPT-2 folder
-    init_from="",
-    data="",  # "" = the official validation file, fetched on first use
-    out="",  # a .jsonl file for one line per example; "" = none
-    limit=0,  # score only the first N examples; 0 = all
-    device="auto",  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
-    dtype="auto",  # auto (bfloat16 on a GPU that has it, else float32), float32, bfloat16, float16
-)
+    init_from: str = ""
+    data: str = ""  # "" = the official validation file, fetched on first use
+    out: str = ""  # a .jsonl file for one line per example; "" = none
+    limit: int = 0  # score only the first N examples; 0 = all
+    device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
+    # auto (bfloat16 on a GPU that has it, else float32), float32, bfloat16, float16
+    dtype: str = "auto"
 
 
 class HellaSwagError(ValueError):
@@ -237,26 +241,26 @@ def write_records(path, records):
 
 
 def main(cfg):
-    if not isinstance(cfg["limit"], int) or cfg["limit"] < 0:
-        raise HellaSwagError(f"--limit must be 0 (all) or a positive number, got {cfg['limit']!r}")
-    path = str(cfg["data"]) if cfg["data"] else fetch_official()
-    examples = read_examples(path, cfg["limit"])
-    device = pick_device(cfg["device"])
-    dtype = pick_dtype(cfg["dtype"], device)
-    model, tok, _ = load_model(cfg)
+    if not isinstance(cfg.limit, int) or cfg.limit < 0:
+        raise HellaSwagError(f"--limit must be 0 (all) or a positive number, got {cfg.limit!r}")
+    path = str(cfg.data) if cfg.data else fetch_official()
+    examples = read_examples(path, cfg.limit)
+    device = pick_device(cfg.device)
+    dtype = inference_dtype(cfg.dtype, device)
+    model, tok, _ = load_model(cfg.init_from, cfg.out_dir)
     model.to(device=device, dtype=dtype)
     records = score(
-        model, tok, examples, device, lambda: torch.autocast(device.split(":")[0], enabled=False)
+        model, tok, examples, device, lambda: torch.autocast(device.type, enabled=False)
     )
     acc, acc_norm = accuracy(records)
-    if cfg["out"]:
-        write_records(str(cfg["out"]), records)
+    if cfg.out:
+        write_records(str(cfg.out), records)
     print(f"HellaSwag on {len(records)} examples of {path}: acc {acc:.4f}, acc_norm {acc_norm:.4f}")
 
 
 def run(argv):
     """The command: what `python -m support.hellaswag ...` exits with (cli.py)."""
-    return cli.run(main, argv, __doc__, DEFAULTS, (HellaSwagError,))
+    return cli.run(main, argv, __doc__, Settings, (HellaSwagError,))
 
 
 if __name__ == "__main__":

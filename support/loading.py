@@ -1,112 +1,124 @@
 """
-Loading a model to use it: the device, the precision, the checkpoint or GPT-2 folder.
-
-What sample.py, heads.py and the explorer share. Every failure is a LoadError
-whose message is one line saying what to do.
+Every way a command gets a model: a new one, a checkpoint (a run's ckpt.pt or
+one of its snapshots), or GPT-2's weights (a Hugging Face folder or a 'gpt2*'
+name). train.py starts from any of them (training_model); sample.py, heads.py,
+explore.py and HellaSwag load one to use it (load_model). Every failure the
+user can fix is one line.
 """
 
+import dataclasses
 import os
-
-import torch
 
 from data.tokenizer import TokenizerError, get_tokenizer
 from model import GPT, GPTConfig
-from support.checkpoint import (
-    CheckpointError,
-    checkpoint_path,
-    clean_state_dict,
-    first_line,
-    load_checkpoint,
-)
-from support.hardware import bf16_error, native_bf16
+from support.checkpoint import CheckpointError, checkpoint_path, first_line, load_checkpoint
+from support.resume import LOAD_ERRORS, check_resumable, out_of_memory
+from support.settings import MODEL_KEYS, model_args
 
 
 class LoadError(Exception):
-    """A device, precision or model folder that cannot be used; one line saying what to do."""
+    """A model folder or name that cannot be used; one line saying what to do."""
 
 
-DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
-
-
-def mps_available():
-    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
-
-
-def auto_device():
-    """The first this machine has: a CUDA GPU, then Apple's MPS, then the CPU."""
-    if torch.cuda.is_available():
-        return "cuda"
-    if mps_available():
-        return "mps"
-    return "cpu"
-
-
-def pick_device(name):
-    mps = mps_available()
-    if name == "auto":
-        return auto_device()
+def from_checkpoint(ckpt, path, **overrides):
+    """The GPT a checkpoint holds, its config updated by overrides (dropout and the
+    attention's kernel are a run's choice, not the weights')."""
     try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise LoadError(f"unknown --device {name!r}; use auto, cpu, cuda, cuda:N or mps") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise LoadError(f"--device={name} but no CUDA GPU is available; use --device=cpu (or auto)")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise LoadError(
-            f"--device={name} but there are {torch.cuda.device_count()} GPUs; "
-            "use cuda:0 .. cuda:N-1"
-        )
-    if device.type == "mps" and not mps:
-        raise LoadError(f"--device={name} but MPS is not available; use --device=cpu (or auto)")
-    if device.type not in ("cpu", "cuda", "mps"):
-        raise LoadError(f"unsupported --device {name!r}; use auto, cpu, cuda, cuda:N or mps")
-    return name
+        model = GPT(GPTConfig(**dict(ckpt["model_args"], **overrides)))
+        model.load_state_dict(ckpt["model"])
+    except LOAD_ERRORS as e:
+        if out_of_memory(e):
+            raise
+        raise CheckpointError(
+            f"{path} does not match this model.py ({first_line(e)}); "
+            "use another copy or train it again with this version"
+        ) from None
+    return model
 
 
-def pick_dtype(name, device):
-    if name == "auto":
-        # native bf16 only: V100 and T4 have no bf16 tensor cores and would emulate it
-        return (
-            torch.bfloat16
-            if device.startswith("cuda") and native_bf16("cuda")[0]
-            else torch.float32
-        )
-    if name not in DTYPES:
-        raise LoadError(f"unknown --dtype {name!r}; use auto, float32, bfloat16 or float16")
-    if DTYPES[name] == torch.bfloat16 and (error := bf16_error(device.split(":")[0])):
-        raise LoadError(error)  # where bfloat16 would die with SIGILL
-    return DTYPES[name]
+def from_gpt2(source, **overrides):
+    """GPT-2's weights from a Hugging Face folder or by name ('gpt2', 'gpt2-medium', ...)."""
+    try:
+        return GPT.from_pretrained(source, **overrides)
+    except (OSError, *LOAD_ERRORS) as e:
+        if out_of_memory(e):
+            raise
+        raise LoadError(f"could not load GPT-2 weights from {source}: {first_line(e)}") from None
 
 
-def load_model(cfg):
-    """Return (model, tokenizer, folder): folder is where the model came from,
-    the default home of its attention maps."""
-    source = cfg["init_from"] or cfg["out_dir"]
-    has_ckpt = os.path.exists(checkpoint_path(source))
-    is_hf = os.path.isfile(os.path.join(source, "config.json")) and not has_ckpt
-    if cfg["init_from"] and (
-        is_hf or (cfg["init_from"].startswith("gpt2") and not os.path.exists(source))
-    ):
+def is_gpt2(source):
+    """Whether source names GPT-2's weights: a Hugging Face folder (config.json and
+    no ckpt.pt), or a 'gpt2*' name that is no file or folder here."""
+    if os.path.isdir(source):
+        has_config = os.path.isfile(os.path.join(source, "config.json"))
+        return has_config and not os.path.exists(checkpoint_path(source))
+    return source.startswith("gpt2") and not os.path.exists(source)
+
+
+# -----------------------------------------------------------------------------
+# A model to train
+
+
+def training_model(cfg, meta):
+    """(model, checkpoint or None, cfg with the model keys set to the model's own)
+    for train.py's init_from: 'scratch', 'resume' (out_dir's checkpoint), or
+    GPT-2's weights."""
+    init, ckpt = cfg.init_from, None
+    run_choices = dict(dropout=cfg.dropout, fused=cfg.fused)
+    if init == "scratch":
+        model = GPT(GPTConfig(**model_args(cfg, meta["vocab_size"])))
+    elif init == "resume":
+        ckpt = load_checkpoint(cfg.out_dir)
+        path = checkpoint_path(cfg.out_dir)
+        check_resumable(ckpt, path)
+        if ckpt.get("tokenizer") != meta["tokenizer"]:
+            raise ValueError(
+                f"the checkpoint in {cfg.out_dir} was trained on another tokenizer "
+                f"(dataset {ckpt.get('dataset')!r}); pass --dataset={ckpt.get('dataset')}"
+            )
+        model = from_checkpoint(ckpt, path, **run_choices)
+    elif os.path.isdir(init) or init.startswith("gpt2"):
+        if meta["tokenizer"]["kind"] != "gpt2":
+            raise ValueError(
+                f"init_from={init!r} needs a dataset tokenized with GPT-2 BPE, and "
+                f"{cfg.dataset!r} is not; try --dataset=shakespeare"
+            )
         try:
-            model = GPT.from_pretrained(source)
-        except (ValueError, OSError, KeyError, TypeError, RuntimeError, IndexError, EOFError) as e:
-            raise LoadError(
-                f"could not load GPT-2 weights from {source}: {first_line(e)}"
-            ) from None
-        return model, get_tokenizer({"kind": "gpt2"}), cfg["out_dir"]
-    if cfg["init_from"] and not os.path.exists(source):
+            model = from_gpt2(
+                init, block_size=cfg.block_size, attention=cfg.attention, **run_choices
+            )
+        except LoadError as e:
+            raise ValueError(str(e)) from None
+    else:
+        raise ValueError(
+            f"init_from must be 'scratch', 'resume', a GPT-2 folder or a 'gpt2*' name, not {init!r}"
+        )
+    if model.config.vocab_size < meta["vocab_size"]:
+        raise ValueError(
+            f"the model's vocabulary ({model.config.vocab_size}) is smaller than the "
+            f"dataset's ({meta['vocab_size']})"
+        )
+    cfg = dataclasses.replace(cfg, **{key: getattr(model.config, key) for key in MODEL_KEYS})
+    return model, ckpt, cfg
+
+
+# -----------------------------------------------------------------------------
+# A model to use
+
+
+def load_model(init_from, out_dir):
+    """(model, tokenizer, folder) from init_from: a checkpoint folder (its ckpt.pt),
+    a checkpoint file (a snapshot), a Hugging Face GPT-2 folder or a 'gpt2*' name;
+    or, when init_from is "", out_dir's checkpoint. folder is the checkpoint's, the
+    default home of what a command writes about the model (out_dir for GPT-2)."""
+    source = init_from or out_dir
+    if init_from and is_gpt2(init_from):
+        return from_gpt2(init_from), get_tokenizer({"kind": "gpt2"}), out_dir
+    if init_from and not os.path.exists(init_from):
         raise LoadError(
-            f"--init_from={source}: no such file or folder; pass a checkpoint folder "
+            f"--init_from={init_from}: no such file or folder; pass a checkpoint folder "
             "(with ckpt.pt) or a Hugging Face GPT-2 folder (with config.json)"
         )
-
     ckpt = load_checkpoint(source)
     path = checkpoint_path(source) if os.path.isdir(source) else source
     if "tokenizer" not in ckpt:
@@ -114,14 +126,7 @@ def load_model(cfg):
             f"{path} does not say which tokenizer it was trained with "
             "(no 'tokenizer' entry); train it again with this version of train.py"
         )
-    try:
-        model = GPT(GPTConfig(**ckpt["model_args"]))
-        model.load_state_dict(clean_state_dict(ckpt["model"]))
-    except (TypeError, ValueError, RuntimeError, KeyError, AttributeError, IndexError) as e:
-        raise CheckpointError(
-            f"{path} does not match this model.py ({first_line(e)}); "
-            "train it again with this version"
-        ) from None
+    model = from_checkpoint(ckpt, path)
     try:
         tok = get_tokenizer(ckpt["tokenizer"])
     except TokenizerError as e:

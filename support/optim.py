@@ -69,8 +69,8 @@ def make_optimizers(model, cfg, device_type, dtype):
     """Optimizers that step together: [AdamW], or [Muon, AdamW]. Muon orthogonalises
     in bfloat16 only when training in it: elsewhere bfloat16 may be emulated (40x
     slower) or crash (hardware.py)."""
-    lr, wd, betas = cfg["learning_rate"], cfg["weight_decay"], (cfg["beta1"], cfg["beta2"])
-    if cfg["optimizer"] == "adamw":
+    lr, wd, betas = cfg.learning_rate, cfg.weight_decay, (cfg.beta1, cfg.beta2)
+    if cfg.optimizer == "adamw":
         return [configure_optimizers(model, wd, lr, betas, device_type)]
     # Muon orthogonalises the update of each hidden matrix. Embeddings (and the
     # head tied to them), biases and gains are not hidden matrices: AdamW.
@@ -83,7 +83,7 @@ def make_optimizers(model, cfg, device_type, dtype):
         lr=lr,
         weight_decay=wd,
         adjust_lr_fn="match_rms_adamw",
-        ns_steps=cfg["muon_ns_steps"],
+        ns_steps=cfg.muon_ns_steps,
         float32=dtype != "bfloat16",
     )
     adamw = torch.optim.AdamW(
@@ -101,12 +101,12 @@ def make_optimizers(model, cfg, device_type, dtype):
 def get_lr(it, cfg):
     """Linear warmup, cosine decay to min_lr at lr_decay_iters, then min_lr."""
     lr, warmup, end, min_lr = (
-        cfg["learning_rate"],
-        cfg["warmup_iters"],
-        cfg["lr_decay_iters"],
-        cfg["min_lr"],
+        cfg.learning_rate,
+        cfg.warmup_iters,
+        cfg.lr_decay_iters,
+        cfg.min_lr,
     )
-    if not cfg["decay_lr"]:
+    if not cfg.decay_lr:
         return lr
     if it < warmup:
         return lr * (it + 1) / (warmup + 1)

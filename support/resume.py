@@ -6,8 +6,7 @@ data-sampling state back as they were right before the checkpoint's iter.
 
 import torch
 
-from model import GPT, GPTConfig
-from support.checkpoint import CheckpointError, checkpoint_path, first_line, load_checkpoint
+from support.checkpoint import CheckpointError, checkpoint_path, first_line
 
 # What resuming reads from a checkpoint, and the type each must have.
 RESUME_FIELDS = {
@@ -56,32 +55,6 @@ def check_resumable(ckpt, path):
             f"cannot resume from {path}: its {', '.join(bad)} entry has the wrong type; "
             "the file is damaged, resume from another copy"
         )
-
-
-def resume_model(cfg, meta):
-    """(model, checkpoint) from out_dir's checkpoint, refused with one line if it
-    is damaged, was trained on another tokenizer or does not fit this model.py."""
-    ckpt = load_checkpoint(cfg.out_dir)
-    path = checkpoint_path(cfg.out_dir)
-    check_resumable(ckpt, path)
-    if ckpt.get("tokenizer") != meta["tokenizer"]:
-        raise ValueError(
-            f"the checkpoint in {cfg.out_dir} was trained on another tokenizer "
-            f"(dataset {ckpt.get('dataset')!r}); pass --dataset={ckpt.get('dataset')}"
-        )
-    try:
-        # dropout and the attention's kernel are the run's choice, not the weights'
-        args = dict(ckpt["model_args"], dropout=cfg.dropout, fused=cfg.fused)
-        model = GPT(GPTConfig(**args))
-        model.load_state_dict(ckpt["model"])
-    except LOAD_ERRORS as e:
-        if out_of_memory(e):
-            raise
-        raise CheckpointError(
-            f"{path} does not match this model.py ({first_line(e)}); "
-            "resume from another copy or train again"
-        ) from None
-    return model, ckpt
 
 
 def restore(ckpt, cfg, optimizers, scaler, data_gen, device, rank):

@@ -91,10 +91,6 @@ class Settings(ModelSettings):
     context_parallel: int = 1
     context_parallel_layout: str = "zigzag"  # or 'contiguous'
 
-    def __getitem__(self, key):
-        """settings[key], as optim.py, batches.py and context_parallel.py read settings."""
-        return getattr(self, key)
-
 
 def describe():
     """For `python train.py --help`: every key with its default and its comments,

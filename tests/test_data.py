@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from data import dataset, tiny_shakespeare, tokenizer
 from data.dataset import ensure_dataset, load_meta, load_tokens
 from data.shards import DataError
-from data.text import prepare_text
+from data.text import _chunks, prepare_text
 from data.tiny_shakespeare import prepare_shakespeare
 from data.tokenizer import (
     CharTokenizer,
@@ -269,7 +269,7 @@ def test_gpt2_prepare_offline(tmp_path, corpus_path, corpus_text, offline):
 
 def test_chunked_encoding_matches_whole_text(tmp_path, corpus_text, gpt2, monkeypatch):
     text = corpus_text[:200_000]
-    monkeypatch.setattr(text, "CHUNK_CHARS", 3_000)
+    monkeypatch.setattr("data.text.CHUNK_CHARS", 3_000)
     prepare_text(text, str(tmp_path), "gpt2", val_fraction=0.5)
     train_ids = load_tokens(str(tmp_path), "train").tolist()
     assert train_ids == gpt2.encode(text[:100_000])
@@ -278,7 +278,7 @@ def test_chunked_encoding_matches_whole_text(tmp_path, corpus_text, gpt2, monkey
 @quick
 @given(text=st.text(alphabet=st.sampled_from("ab \n\n\t.'é"), max_size=80), size=st.integers(1, 12))
 def test_chunk_cuts_never_change_gpt2_tokens(text, size, gpt2):
-    pieces = list(text._chunks(text, size))
+    pieces = list(_chunks(text, size))
     assert "".join(pieces) == text
     assert [t for p in pieces for t in gpt2.encode(p)] == gpt2.encode(text)
 

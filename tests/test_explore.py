@@ -233,7 +233,7 @@ def test_a_hugging_face_gpt2_folder(tmp_path):
     torch.manual_seed(1)
     model = GPT(GPTConfig(block_size=64, vocab_size=50257, n_layer=1, n_head=2, n_embd=16)).eval()
     write_hf_gpt2(model, str(tmp_path))
-    loaded, tok, _ = load_model({"init_from": str(tmp_path), "out_dir": ""})
+    loaded, tok, _ = load_model(str(tmp_path), "")
     server, guard = serve(Explorer(loaded.eval(), tok))
     try:
         prompt = "Hello, world. Hello,"

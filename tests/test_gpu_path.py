@@ -28,8 +28,8 @@ from bench import smoke_gpu
 from bench.common import BenchError
 from data import batches
 from model import GPT, GPTConfig, attention, causal_mask
-from support import distributed, engine, loading
-from support.configurator import parse_args
+from support import distributed, engine
+from support.configurator import parse_settings
 from support.engine import compiled_decoder, generate_compiled
 from support.mfu import estimate_mfu, flops_per_token
 from support.optim import get_lr, make_optimizers
@@ -139,9 +139,7 @@ def meta_run(data_root, tmp_path, monkeypatch):
     """setup() as on a GPU, with the meta device in its place."""
 
     def make(*extra):
-        monkeypatch.setattr(
-            train, "pick_device", lambda cfg, local_rank, ddp: (META, "float32", "as set")
-        )
+        monkeypatch.setattr(train, "pick_device", lambda name, local_rank, ddp: META)
         cfg = train.get_config(
             train_args(
                 data_root,
@@ -291,27 +289,24 @@ def fake_gpus(monkeypatch):
 def test_auto_dtype_needs_native_bf16(fake_gpus, major, train_dtype, sample_dtype):
     fake_gpus.major = major
     assert torch.cuda.is_bf16_supported()  # what the check counted before: emulation
-    device, dtype, _ = support.device.pick_device(Settings(device="cuda"), 0, False)
+    device = support.device.pick_device("cuda")
+    dtype, _ = support.device.training_dtype("auto", device)
     assert (device, dtype) == (torch.device("cuda", 0), train_dtype)
-    assert loading.pick_dtype("auto", "cuda") == sample_dtype
+    assert support.device.inference_dtype("auto", device) == sample_dtype
 
 
 def test_cuda_1_becomes_the_current_device(fake_gpus):
     fake_gpus.names = ["NVIDIA A100-SXM4-80GB", "NVIDIA H100 PCIe"]
     model = GPT(GPTConfig(block_size=16, vocab_size=37, n_layer=1, n_head=2, n_embd=32))
-    assert support.device.pick_device(Settings(device="cuda:1"), 0, False)[0] == torch.device(
-        "cuda", 1
-    )
+    assert support.device.pick_device("cuda:1") == torch.device("cuda", 1)
     assert fake_gpus.current == 1
     # the MFU is then against GPU 1's peak, not GPU 0's
     assert estimate_mfu(model, 1000, 1.0) == pytest.approx(flops_per_token(model) * 1000 / 756e12)
     # one process per GPU under torchrun: LOCAL_RANK picks it
-    assert support.device.pick_device(Settings(device="cuda"), 0, True)[0] == torch.device(
-        "cuda", 0
-    )
+    assert support.device.pick_device("cuda", 0, True) == torch.device("cuda", 0)
     assert fake_gpus.current == 0
     with pytest.raises(ValueError, match="there is no cuda:2"):
-        support.device.pick_device(Settings(device="cuda:2"), 0, False)
+        support.device.pick_device("cuda:2")
 
 
 @pytest.mark.parametrize(
@@ -554,9 +549,9 @@ def test_smoke_test_commands_are_valid_settings(tmp_path, monkeypatch):
     parsers = {
         "train.py": train.get_config,
         "sample.py": lambda argv: sample.check_options(
-            parse_args(sample.DEFAULTS, argv, allow_files=False)
+            parse_settings(sample.Settings, argv, allow_files=False)
         ),
-        "bench": lambda argv: parse_args(bench.__main__.DEFAULTS, argv, allow_files=False),
+        "bench": lambda argv: parse_settings(bench.__main__.Settings, argv, allow_files=False),
     }
     seen = set()
     for name, command in smoke_gpu.steps(str(tmp_path), gpus=2):

@@ -638,6 +638,7 @@ ENTRY_POINTS = [
     "experiments/path_length.py",
     "support/hellaswag.py",
     "bench/corpus.py",
+    "experiments/plot_loss.py",
 ]
 
 

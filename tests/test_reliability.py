@@ -29,7 +29,7 @@ from conftest import read_log, signal_when_training, start_training, tiny_run, t
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import support.resume
+import support.loading
 import train
 from data.text import prepare_text
 from support.checkpoint import load_checkpoint
@@ -441,7 +441,7 @@ def test_resource_faults_keep_the_checkpoint(inputs, tmp_path, monkeypatch, caps
     shutil.copytree(inputs["ckpt"], out)
     before = file_hash(out / "ckpt.pt")
     if fault == "no memory for the model":
-        monkeypatch.setattr(support.resume, "GPT", no_cpu_memory)  # resuming builds the model
+        monkeypatch.setattr(support.loading, "GPT", no_cpu_memory)  # resuming builds the model
     elif fault == "no memory while training":
         monkeypatch.setattr(train, "forward_backward", no_memory)
     else:

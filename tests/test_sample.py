@@ -357,9 +357,7 @@ def test_maps_equal_a_full_forward(runs, trained):
 
 
 def options(**changes):
-    cfg = dict(sample.DEFAULTS, temperature=1.0, top_k=None, top_p=1.0)
-    cfg.update(changes)
-    return cfg
+    return sample.Settings(**dict(dict(temperature=1.0, top_k=None, top_p=1.0), **changes))
 
 
 @pytest.mark.parametrize("prompt_len, n_new", [(10, 60), (5, 27), (5, 28), (40, 3)])

@@ -73,7 +73,7 @@ def test_logged_heads_equal_the_probe_on_each_snapshot(run, data_root):
     tokens = val_tokens(data_root)[: timeline.PROBE_WINDOWS * timeline.PROBE_LENGTH + 1]
     for rec, (iter_num, path) in zip(log, timeline.list_snapshots(run).items()):
         assert rec["iter"] == iter_num
-        model, tok, _ = load_model({"init_from": path, "out_dir": run})
+        model, tok, _ = load_model(path, run)
         model.eval()
         # heads.py's probe, on the snapshot loaded as any checkpoint is
         probe = head_measures.induction_scores(model, timeline.SEED)["induction"]
