@@ -105,7 +105,7 @@ def describe():
 
 def model_args(cfg, vocab_size):
     """GPTConfig's arguments from the settings."""
-    return dict({key: cfg[key] for key in MODEL_KEYS}, vocab_size=vocab_size)
+    return dict({key: getattr(cfg, key) for key in MODEL_KEYS}, vocab_size=vocab_size)
 
 
 def check(cfg):
@@ -125,8 +125,9 @@ def check(cfg):
         "context_parallel",
         "muon_ns_steps",
     ):
-        if cfg[key] < 1:
-            raise ValueError(f"{key} must be a positive integer, got {cfg[key]}")
+        value = getattr(cfg, key)
+        if value < 1:
+            raise ValueError(f"{key} must be a positive integer, got {value}")
     for key in (
         "max_iters",
         "warmup_iters",
@@ -137,15 +138,17 @@ def check(cfg):
         "grad_clip",
         "max_time",
     ):
-        if not 0 <= cfg[key] < math.inf:
-            raise ValueError(f"{key} must be a finite number >= 0, got {cfg[key]}")
+        value = getattr(cfg, key)
+        if not 0 <= value < math.inf:
+            raise ValueError(f"{key} must be a finite number >= 0, got {value}")
     if not -(2**63) <= cfg.seed < 2**63:
         raise ValueError(f"seed must fit in a signed 64-bit integer, got {cfg.seed}")
     if cfg.ddp_timeout > 10**9:
         raise ValueError(f"ddp_timeout must be at most 1e9 seconds, got {cfg.ddp_timeout}")
     for key in ("beta1", "beta2"):
-        if not 0 <= cfg[key] < 1:
-            raise ValueError(f"{key} must be in [0, 1), got {cfg[key]}")
+        value = getattr(cfg, key)
+        if not 0 <= value < 1:
+            raise ValueError(f"{key} must be in [0, 1), got {value}")
     if cfg.dtype not in DTYPES:
         raise ValueError(f"unknown dtype {cfg.dtype!r}; use one of {', '.join(DTYPES)}")
     if cfg.optimizer not in ("adamw", "muon"):
@@ -157,8 +160,9 @@ def check(cfg):
     if cfg.compile not in (None, True, False):
         raise ValueError(f"compile must be True, False or None (auto), got {cfg.compile!r}")
     for key in ("data_root", "wandb_run_name"):
-        if cfg[key] is not None and not isinstance(cfg[key], str):
-            raise ValueError(f"{key} must be a string or None, got {cfg[key]!r}")
+        value = getattr(cfg, key)
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{key} must be a string or None, got {value!r}")
     if cfg.snapshot_limit < 2:
         raise ValueError(f"snapshot_limit must be 2 or more, got {cfg.snapshot_limit}")
     if cfg.log_heads and cfg.context_parallel > 1:

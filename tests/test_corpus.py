@@ -27,6 +27,7 @@ from data.text import prepare_text
 from data.tokenizer import END_OF_TEXT, get_tokenizer, gpt2_encoding, train_bpe
 from support.checkpoint import load_checkpoint
 from support.run_log import read_evaluations
+from support.settings import Settings
 
 REPO = os.path.dirname(os.path.abspath(train.__file__))
 
@@ -345,7 +346,7 @@ def test_sharded_tokens_read_as_one_stream_and_every_shard_is_sampled(tmp_path):
     positions = rng.integers(0, len(stream), (64, 33))
     assert np.array_equal(tokens[positions], stream[positions])
 
-    cfg = {"gradient_accumulation_steps": 4, "batch_size": 8, "block_size": 32}
+    cfg = Settings(gradient_accumulation_steps=4, batch_size=8, block_size=32)
     gen = torch.Generator().manual_seed(0)
     seen = set()
     for _ in range(20):

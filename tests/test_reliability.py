@@ -710,7 +710,7 @@ BAD_INPUT = {
         ["val split", "has 3 tokens", "block_size + 1 = 17"],
     ),
     "float16 on a CPU": ("train.py", ["--dtype=float16"], 2, ["float16 training needs CUDA"]),
-    "--device=cuda without a GPU": ("train.py", ["--device=cuda"], 2, ["CUDA is not available"]),
+    "--device=cuda without a GPU": ("train.py", ["--device=cuda"], 2, ["no CUDA GPU is available"]),
     "out_dir is a file": (
         "train.py",
         ["--out_dir={scratch}/a_file"],

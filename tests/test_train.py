@@ -520,7 +520,7 @@ def test_bad_settings_give_one_line_errors(data_root, tmp_path, capsys, extra, n
 def test_cuda_without_gpu_is_a_one_line_error(data_root, tmp_path):
     result = run_cli(tiny_run(data_root, tmp_path, "--device=cuda"))
     assert result.returncode == 2
-    assert_one_line_error(result.stderr, "CUDA is not available", "--device=cpu")
+    assert_one_line_error(result.stderr, "no CUDA GPU is available", "--device=cpu")
 
 
 def test_wandb_without_an_api_key_stops_in_one_line_before_any_work(data_root, tmp_path):
