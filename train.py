@@ -39,7 +39,7 @@ from support.checkpoint import (
     first_line,
     save_checkpoint,
 )
-from support.configurator import parse_settings
+from support.configurator import parse_settings, print_help, wants_help
 from support.context_parallel import ContextParallel
 from support.context_parallel import check as check_context_parallel
 from support.device import (
@@ -509,8 +509,8 @@ def fail(message, code):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if cli.wants_help(argv):
-        cli.print_help(__doc__, settings.describe())
+    if wants_help(argv):
+        print_help(__doc__, settings.describe())
         return
     try:
         try:

@@ -18,7 +18,13 @@ import time
 import torch
 
 from support import engine
-from support.configurator import ConfigError, describe_settings, parse_settings
+from support.configurator import (
+    ConfigError,
+    describe_settings,
+    parse_settings,
+    print_help,
+    wants_help,
+)
 
 
 # The options every benchmark takes; each adds its own
@@ -376,8 +382,8 @@ def write_json(result, path):
 def main(prog, doc, settings, sections, argv):
     """The command line of `python -m prog`, its options the dataclass settings:
     sections(args) says what to run."""
-    if any(a in ("-h", "--help") for a in argv):
-        print(doc.strip() + "\n\noptions:\n" + describe_settings(settings))
+    if wants_help(argv):
+        print_help(doc, describe_settings(settings))
         return 0
     start = time.perf_counter()
 

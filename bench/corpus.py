@@ -48,7 +48,13 @@ from data.shards import DataError, ShardedTokens
 from data.tiny_shakespeare import find_shakespeare, shakespeare_dir
 from data.tokenizer import gpt2_encoding
 from model import GPT, GPTConfig
-from support.configurator import ConfigError, describe_settings, parse_settings
+from support.configurator import (
+    ConfigError,
+    describe_settings,
+    parse_settings,
+    print_help,
+    wants_help,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -449,8 +455,8 @@ def load():
 
 
 def main(argv):
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.strip() + "\n\noptions (defaults):\n" + describe_settings(Settings))
+    if wants_help(argv):
+        print_help(__doc__, describe_settings(Settings))
         return 0
     try:
         args = parse_settings(Settings, argv, allow_files=False)

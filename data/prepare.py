@@ -33,7 +33,13 @@ from data.corpus import prepare_corpus
 from data.shards import SHARD_TOKENS, DataError
 from data.text import prepare_text, read_corpus
 from data.tiny_shakespeare import prepare_shakespeare, shakespeare_dir
-from support.configurator import ConfigError, describe_settings, parse_settings
+from support.configurator import (
+    ConfigError,
+    describe_settings,
+    parse_settings,
+    print_help,
+    wants_help,
+)
 
 
 def summary(dataset_dir, meta):
@@ -142,17 +148,15 @@ def run(command, argv, doc, settings, positional=None):
     this light copy keeps torch out, as preparing data needs none): exit code 2 for
     a bad option, 1 for a corpus that cannot be prepared. Returns the exit code."""
     argv = sys.argv[1:] if argv is None else argv
-    if "-h" in argv or "--help" in argv:
-        print(doc.strip() + "\n\noptions (defaults):\n" + describe_settings(settings))
+    if wants_help(argv):
+        print_help(doc, describe_settings(settings))
         return 0
     try:
         command(parse_settings(settings, argv, allow_files=False, positional=positional))
-    except ConfigError as e:
+    except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        # a bad option is bad input; a corpus that cannot be prepared, a failure
+        return 2 if isinstance(e, ConfigError) else 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -37,15 +37,14 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from bench.common import cpu_class
+from experiments import DOCS
 from support import cli
 from support.configurator import ConfigError
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclasses.dataclass
 class Settings:
-    out_dir: str = os.path.join(ROOT, "docs")
+    out_dir: str = DOCS
     distances: tuple = (2, 4, 8, 16, 32, 64, 128, 256)  # part 1: n
     steps: int = 400  # part 1: training steps per model and n
     batch_size: int = 64
@@ -219,20 +218,12 @@ def plot(data, path):
     left.legend(fontsize=8)
     left.grid(alpha=0.3)
     t = data["timing"]
-    right.plot(
-        t["T"],
-        [s * 1e3 for s in t["gru_seconds"]],
-        "o-",
-        color="black",
-        label="GRU layer (T steps in order)",
-    )
-    right.plot(
-        t["T"],
-        [s * 1e3 for s in t["attention_seconds"]],
-        "o-",
-        color="tab:red",
-        label="attention layer (one matmul)",
-    )
+    lines = [
+        ("gru_seconds", "black", "GRU layer (T steps in order)"),
+        ("attention_seconds", "tab:red", "attention layer (one matmul)"),
+    ]
+    for key, color, label in lines:
+        right.plot(t["T"], [s * 1e3 for s in t[key]], "o-", color=color, label=label)
     right.set_xscale("log", base=2)
     right.set_yscale("log")
     right.set_xlabel("T (sequence length)")

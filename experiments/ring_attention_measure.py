@@ -109,15 +109,20 @@ def idle_worker(rank, size, init, T, out):
     dist.destroy_process_group()
 
 
-def idle(size=4, T=4096):
+def on_ranks(worker, size, T):
+    """What worker(rank, size, init_file, T, out) saved, one result per rank."""
     with tempfile.TemporaryDirectory() as out:
         mp.start_processes(
-            idle_worker,
+            worker,
             args=(size, os.path.join(out, "init"), T, out),
             nprocs=size,
             start_method="fork",
         )
-        times = [torch.load(os.path.join(out, f"{rank}.pt")) for rank in range(size)]
+        return [torch.load(os.path.join(out, f"{rank}.pt")) for rank in range(size)]
+
+
+def idle(size=4, T=4096):
+    times = on_ranks(idle_worker, size, T)
     print(
         f"CPU {torch.backends.cpu.get_cpu_capability()}, float32, "
         f"ring of {size} gloo processes, T = {T}, "
@@ -184,14 +189,7 @@ def ranks(T=4096):
     print("| P | attention | tokens per rank | peak per rank |")
     print("|---|---|---|---|")
     for size in (1, 2, 4):
-        with tempfile.TemporaryDirectory() as out:
-            mp.start_processes(
-                ranks_worker,
-                args=(size, os.path.join(out, "init"), T, out),
-                nprocs=size,
-                start_method="fork",
-            )
-            res = [torch.load(os.path.join(out, f"{rank}.pt")) for rank in range(size)]
+        res = on_ranks(ranks_worker, size, T)
         for kind in res[0]:
             if kind == "sdpa":
                 name = "SDPA (the model unchanged)"

@@ -40,6 +40,7 @@ import time
 import torch
 
 from bench.common import cpu_class
+from experiments import DOCS
 from experiments import toy_translation as task
 from experiments.explicit_attention import explicit_attention
 from experiments.seq2seq import EOS
@@ -47,12 +48,10 @@ from model import GPT, GPTConfig
 from support import cli
 from support.configurator import ConfigError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 @dataclasses.dataclass
 class Settings:
-    out_dir: str = os.path.join(ROOT, "docs")
+    out_dir: str = DOCS
     d_max: int = 1024  # part 1: d = 4, 8, ..., d_max
     n_keys: int = 64  # part 1: keys per query
     samples: int = 2000  # part 1: queries per d

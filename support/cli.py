@@ -16,7 +16,13 @@ import torch
 from data.shards import DataError
 from data.tokenizer import TokenizerError
 from support.checkpoint import CheckpointError
-from support.configurator import ConfigError, describe_settings, parse_settings
+from support.configurator import (
+    ConfigError,
+    describe_settings,
+    parse_settings,
+    print_help,
+    wants_help,
+)
 from support.device import DeviceError
 from support.loading import LoadError
 
@@ -25,15 +31,6 @@ USER_ERRORS = (ConfigError, DataError, CheckpointError, TokenizerError, LoadErro
 BAD_INPUT = 2
 FAILED = 1
 INTERRUPTED = 130
-
-
-def wants_help(argv):
-    return "-h" in argv or "--help" in argv
-
-
-def print_help(doc, options):
-    """The command's docstring, then its options, one a line with its default."""
-    print(doc.strip() + "\n\noptions (defaults):\n" + options)
 
 
 def error(message):

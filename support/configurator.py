@@ -179,3 +179,13 @@ def describe_settings(cls, keys=None):
             comment = text.partition("  # ")[2]
             lines.append(f"  --{key}={defaults[key]!r}" + (f"  # {comment}" if comment else ""))
     return "\n".join(lines)
+
+
+def wants_help(argv):
+    return "-h" in argv or "--help" in argv
+
+
+def print_help(doc, options):
+    """The command's docstring, then its options, one a line with its default and
+    comment (describe_settings)."""
+    print(doc.strip() + "\n\noptions (defaults):\n" + options)
