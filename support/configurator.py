@@ -161,11 +161,27 @@ def follows_key(argv, i):
 
 def describe_settings(cls, keys=None):
     """For --help: the body of the dataclass cls as written, its comments included,
-    each field (of keys, if given) shown as --key=default."""
+    each field (of keys, if given) shown as --key=default; the fields of the classes
+    it extends come first, as dataclasses order them."""
     defaults = {field.name: field.default for field in dataclasses.fields(cls)}
     if keys is not None:
         defaults = {key: defaults[key] for key in keys}
-    source = inspect.getsource(cls).splitlines()
+    lines = []
+    described = set()
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            lines += _field_lines(klass, defaults, described)
+    return "\n".join(lines)
+
+
+def _field_lines(klass, defaults, described):
+    """The help lines of the fields klass's own body declares (and its comments),
+    less those already described. A class made at run time has no body to read:
+    train.py's model keys are described from GPTConfig instead."""
+    try:
+        source = inspect.getsource(klass).splitlines()
+    except (OSError, TypeError):
+        return []
     start = next(i for i, line in enumerate(source) if line.lstrip().startswith("class "))
     lines = []
     for line in source[start + 1 :]:
@@ -175,10 +191,11 @@ def describe_settings(cls, keys=None):
         key = text.partition(":")[0]
         if text.startswith("#"):
             lines.append(f"  {text}")
-        elif key in defaults:
+        elif key in defaults and key not in described:
+            described.add(key)
             comment = text.partition("  # ")[2]
             lines.append(f"  --{key}={defaults[key]!r}" + (f"  # {comment}" if comment else ""))
-    return "\n".join(lines)
+    return lines
 
 
 def wants_help(argv):
