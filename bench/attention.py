@@ -185,4 +185,4 @@ def sections(args):
 
 
 if __name__ == "__main__":
-    sys.exit(common.main("bench.attention", __doc__, common.DEFAULTS, sections, sys.argv[1:]))
+    sys.exit(common.main("bench.attention", __doc__, common.Settings, sections, sys.argv[1:]))

@@ -135,4 +135,4 @@ def sections(args):
 
 
 if __name__ == "__main__":
-    sys.exit(common.main("bench.decode", __doc__, common.DEFAULTS, sections, sys.argv[1:]))
+    sys.exit(common.main("bench.decode", __doc__, common.Settings, sections, sys.argv[1:]))

@@ -236,4 +236,4 @@ def sections(args):
 
 
 if __name__ == "__main__":
-    sys.exit(common.main("bench.generate", __doc__, common.DEFAULTS, sections, sys.argv[1:]))
+    sys.exit(common.main("bench.generate", __doc__, common.Settings, sections, sys.argv[1:]))

@@ -176,12 +176,16 @@ def describe_settings(cls, keys=None):
 
 def _field_lines(klass, defaults, described):
     """The help lines of the fields klass's own body declares (and its comments),
-    less those already described. A class made at run time has no body to read:
-    train.py's model keys are described from GPTConfig instead."""
+    less those already described. A class made at run time has no body to read
+    (train.py describes its model keys from GPTConfig); one in a module run by
+    runpy, which inspect cannot read back, has its fields listed without comments."""
     try:
         source = inspect.getsource(klass).splitlines()
     except (OSError, TypeError):
-        return []
+        if klass.__module__ != "__main__":
+            return []  # made at run time
+        fields = klass.__dict__.get("__annotations__", {})
+        source = ["class Fields:", *(f"{name}: ..." for name in fields)]
     start = next(i for i, line in enumerate(source) if line.lstrip().startswith("class "))
     lines = []
     for line in source[start + 1 :]:

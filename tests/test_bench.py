@@ -276,7 +276,7 @@ def test_long_context_rolling_cache_figures_small(monkeypatch):
         dict(n_layer=1, n_head=2, n_embd=32, block_size=32, vocab_size=65, rope=True),
     )
     monkeypatch.setattr(long_context, "DECODE_W", 8)
-    roll = long_context.bench_rolling_cache(dict(quick=False), lambda msg: None)
+    roll = long_context.bench_rolling_cache(common.Settings(quick=False), lambda msg: None)
     assert roll["tokens"] == 20 * 32 and len(roll["tokens_per_s_by_tenth"]) == 10
     assert (
         roll["cache_bytes_dense"] == 2 * 1 * 2 * 32 * 16 * 4
@@ -295,14 +295,14 @@ def test_long_context_rolling_cache_figures_small(monkeypatch):
 def test_long_context_attention_rows_check_the_window(monkeypatch):
     monkeypatch.setattr(long_context, "LONG_QUICK", [100, 333])
     monkeypatch.setattr(long_context, "LONG_W", 16)
-    rows = long_context.bench_window_attention(dict(quick=True), lambda msg: None)
+    rows = long_context.bench_window_attention(common.Settings(quick=True), lambda msg: None)
     assert [r["T"] for r in rows] == [100, 333]
     assert all(r["max_abs_error"] < 1e-5 and r["attention_dense"] > 0 for r in rows)
     monkeypatch.setattr(
         long_context, "windowed_attention", lambda q, k, v, w: q
     )  # a wrong path is caught
     with pytest.raises(common.BenchError, match="explicit path"):
-        long_context.bench_window_attention(dict(quick=True), lambda msg: None)
+        long_context.bench_window_attention(common.Settings(quick=True), lambda msg: None)
 
 
 def test_recipes_table_gives_nanogpt_its_estimate_and_ours_the_whole_split():
