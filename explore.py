@@ -19,10 +19,9 @@ import sys
 
 import torch
 
-from explorer.server import Explorer, ExplorerServer, address
+from explorer.server import Explorer, ExplorerServer, address, open_model
 from support import cli
-from support.loading import load_model, pick_device, pick_dtype
-from support.timeline import checkpoint_step
+from support.loading import pick_device, pick_dtype
 
 DEFAULTS = dict(
     out_dir="out-shakespeare-char",  # the checkpoint's folder
@@ -52,10 +51,11 @@ def start_server(cfg):
         torch.set_num_threads(cfg["threads"])
     device = pick_device(cfg["device"])
     dtype = pick_dtype(cfg["dtype"], device)
-    model, tok, folder = load_model(cfg)
+    # a run being trained that has no ckpt.pt yet opens at its newest snapshot
+    model, tok, folder, step, opened = open_model(cfg)
     model.to(device=device, dtype=dtype).eval()
     # a training run's folder: its snapshots are steps the page can go back to
-    explorer = Explorer(model, tok, run_dir=folder, step=checkpoint_step(folder))
+    explorer = Explorer(model, tok, run_dir=folder, step=step, opened=opened)
     try:
         return ExplorerServer(explorer, cfg["host"], cfg["port"])
     except OSError as e:

@@ -26,6 +26,7 @@ import math
 import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 import torch
@@ -33,8 +34,9 @@ import torch.nn.functional as F
 
 from data.tokenizer import TokenizerError
 from explorer import interpret
+from explorer.live import RunLog
 from support import attention_maps, engine, head_measures, timeline
-from support.checkpoint import CheckpointError
+from support.checkpoint import CheckpointError, checkpoint_path
 from support.loading import LoadError, load_model
 
 PAGE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "page")
@@ -42,6 +44,8 @@ PAGE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "page")
 PAGE_FILES = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/explorer.js": ("explorer.js", "text/javascript; charset=utf-8"),
+    "/panels.js": ("panels.js", "text/javascript; charset=utf-8"),
+    "/timeline.js": ("timeline.js", "text/javascript; charset=utf-8"),
     "/explorer.css": ("explorer.css", "text/css; charset=utf-8"),
 }
 MAX_BODY = 1 << 20  # bytes: a request body larger than this is refused before it is read
@@ -57,6 +61,11 @@ DIGITS = 6  # attention weights are rounded to 6 decimals: 5e-7 at most, a short
 SEED = 1337  # the induction probe's random tokens, heads.py's default seed
 PROBES_KEPT = 64  # induction probes kept, one per set of heads switched off
 STEPS_KEPT = 4  # snapshots of a run kept loaded at once
+
+# a head's share of the clean - corrupt difference is (patched - corrupt) / (clean - corrupt),
+# and each logit there carries rounding of about eps(dtype) * the logits' size: a difference
+# under ten times that would make every share a tenth rounding or more
+MIN_GAP_ROUNDINGS = 10
 
 ANALYZE_FIELDS = {"prompt", "ablate", "continuation", "attribute", "step"}
 GENERATE_FIELDS = {"prompt", "ablate", "max_new_tokens", "temperature", "top_k", "seed", "step"}
@@ -99,10 +108,11 @@ def number(body, key, default, low, high):
 
 class Explorer:
     """One model, its tokenizer, and the lock that every use of the model holds.
-    run_dir: the training run's folder, whose snapshots the requests may name by step;
-    step: the iter of the model given (ckpt.pt's), None when unknown."""
+    run_dir: the training run's folder, whose snapshots the requests may name by step
+    and whose log the timeline draws; step: the iter of the model given, None when
+    unknown; opened: where it came from, "ckpt.pt" or "snapshot"."""
 
-    def __init__(self, model, tok, run_dir=None, step=None, lock=None):
+    def __init__(self, model, tok, run_dir=None, step=None, lock=None, opened="ckpt.pt"):
         self.model = model
         self.tok = tok
         self.config = model.config
@@ -110,7 +120,10 @@ class Explorer:
         self.lock = lock or threading.Lock()
         self.run_dir = run_dir
         self.step = step
+        self.opened = opened
+        self.run = RunLog(run_dir)
         self.snapshots = {}  # step -> the Explorer of that snapshot, the most recent last
+        self.composition = None  # the Q-, K- and V-composition scores, once asked for
         # the induction probe, as heads.py measures it, by set of heads off: it does not
         # depend on the prompt, so typing with the same heads off never reruns it
         self.probes = {(): head_measures.induction_scores(model, SEED)["induction"]}
@@ -174,30 +187,51 @@ class Explorer:
             )
         return ids
 
-    def token(self, body, key):
-        """body[key] as a token id: an id, or a string that is one token."""
+    def token(self, body, key, name=None):
+        """body[key] as a token id: an id, or a string that is one token; name: what
+        the error messages call it (key)."""
+        name = name or key
         value = body.get(key)
         if isinstance(value, str):
             try:
                 ids = self.tok.encode(value)
             except TokenizerError as e:
-                raise RequestError(f"{key}: {e}") from None
+                raise RequestError(f"{name}: {e}") from None
             if len(ids) != 1:
                 raise RequestError(
-                    f"{key} {value!r} is {len(ids)} tokens; give one token, or its id"
+                    f"{name} {value!r} is {len(ids)} tokens; give one token, or its id"
                 )
             value = ids[0]
-        return integer({key: value}, key, None, 0, self.config.vocab_size - 1)
+        return integer({name: value}, name, None, 0, self.config.vocab_size - 1)
 
     # -------------------------------------------------------------------------
     # A training run's steps
 
     def steps(self):
-        """Answer GET /api/steps: the iters of the run's snapshots, and ckpt.pt's."""
-        found = []
-        if self.run_dir is not None:
-            found = list(timeline.list_snapshots(self.run_dir))
-        return {"steps": found, "checkpoint": self.step}
+        """Answer GET /api/steps: the iters of the run's snapshots, and that of the
+        model the explorer started with (ckpt.pt's, or a snapshot's: "opened")."""
+        return {"steps": self.run.steps(), "checkpoint": self.step, "opened": self.opened}
+
+    def timeline(self, since=None):
+        """Answer GET /api/timeline?since=VERSION: the run's evaluations as its log holds
+        them (the losses, the in-context learning score and each head's induction score
+        and label, where logged), every change of a head's label, and the steps; only
+        {"version", "changed": false} while nothing changed since VERSION."""
+        answer = self.steps()
+        version = self.run.version(answer["steps"])
+        if since == version:
+            return {"version": version, "changed": False}
+        evaluations, changes, skipped = self.run.read()
+        return {
+            "version": version,
+            "changed": True,
+            "run": self.run_dir is not None,
+            **answer,
+            "evaluations": evaluations,
+            "label_changes": changes,
+            "skipped_lines": skipped,
+            "induction_threshold": head_measures.INDUCTION,
+        }
 
     def at(self, body):
         """The Explorer that answers the request: this one, or that of the snapshot at
@@ -233,7 +267,7 @@ class Explorer:
             raise RequestError(f"step {step}: {e}") from None
         dtype = self.model.lm_head.weight.dtype
         model.to(device=self.device, dtype=dtype).eval()
-        return Explorer(model, self.tok, step=step, lock=self.lock)
+        return Explorer(model, self.tok, step=step, lock=self.lock, opened="snapshot")
 
     # -------------------------------------------------------------------------
     # Analysis
@@ -267,11 +301,13 @@ class Explorer:
         """The request's "attribute" as (position, token id or None: the model's choice)."""
         value = body.get("attribute", {})
         if not isinstance(value, dict) or set(value) - {"position", "token"}:
-            raise RequestError('attribute must be an object {"position": int, "token": id}')
+            raise RequestError(
+                'attribute must be an object {"position": int, "token": id or one-token string}'
+            )
         position = integer(value, "position", T - 1, 0, T - 1)
         token = None
         if "token" in value:
-            token = integer(value, "token", None, 0, self.config.vocab_size - 1)
+            token = self.token(value, "token", "attribute.token")
         return position, token
 
     @torch.no_grad()
@@ -461,11 +497,7 @@ class Explorer:
         clean_diff = result["clean_diff"]
         corrupt_diff = result["corrupt_diff"]
         gap = clean_diff - corrupt_diff
-        if abs(gap) < 1e-6:
-            raise RequestError(
-                f"both prompts give logit[target] - logit[foil] = {clean_diff:.4g}: there is "
-                "no difference to restore; change a prompt, the target or the foil"
-            )
+        self.check_gap(gap, clean_diff, corrupt_diff, result["logit_scale"])
         patched = result["patched"].cpu().numpy()
         return {
             "clean": self.tok.token_strings(clean),
@@ -479,6 +511,40 @@ class Explorer:
             "patched": np.round(patched, DIGITS).tolist(),
             "heads": np.round((patched - corrupt_diff) / gap, DIGITS).tolist(),
         }
+
+    def check_gap(self, gap, clean_diff, corrupt_diff, scale):
+        """Refuse a clean - corrupt difference too small to divide by: under
+        MIN_GAP_ROUNDINGS times the rounding of a logit of the last position's size."""
+        dtype = self.model.lm_head.weight.dtype
+        rounding = torch.finfo(dtype).eps * max(1.0, scale)
+        smallest = MIN_GAP_ROUNDINGS * rounding
+        if abs(gap) < smallest:
+            name = str(dtype).removeprefix("torch.")
+            raise RequestError(
+                f"clean and corrupt give logit[target] - logit[foil] = {clean_diff:.6g} and "
+                f"{corrupt_diff:.6g}: a difference of {abs(gap):.3g}, under {smallest:.3g}, "
+                f"{MIN_GAP_ROUNDINGS} times the rounding of {name} logits this large "
+                f"({rounding:.2g}), so each head's share of it would be mostly rounding; "
+                "change a prompt, the target or the foil"
+            )
+
+
+# -----------------------------------------------------------------------------
+# Opening a run
+
+
+def open_model(cfg):
+    """load_model(cfg), the model's iter and where it came from. A run that has no
+    ckpt.pt yet (train.py saves the first at its second evaluation) but snapshots
+    opens at its newest snapshot, so the explorer can start as the training does."""
+    out_dir = cfg["out_dir"]
+    snapshots = timeline.list_snapshots(out_dir)
+    if not cfg["init_from"] and snapshots and not os.path.exists(checkpoint_path(out_dir)):
+        newest = max(snapshots)
+        model, tok, _ = load_model({**cfg, "init_from": snapshots[newest]})
+        return model, tok, out_dir, newest, "snapshot"
+    model, tok, folder = load_model(cfg)
+    return model, tok, folder, timeline.checkpoint_step(folder), "ckpt.pt"
 
 
 # -----------------------------------------------------------------------------
@@ -498,6 +564,9 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(200, self.server.explorer.info())
         elif path == "/api/steps":
             self.reply(200, self.server.explorer.steps())
+        elif path == "/api/timeline":
+            since = parse_qs(urlsplit(self.path).query).get("since", [None])[0]
+            self.reply(200, self.server.explorer.timeline(since))
         elif path in PAGE_FILES:
             name, kind = PAGE_FILES[path]
             with open(os.path.join(PAGE_DIR, name), "rb") as f:

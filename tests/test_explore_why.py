@@ -155,7 +155,7 @@ def test_patch_with_heads_off_keeps_them_off(server, trained):  # noqa: F811
     [
         ({"clean": CLEAN, "corrupt": CORRUPT[:-1], "target": 1, "foil": 2}, "same token length"),
         ({"clean": CLEAN, "corrupt": CORRUPT, "target": 1, "foil": 1}, "same token"),
-        ({"clean": CLEAN, "corrupt": CLEAN, "target": 1, "foil": 2}, "no difference"),
+        ({"clean": CLEAN, "corrupt": CLEAN, "target": 1, "foil": 2}, "mostly rounding"),
         ({"clean": CLEAN, "corrupt": CORRUPT, "target": "ab", "foil": 2}, "2 tokens"),
         ({"clean": CLEAN, "corrupt": CORRUPT, "target": 10**6, "foil": 2}, "target must be"),
         ({"clean": CLEAN, "corrupt": CORRUPT, "foil": 2}, "target must be"),
@@ -220,7 +220,8 @@ def test_steps_are_the_snapshots_and_each_answers_as_its_model(trained, run_dir)
     server, guard = serve(Explorer(model, tok, folder, timeline.checkpoint_step(folder)))
     try:
         status, steps = request(server, "GET", "/api/steps")
-        assert status == 200 and steps == {"steps": [40, 80], "checkpoint": 80}
+        assert status == 200
+        assert steps == {"steps": [40, 80], "checkpoint": 80, "opened": "ckpt.pt"}
         idx = ids_of(tok, PROMPT)
         for step, m in ((40, run_dir["earlier"]), (80, model), (None, model)):
             body = {"prompt": PROMPT, "continuation": 0}
