@@ -15,6 +15,7 @@ import torch
 from model import GPT, GPTConfig
 from support.composition import composition_scores, head_weights, strongest
 
+
 def tiny(**overrides):
     torch.manual_seed(0)
     args = dict(block_size=16, vocab_size=11, n_layer=3, n_head=2, n_embd=16, bias=True)
