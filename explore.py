@@ -19,7 +19,8 @@ import sys
 
 import torch
 
-from explorer.server import Explorer, ExplorerServer, address, open_model
+from explorer.live import open_model
+from explorer.server import Explorer, ExplorerServer, address
 from support import cli
 from support.loading import pick_device, pick_dtype
 

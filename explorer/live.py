@@ -13,6 +13,9 @@ A snapshot is listed only once it is whole: save_checkpoint writes a
 temporary file and renames it, and timeline.list_snapshots lists only the
 final names. A new run in the same folder starts a new log, so the log can
 shrink; the version changes and the page redraws from scratch.
+
+open_model opens a run for explore.py: at ckpt.pt, or, before train.py has
+saved one, at the newest snapshot.
 """
 
 import json
@@ -20,7 +23,9 @@ import math
 import os
 import threading
 
-from support import timeline
+from support import head_measures, timeline
+from support.checkpoint import checkpoint_path
+from support.loading import load_model
 
 # the fields of an evaluation's log line the timeline draws; the rest stay in the log
 FIELDS = ("iter", "train_loss", "val_loss", "icl_score")
@@ -138,8 +143,43 @@ class RunLog:
                 self.read_at = stamp
             return self.evaluations, self.changes, self.skipped
 
+    def answer(self, steps, since):
+        """GET /api/timeline?since=VERSION's answer, given /api/steps's: the run's
+        evaluations as its log holds them (the losses, the in-context learning score and
+        each head's induction score and label, where logged), every change of a head's
+        label, and the steps; only {"version", "changed": false} while nothing changed
+        since VERSION."""
+        version = self.version(steps["steps"])
+        if since == version:
+            return {"version": version, "changed": False}
+        evaluations, changes, skipped = self.read()
+        return {
+            "version": version,
+            "changed": True,
+            "run": self.run_dir is not None,
+            **steps,
+            "evaluations": evaluations,
+            "label_changes": changes,
+            "skipped_lines": skipped,
+            "induction_threshold": head_measures.INDUCTION,
+        }
+
     def steps(self):
         """The iters of the run's snapshots, oldest first."""
         if self.run_dir is None:
             return []
         return list(timeline.list_snapshots(self.run_dir))
+
+
+def open_model(cfg):
+    """load_model(cfg), the model's iter and where it came from. A run that has no
+    ckpt.pt yet (train.py saves the first at its second evaluation) but snapshots
+    opens at its newest snapshot, so the explorer can start as the training does."""
+    out_dir = cfg["out_dir"]
+    snapshots = timeline.list_snapshots(out_dir)
+    if not cfg["init_from"] and snapshots and not os.path.exists(checkpoint_path(out_dir)):
+        newest = max(snapshots)
+        model, tok, _ = load_model({**cfg, "init_from": snapshots[newest]})
+        return model, tok, out_dir, newest, "snapshot"
+    model, tok, folder = load_model(cfg)
+    return model, tok, folder, timeline.checkpoint_step(folder), "ckpt.pt"

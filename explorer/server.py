@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from data.tokenizer import TokenizerError
 from explorer import interpret
 from explorer.live import RunLog
-from support import attention_maps, engine, head_measures, timeline
-from support.checkpoint import CheckpointError, checkpoint_path
+from support import attention_maps, composition, engine, head_measures, timeline
+from support.checkpoint import CheckpointError
 from support.loading import LoadError, load_model
 
 PAGE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "page")
@@ -70,6 +70,7 @@ MIN_GAP_ROUNDINGS = 10
 ANALYZE_FIELDS = {"prompt", "ablate", "continuation", "attribute", "step"}
 GENERATE_FIELDS = {"prompt", "ablate", "max_new_tokens", "temperature", "top_k", "seed", "step"}
 PATCH_FIELDS = {"clean", "corrupt", "target", "foil", "ablate", "step"}
+COMPOSITION_FIELDS = {"step"}
 
 
 class RequestError(Exception):
@@ -213,25 +214,8 @@ class Explorer:
         return {"steps": self.run.steps(), "checkpoint": self.step, "opened": self.opened}
 
     def timeline(self, since=None):
-        """Answer GET /api/timeline?since=VERSION: the run's evaluations as its log holds
-        them (the losses, the in-context learning score and each head's induction score
-        and label, where logged), every change of a head's label, and the steps; only
-        {"version", "changed": false} while nothing changed since VERSION."""
-        answer = self.steps()
-        version = self.run.version(answer["steps"])
-        if since == version:
-            return {"version": version, "changed": False}
-        evaluations, changes, skipped = self.run.read()
-        return {
-            "version": version,
-            "changed": True,
-            "run": self.run_dir is not None,
-            **answer,
-            "evaluations": evaluations,
-            "label_changes": changes,
-            "skipped_lines": skipped,
-            "induction_threshold": head_measures.INDUCTION,
-        }
+        """Answer GET /api/timeline?since=VERSION (RunLog.answer)."""
+        return self.run.answer(self.steps(), since)
 
     def at(self, body):
         """The Explorer that answers the request: this one, or that of the snapshot at
@@ -512,6 +496,30 @@ class Explorer:
             "heads": np.round((patched - corrupt_diff) / gap, DIGITS).tolist(),
         }
 
+    # -------------------------------------------------------------------------
+    # Composition
+
+    def compose(self, body):
+        """Answer POST /api/composition: the Q-, K- and V-composition scores of every
+        head into every head of a later layer (support/composition.py), from the
+        weights alone, so heads switched off do not change them; null where the reader's
+        layer is not later than the writer's."""
+        check_fields(body, COMPOSITION_FIELDS)
+        return self.at(body).compose_here()
+
+    def compose_here(self):
+        """compose() with this Explorer's model, computed once and kept."""
+        with self.lock:
+            if self.composition is None:
+                found = composition.composition_scores(self.model)
+                self.composition = {
+                    kind: np.where(
+                        np.isnan(s.numpy()), None, np.round(s.numpy().astype(np.float64), DIGITS)
+                    ).tolist()
+                    for kind, s in found.items()
+                }
+        return {"step": self.step, **self.composition}
+
     def check_gap(self, gap, clean_diff, corrupt_diff, scale):
         """Refuse a clean - corrupt difference too small to divide by: under
         MIN_GAP_ROUNDINGS times the rounding of a logit of the last position's size."""
@@ -527,24 +535,6 @@ class Explorer:
                 f"({rounding:.2g}), so each head's share of it would be mostly rounding; "
                 "change a prompt, the target or the foil"
             )
-
-
-# -----------------------------------------------------------------------------
-# Opening a run
-
-
-def open_model(cfg):
-    """load_model(cfg), the model's iter and where it came from. A run that has no
-    ckpt.pt yet (train.py saves the first at its second evaluation) but snapshots
-    opens at its newest snapshot, so the explorer can start as the training does."""
-    out_dir = cfg["out_dir"]
-    snapshots = timeline.list_snapshots(out_dir)
-    if not cfg["init_from"] and snapshots and not os.path.exists(checkpoint_path(out_dir)):
-        newest = max(snapshots)
-        model, tok, _ = load_model({**cfg, "init_from": snapshots[newest]})
-        return model, tok, out_dir, newest, "snapshot"
-    model, tok, folder = load_model(cfg)
-    return model, tok, folder, timeline.checkpoint_step(folder), "ckpt.pt"
 
 
 # -----------------------------------------------------------------------------
@@ -587,8 +577,13 @@ class Handler(BaseHTTPRequestHandler):
                 self.stream(ids, tokens)
             elif self.path == "/api/patch":
                 self.reply(200, self.server.explorer.patch(body))
+            elif self.path == "/api/composition":
+                self.reply(200, self.server.explorer.compose(body))
             else:
-                message = f"no API {self.path!r}; use /api/analyze, /api/generate or /api/patch"
+                message = (
+                    f"no API {self.path!r}; use /api/analyze, /api/generate, /api/patch "
+                    "or /api/composition"
+                )
                 self.reply(404, {"error": message})
         except RequestError as e:
             self.reply(400, {"error": str(e)})
