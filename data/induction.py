@@ -55,6 +55,19 @@ def induction_text(chars=CHARS, seed=SEED, line=LINE, shortest=SHORTEST, longest
     return lines.tobytes().decode("ascii")
 
 
+def recurring_text(text, shortest=64, longest=128, seed=SEED):
+    """Natural text with passages that recur within the context: text cut into passages
+    of shortest to longest characters, each written twice in a row. The second copy
+    can be predicted by copying the first, which a model too small to know the text
+    by heart can only do with an induction head."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(shortest, longest + 1, size=len(text) // shortest + 1)
+    cuts = np.cumsum(lengths)
+    starts = [0, *cuts[cuts < len(text)].tolist()]
+    ends = [*starts[1:], len(text)]
+    return "".join(text[a:b] * 2 for a, b in zip(starts, ends))
+
+
 def main():
     from data.prepare import DATA_ROOT, ensure_dataset, load_meta, summary
 
