@@ -39,6 +39,7 @@ import numpy as np
 from tqdm import tqdm
 
 from data.corpus import prepare_corpus
+from data.induction import induction_text
 from data.shards import SHARD_TOKENS, DataError, ShardedTokens, check_shards
 from data.tokenizer import GPT2_VOCAB_SIZE, TokenizerError, build_tokenizer, get_tokenizer
 
@@ -439,6 +440,10 @@ def ensure_dataset(name, data_root=None, input_path=None):
     if os.path.exists(os.path.join(dataset_dir, "meta.json")) and glob.glob(
         os.path.join(dataset_dir, "train_*.bin")
     ):
+        return dataset_dir
+    if name == "induction":  # generated, not read: data/induction.py
+        print(f"preparing {name} in {dataset_dir} (first use)")
+        prepare_text(induction_text(), dataset_dir, "char", source="data/induction.py")
         return dataset_dir
     if name not in DATASETS:
         raise DataError(

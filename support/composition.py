@@ -37,6 +37,7 @@ tests/test_composition.py checks):
     key/value head it reads.
 """
 
+import numpy as np
 import torch
 
 
@@ -110,10 +111,17 @@ def composition_scores(model):
 
 
 def strongest(scores, layer, head):
-    """The earlier head (l1, h1) with the largest score into (layer, head), and the score."""
+    """The earlier head (l1, h1) with the largest score into (layer, head), and the
+    score; None for a head of layer 0, which reads no other head."""
     into = scores[:layer, :, layer, head]  # (layer, H)
     if into.numel() == 0:
         return None
     best = int(torch.argmax(into))
     n_head = into.shape[1]
     return (best // n_head, best % n_head), float(into.flatten()[best])
+
+
+def as_lists(scores):
+    """A score tensor as nested lists for JSON, rounded, None where it is NaN."""
+    flat = [None if np.isnan(v) else round(v, 4) for v in scores.flatten().tolist()]
+    return np.array(flat, dtype=object).reshape(scores.shape).tolist()
