@@ -37,6 +37,7 @@ def page(driver):
         " label: document.getElementById('step-label').textContent,"
         " evaluations: state.timeline ? state.timeline.evaluations.map((e) => e.iter) : null,"
         " val: state.timeline ? state.timeline.evaluations.map((e) => e.val_loss) : null,"
+        " icl: state.timeline ? state.timeline.evaluations.map((e) => e.icl_score) : null,"
         " summary: document.getElementById('timeline-summary').textContent,"
         " opened: window.openedOnce === true,"
         " status: document.getElementById('status').textContent};"
@@ -118,6 +119,9 @@ def test_the_page_follows_a_run_being_trained(data_root, tmp_path):
         assert last["steps"] == [0, 10, 20, 30, 40]
         assert last["evaluations"] == [r["iter"] for r in read_log(run)]
         assert last["val"] == [r["val_loss"] for r in read_log(run)]
+        assert last["icl"] == [r["icl_score"] for r in read_log(run)]
+        for chart in ("timeline-loss", "timeline-icl", "timeline-induction"):
+            assert driver.find_element("id", chart).is_displayed()
         assert f"{len(last['evaluations'])} evaluation(s), iters 0 to {ITERS}" in last["summary"]
         wait_for(lambda: page(driver)["label"] == f"iter {ITERS} (snapshot)", "follow to the end")
         assert driver.find_element("id", "steps").is_displayed()

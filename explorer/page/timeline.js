@@ -93,7 +93,8 @@ function ticks(lo, hi, n) {
 }
 
 function fmt(v) {
-  return Math.abs(v) >= 100 || v === 0 ? String(Math.round(v)) : v.toPrecision(2);
+  if (Number.isInteger(v) || Math.abs(v) >= 100) return String(Math.round(v));
+  return v.toPrecision(2);
 }
 
 // the plot's frame for a canvas and the ranges of x (steps) and y
