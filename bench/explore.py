@@ -52,6 +52,7 @@ import sys
 import tempfile
 import threading
 import time
+from urllib.parse import urlencode
 
 import numpy as np
 import torch
@@ -79,6 +80,7 @@ DEFAULTS = dict(
     live_iters=200,  # the watched run's iters ...
     live_every=10,  # ... and its evaluations' interval: a snapshot each
     screenshot="",  # a .png of the timeline view two thirds of the way through the run
+    live_prompt="",  # the page's prompt ("" = its example), in the run's tokenizer's alphabet
 )
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's chromium and chromium-driver
@@ -423,12 +425,14 @@ def live_follow(cfg):
     try:
         wait(lambda: timeline.list_snapshots(run), 600, "train.py wrote no snapshot")
         explorer, url = start_explorer(run)
-        driver.get(url + "?view=timeline")
-        wait(
-            lambda: driver.execute_script("return !!(state.timeline && state.result)"),
-            120,
-            "no page",
-        )
+        query = {"view": "timeline"}
+        if cfg["live_prompt"]:
+            query["prompt"] = cfg["live_prompt"]
+        driver.get(f"{url}?{urlencode(query)}")
+        script = "return state.result ? 'drawn' : document.getElementById('status').textContent"
+        drawn = wait(lambda: driver.execute_script(script), 120, "the page drew nothing")
+        if drawn != "drawn":
+            raise SystemExit(f"error: the page says: {drawn} (pass a --live_prompt it can read)")
         driver.execute_script(RECORDER)
         shot = cfg["screenshot"]
         while training.poll() is None:
@@ -448,7 +452,12 @@ def live_follow(cfg):
         written = timeline.list_snapshots(run)
         script = "return state.steps.length === arguments[0]"
         wait(lambda: driver.execute_script(script, len(written)), 30, "the page missed snapshots")
-        seen = driver.execute_script("return [window.firstSeen, window.atLoad]")
+        first_seen, at_load = driver.execute_script("return [window.firstSeen, window.atLoad]")
+        latencies = [
+            first_seen[str(step)] / 1000 - os.stat(path).st_mtime_ns / 1e9
+            for step, path in written.items()
+            if step not in at_load
+        ]
     finally:
         driver.quit()
         if explorer is not None:
@@ -456,13 +465,8 @@ def live_follow(cfg):
             explorer.wait()
         if training.poll() is None:
             training.kill()
-    first_seen, at_load = seen
-    latencies = [
-        first_seen[str(step)] / 1000 - os.stat(path).st_mtime_ns / 1e9
-        for step, path in written.items()
-        if step not in at_load
-    ]
-    shutil.rmtree(run)
+            training.wait()
+        shutil.rmtree(run)
     latencies.sort()
     ms = [1000 * x for x in latencies]
     print(
