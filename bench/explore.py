@@ -77,7 +77,7 @@ DEFAULTS = dict(
     config="config/shakespeare_cpu.py",  # the recipe whose training step --log_heads is against
     live=True,  # the live-follow latency: a training run watched in headless Chromium
     live_only=False,  # only that (no trained model needed)
-    live_iters=200,  # the watched run's iters ...
+    live_iters=200,  # the watched run's iters (the recipe's schedule, cut there) ...
     live_every=10,  # ... and its evaluations' interval: a snapshot each
     screenshot="",  # a .png of the timeline view two thirds of the way through the run
     live_prompt="",  # the page's prompt ("" = its example), in the run's tokenizer's alphabet
@@ -410,7 +410,6 @@ def live_follow(cfg):
         cfg["config"],
         f"--out_dir={run}",
         f"--max_iters={cfg['live_iters']}",
-        f"--lr_decay_iters={cfg['live_iters']}",
         f"--eval_interval={cfg['live_every']}",
         "--eval_at_start=True",
         "--snapshots=True",

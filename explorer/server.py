@@ -12,10 +12,12 @@ prompt, as sample.py's do, with heads.py's induction probe on top; the lens,
 the attribution and patching are explorer/interpret.py's. Every number comes
 from the model's own forward: the page is a window onto model.py, not a second
 implementation. Given a training run's folder, it also serves the run's
-snapshots (support/timeline.py): every question may name a "step".
+snapshots (support/timeline.py): every question may name a "step"; and the
+run's evaluations, read while train.py writes them (explorer/live.py), for
+the page's timeline; and the heads' composition scores (support/composition.py).
 
 The server is the standard library's ThreadingHTTPServer. It serves the page's
-three files by fixed name (no path from a request ever reaches the file
+five files by fixed name (no path from a request ever reaches the file
 system) and a JSON API; a bad request gets a 4xx with one line saying what to
 fix. Ablation hooks change the shared model, so every use of the model holds
 one lock: several tabs are answered correctly, one forward at a time.
@@ -496,6 +498,22 @@ class Explorer:
             "heads": np.round((patched - corrupt_diff) / gap, DIGITS).tolist(),
         }
 
+    def check_gap(self, gap, clean_diff, corrupt_diff, scale):
+        """Refuse a clean - corrupt difference too small to divide by: under
+        MIN_GAP_ROUNDINGS times the rounding of a logit of the last position's size."""
+        dtype = self.model.lm_head.weight.dtype
+        rounding = torch.finfo(dtype).eps * max(1.0, scale)
+        smallest = MIN_GAP_ROUNDINGS * rounding
+        if abs(gap) < smallest:
+            name = str(dtype).removeprefix("torch.")
+            raise RequestError(
+                f"clean and corrupt give logit[target] - logit[foil] = {clean_diff:.6g} and "
+                f"{corrupt_diff:.6g}: a difference of {abs(gap):.3g}, under {smallest:.3g}, "
+                f"{MIN_GAP_ROUNDINGS} times the rounding of {name} logits this large "
+                f"({rounding:.2g}), so each head's share of it would be mostly rounding; "
+                "change a prompt, the target or the foil"
+            )
+
     # -------------------------------------------------------------------------
     # Composition
 
@@ -520,22 +538,6 @@ class Explorer:
                 }
         return {"step": self.step, **self.composition}
 
-    def check_gap(self, gap, clean_diff, corrupt_diff, scale):
-        """Refuse a clean - corrupt difference too small to divide by: under
-        MIN_GAP_ROUNDINGS times the rounding of a logit of the last position's size."""
-        dtype = self.model.lm_head.weight.dtype
-        rounding = torch.finfo(dtype).eps * max(1.0, scale)
-        smallest = MIN_GAP_ROUNDINGS * rounding
-        if abs(gap) < smallest:
-            name = str(dtype).removeprefix("torch.")
-            raise RequestError(
-                f"clean and corrupt give logit[target] - logit[foil] = {clean_diff:.6g} and "
-                f"{corrupt_diff:.6g}: a difference of {abs(gap):.3g}, under {smallest:.3g}, "
-                f"{MIN_GAP_ROUNDINGS} times the rounding of {name} logits this large "
-                f"({rounding:.2g}), so each head's share of it would be mostly rounding; "
-                "change a prompt, the target or the foil"
-            )
-
 
 # -----------------------------------------------------------------------------
 # The HTTP server
@@ -556,7 +558,10 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(200, self.server.explorer.steps())
         elif path == "/api/timeline":
             since = parse_qs(urlsplit(self.path).query).get("since", [None])[0]
-            self.reply(200, self.server.explorer.timeline(since))
+            try:
+                self.reply(200, self.server.explorer.timeline(since))
+            except OSError as e:  # the run's folder unreadable: one line, the server goes on
+                self.reply(500, {"error": f"cannot read the run's folder: {e}"})
         elif path in PAGE_FILES:
             name, kind = PAGE_FILES[path]
             with open(os.path.join(PAGE_DIR, name), "rb") as f:
