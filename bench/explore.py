@@ -46,6 +46,7 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -403,6 +404,8 @@ def live_follow(cfg):
     if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
         print("live follow: skipped, needs chromium and chromium-driver (apt)")
         return
+    # a kill ends the run's processes and its folder too (the finally below)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(f"stopped by signal {signum}"))
     print(f"cpu: {common.cpu_class()}")
     load_before = common.load_average()
     run = tempfile.mkdtemp(prefix="bench-live-")

@@ -561,7 +561,11 @@ async function start() {
   } else {
     const response = await fetch("/api/info");
     state.info = await response.json();
-    await loadTimeline();
+    try {
+      await loadTimeline();
+    } catch (e) {
+      $("status").textContent = e.message;
+    }
   }
   const info = state.info;
   $("model").textContent = `${info.n_layer} layers x ${info.n_head} heads, context ${info.context}, ${info.tokenizer} tokens, ${info.dtype}`;

@@ -17,7 +17,9 @@ const CHART_PAD = 14; // pixels above, right of and below the plot, but for the 
 // ask whether the run changed; returns whether the answer brought anything new
 async function loadTimeline() {
   const since = state.timeline ? `?since=${encodeURIComponent(state.timeline.version)}` : "";
-  const answer = await (await fetch(`/api/timeline${since}`)).json();
+  const response = await fetch(`/api/timeline${since}`);
+  const answer = await response.json();
+  if (!response.ok) throw new Error(answer.error);
   if (!answer.changed) return false;
   const last = state.steps.length - 1;
   const wasOnLast = state.steps.length > 0 && state.steps.indexOf(shownStep()) === last;
@@ -40,9 +42,9 @@ async function followRun() {
   try {
     await loadTimeline();
   } catch (e) {
-    // the server may be restarting: ask again at the next tick
+    // the server may be restarting, or the folder briefly unreadable: ask again at the next tick
   }
-  if (state.timeline && state.timeline.run) setTimeout(followRun, POLL_MS);
+  if (!state.timeline || state.timeline.run) setTimeout(followRun, POLL_MS);
 }
 
 // ---------------------------------------------------------------------------
