@@ -212,12 +212,13 @@ class Explorer:
 
     def steps(self):
         """Answer GET /api/steps: the iters of the run's snapshots, and that of the
-        model the explorer started with (ckpt.pt's, or a snapshot's: "opened")."""
-        return {"steps": self.run.steps(), "checkpoint": self.step, "opened": self.opened}
+        model the explorer started with (ckpt.pt's, or a snapshot's)."""
+        return {"steps": self.run.steps(), "checkpoint": self.step}
 
     def timeline(self, since=None):
-        """Answer GET /api/timeline?since=VERSION (RunLog.answer)."""
-        return self.run.answer(self.steps(), since)
+        """Answer GET /api/timeline?since=VERSION (RunLog.answer), with where the
+        model the explorer started with came from ("opened")."""
+        return self.run.answer({**self.steps(), "opened": self.opened}, since)
 
     def at(self, body):
         """The Explorer that answers the request: this one, or that of the snapshot at

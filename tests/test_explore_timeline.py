@@ -105,6 +105,7 @@ def test_the_timeline_is_the_log(server, folder):
         -1
     ].items()
     assert answer["steps"] == [0, 2, 4, 6] and answer["checkpoint"] == 6
+    assert answer["opened"] == "ckpt.pt"
     assert answer["induction_threshold"] == head_measures.INDUCTION
     assert answer["skipped_lines"] == 0 and answer["run"] is True
 
@@ -172,7 +173,12 @@ def test_a_run_without_ckpt_opens_at_its_newest_snapshot(folder):
     for name, tensor in model.state_dict().items():
         torch.testing.assert_close(tensor, want[name], rtol=0, atol=0)
     explorer = Explorer(model.eval(), tok, run_dir, step=step, opened=opened)
-    assert explorer.steps() == {"steps": [0, 2, 4, 6], "checkpoint": 6, "opened": "snapshot"}
+    answer = explorer.timeline()
+    assert (answer["steps"], answer["checkpoint"], answer["opened"]) == (
+        [0, 2, 4, 6],
+        6,
+        "snapshot",
+    )
     # with ckpt.pt there, it is ckpt.pt's
     shutil.copy(timeline.snapshot_path(folder, 4), os.path.join(folder, "ckpt.pt"))
     *_, step, opened = open_model({"init_from": "", "out_dir": folder})

@@ -222,7 +222,7 @@ def test_steps_are_the_snapshots_and_each_answers_as_its_model(trained, run_dir)
     try:
         status, steps = request(server, "GET", "/api/steps")
         assert status == 200
-        assert steps == {"steps": [40, 80], "checkpoint": 80, "opened": "ckpt.pt"}
+        assert steps == {"steps": [40, 80], "checkpoint": 80}
         idx = ids_of(tok, PROMPT)
         for step, m in ((40, run_dir["earlier"]), (80, model), (None, model)):
             body = {"prompt": PROMPT, "continuation": 0}

@@ -448,7 +448,7 @@ function showView(view) {
   writeUrl();
 }
 
-// the slider's stops from an /api/steps or /api/timeline answer: the snapshots and
+// the slider's stops from an /api/timeline answer: the snapshots and
 // the model the explorer started with
 function setSteps(answer) {
   const stops = new Set(answer.steps);
