@@ -20,11 +20,10 @@ import sys
 
 import torch
 
+from explorer.live import open_model
 from explorer.server import Explorer, ExplorerServer, address
 from support import cli
 from support.device import inference_dtype, pick_device
-from support.loading import load_model
-from support.timeline import checkpoint_step
 
 
 @dataclasses.dataclass
@@ -57,10 +56,11 @@ def start_server(cfg):
         torch.set_num_threads(cfg.threads)
     device = pick_device(cfg.device)
     dtype = inference_dtype(cfg.dtype, device)
-    model, tok, folder = load_model(cfg.init_from, cfg.out_dir)
+    # a run being trained that has no ckpt.pt yet opens at its newest snapshot
+    model, tok, folder, step, opened = open_model(cfg.init_from, cfg.out_dir)
     model.to(device=device, dtype=dtype).eval()
     # a training run's folder: its snapshots are steps the page can go back to
-    explorer = Explorer(model, tok, run_dir=folder, step=checkpoint_step(folder))
+    explorer = Explorer(model, tok, run_dir=folder, step=step, opened=opened)
     try:
         return ExplorerServer(explorer, cfg.host, cfg.port)
     except OSError as e:

@@ -19,6 +19,11 @@ For the checkpoint in --out_dir (or --init_from), three measurements per head:
               output is zeroed before c_proj, all other heads intact; also each
               whole layer, and all heads that cost less than --prune_below at once
 
+and the circuit the heads make: the Q-, K- and V-composition scores between every
+head and every head of a later layer, from the weights (support/composition.py),
+and on the induction probe each head knocked out in turn: the loss on the repeated
+half and the best induction score of a later head without it.
+
 It writes <folder>/heads/heads.json, heads.md (printed too) and heads.png, a
 picture of every head's label and importance. docs/heads.md shows it on two
 models. Options are --key=value; `python heads.py --help` lists them.
@@ -35,6 +40,7 @@ import numpy as np
 
 from support import attention_maps, cli
 from support.attention_maps import CLASSES
+from support.composition import as_lists, composition_scores, strongest
 from support.device import inference_dtype, pick_device
 from support.head_measures import (
     BATCH_TOKENS,
@@ -43,6 +49,7 @@ from support.head_measures import (
     HeadsError,
     ablation,
     induction_scores,
+    knockouts,
     patterns,
     probe_tokens,
     val_tokens,
@@ -98,6 +105,8 @@ def report(cfg, model, tok, data, folder, source):
     pats = patterns(model, tok, data, spans, cfg.batch_size)
     probe = induction_scores(model, cfg.seed)
     abl = ablation(model, data, spans, cfg.batch_size, cfg.prune_below)
+    comp = composition_scores(model)
+    knock = knockouts(model, cfg.seed)
     order = np.argsort(-abl["head_nats"], axis=None, kind="stable")  # most important first
     rank = np.empty(order.size, dtype=int)
     rank[order] = np.arange(1, order.size + 1)
@@ -122,6 +131,11 @@ def report(cfg, model, tok, data, folder, source):
                     "ablation_nats": round(float(abl["head_nats"][layer, h]), 5),
                     "rank": int(rank[layer * c.n_head + h]),
                     "prune": (layer, h) in abl["pruned"],
+                    "composition_from": {k: strongest(v, layer, h) for k, v in comp.items()},
+                    "knockout_copy_loss": round(float(knock["copy_loss"][layer, h]), 4),
+                    "knockout_later_induction": knock["induction"][layer, h, layer + 1 :]
+                    .round(4)
+                    .tolist(),
                 }
             )
     return {
@@ -142,6 +156,10 @@ def report(cfg, model, tok, data, folder, source):
             "threshold": INDUCTION,
         },
         "rule": attention_maps.LABEL_RULE,
+        "composition": {k: as_lists(v) for k, v in comp.items()},
+        "copy_loss": {
+            k: round(float(knock["baseline"][k]), 4) for k in ("first_copy_loss", "copy_loss")
+        },
         "heads": heads,
     }
 
@@ -182,8 +200,52 @@ def markdown(rep):
         f"Whole layer's attention removed: {layers} nats.",
         f"Pruning the {n_pruned} heads whose ablation costs < {rep['prune_below']} nats, "
         f"all at once: loss {rep['pruned_loss']:.4f} ({rep['pruned_nats']:+.4f} nats).",
+        "",
+        *circuit_markdown(rep),
     ]
     return "\n".join(lines)
+
+
+def circuit_markdown(rep):
+    """The circuit: each later head's strongest Q-, K- and V-composition source, and
+    each head knocked out on the induction probe."""
+    cols = [
+        "layer",
+        "head",
+        "label",
+        "Q from",
+        "K from",
+        "V from",
+        "copy loss without",
+        "later induction without",
+    ]
+    lines = [
+        "Composition (Elhage et al. 2021, from the weights): the earlier head whose output "
+        "composes most into each head's query, key and value. Knock-out on the induction "
+        f"probe: the loss on its repeated half ({rep['copy_loss']['copy_loss']:.3f} nats; "
+        f"{rep['copy_loss']['first_copy_loss']:.3f} on the first half) and the best "
+        "induction score of a later head, with the head removed.",
+        "",
+        "| " + " | ".join(cols) + " |",
+        "|" + "---|" * len(cols),
+    ]
+    for h in rep["heads"]:
+        sources = []
+        for name in ("q", "k", "v"):
+            found = h["composition_from"][name]
+            sources.append("-" if found is None else f"L{found[0][0]}H{found[0][1]} {found[1]:.2f}")
+        later = h["knockout_later_induction"]
+        best = f"{max(max(row) for row in later):.2f}" if later else "-"
+        cells = [
+            h["layer"],
+            h["head"],
+            h["label"],
+            *sources,
+            f"{h['knockout_copy_loss']:.3f}",
+            best,
+        ]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return lines
 
 
 def save_picture(rep, path, n_layer, n_head):

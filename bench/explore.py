@@ -27,7 +27,15 @@ Then, each against a peer timed in the same run:
     (train.py's own train_step, its settings), times the evaluations of the run in
     --out_dir's log (goal: <= 5% of the training time);
   - --snapshots: one snapshot's size, times those evaluations, and the snapshots
-    --out_dir holds (goal: <= 10 MB in all).
+    --out_dir holds (goal: <= 10 MB in all);
+  - live follow: a real train.py run of the recipe (--snapshots=True
+    --log_heads=True) and a real explore.py over its folder, opened in headless
+    Chromium: from each snapshot's write (its file's modification time: the last
+    byte written, before fsync and the rename) to the page's slider holding it (a
+    MutationObserver in the page stamps the moment), for every snapshot written
+    after the page opened (goal: <= 2 s). `--live_only=True` runs this part alone
+    (no trained model needed); --screenshot=PNG keeps the timeline view two
+    thirds of the way through the run.
 
 The CPU's class comes from bench/common.py, as for every benchmark.
 """
@@ -39,11 +47,14 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+from urllib.parse import urlencode
 
 import numpy as np
 import torch
@@ -55,6 +66,7 @@ from model import GPT, GPTConfig
 from support import attention_maps, cli, head_measures, timeline
 from support.checkpoint import checkpoint_path
 from support.loading import load_model
+from support.run_log import read_evaluations
 from support.settings import Settings as TrainSettings
 
 
@@ -68,7 +80,16 @@ class Settings:
     gpt2: bool = True  # also patch every head of a GPT-2-shaped random model (about a minute)
     # the recipe whose training step --log_heads is against
     config: str = "config/shakespeare_cpu.py"
+    live: bool = True  # the live-follow latency: a training run watched in headless Chromium
+    live_only: bool = False  # only that (no trained model needed)
+    live_iters: int = 200  # the watched run's iters (the recipe's schedule, cut there) ...
+    live_every: int = 10  # ... and its evaluations' interval: a snapshot each
+    screenshot: str = ""  # a .png of the timeline view two thirds of the way through the run
+    live_prompt: str = ""  # the page's prompt ("" = its example), in the run's tokenizer's alphabet
 
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's chromium and chromium-driver
+CHROMEDRIVER = "/usr/bin/chromedriver"
 
 TEXT = (
     "ROMEO:\nBut soft, what light through yonder window breaks?\n"
@@ -100,6 +121,9 @@ def post(port, body, path="/api/analyze"):
 
 def main(cfg):
     torch.set_num_threads(cfg.threads)
+    if cfg.live_only:
+        live_follow(cfg)
+        return
     model, tok, _ = load_model(cfg.init_from, cfg.out_dir)
     model.eval()
     explorer = Explorer(model, tok)
@@ -182,6 +206,9 @@ def main(cfg):
     patching(model, tok, ids, n, cfg.gpt2)
     print()
     log_heads_cost(model, tok, cfg)
+    if cfg.live:
+        print()
+        live_follow(cfg)
 
 
 class WithoutWhy(Explorer):
@@ -326,6 +353,148 @@ def log_heads_cost(model, tok, cfg):
         f"{source}/snapshots holds {held / 1e6:.1f} MB (goal <= 10 MB)"
     )
     shutil.rmtree(folder)
+
+
+# -----------------------------------------------------------------------------
+# Live follow: a snapshot's write to the open page
+
+# stamps, in the page, the moment each step first reaches the slider (its max is set
+# in the same task as the steps); the steps there at load are the page's first drawing
+RECORDER = """
+window.firstSeen = {};
+window.atLoad = [...state.steps];
+const mark = () => {
+  for (const s of state.steps) if (!(s in window.firstSeen)) window.firstSeen[s] = Date.now();
+};
+mark();
+new MutationObserver(mark).observe(document.getElementById("step"), {attributes: true});
+"""
+
+
+def read_log(run):
+    """The evaluations of the run's log.jsonl, as the explorer reads them; none before
+    train.py has made it."""
+    try:
+        return read_evaluations(run)
+    except FileNotFoundError:
+        return []
+
+
+def headless_chromium():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1500"):
+        options.add_argument(arg)
+    options.add_argument("--disable-background-networking")
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+def wait(condition, seconds, what):
+    deadline = time.monotonic() + seconds
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"error: {what} within {seconds} s")
+        time.sleep(0.05)
+    return value
+
+
+def start_explorer(run):
+    """explore.py over the run's folder as its own process, and its address."""
+    child = subprocess.Popen(
+        [sys.executable, "explore.py", f"--out_dir={run}", "--port=0", "--threads=1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    for line in child.stdout:
+        if line.startswith("explorer at "):
+            return child, line.split()[2]
+    raise SystemExit(f"error: explore.py did not start (exit {child.wait()})")
+
+
+def live_follow(cfg):
+    """The latency from each snapshot's write to the open page's slider holding it."""
+    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+        print("live follow: skipped, needs chromium and chromium-driver (apt)")
+        return
+    # a kill ends the run's processes and its folder too (the finally below)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(f"stopped by signal {signum}"))
+    print(f"cpu: {common.cpu_class()}")
+    load_before = common.load_average()
+    run = tempfile.mkdtemp(prefix="bench-live-")
+    argv = [
+        cfg.config,
+        f"--out_dir={run}",
+        f"--max_iters={cfg.live_iters}",
+        f"--eval_interval={cfg.live_every}",
+        "--eval_at_start=True",
+        "--snapshots=True",
+        "--log_heads=True",
+        "--snapshot_limit=100000",  # none removed: each one's time is read at the end
+    ]
+    training = subprocess.Popen(
+        [sys.executable, "train.py", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    driver = headless_chromium()
+    explorer = None
+    try:
+        wait(lambda: timeline.list_snapshots(run), 600, "train.py wrote no snapshot")
+        explorer, url = start_explorer(run)
+        query = {"view": "timeline"}
+        if cfg.live_prompt:
+            query["prompt"] = cfg.live_prompt
+        driver.get(f"{url}?{urlencode(query)}")
+        script = "return state.result ? 'drawn' : document.getElementById('status').textContent"
+        drawn = wait(lambda: driver.execute_script(script), 120, "the page drew nothing")
+        if drawn != "drawn":
+            raise SystemExit(f"error: the page says: {drawn} (pass a --live_prompt it can read)")
+        driver.execute_script(RECORDER)
+        shot = cfg.screenshot
+        while training.poll() is None:
+            logged = len(timeline.logged_iters(run))
+            if shot and logged * cfg.live_every >= 2 * cfg.live_iters // 3:
+                # the head of the highest induction score picked, drawn thick
+                scores = np.array(read_log(run)[-1]["heads"]["induction"])
+                layer, head = np.unravel_index(scores.argmax(), scores.shape)
+                driver.execute_script(f"selectHead({layer}, {head})")
+                time.sleep(1)  # the page's last poll, and the analysis it follows with
+                driver.save_screenshot(shot)
+                print(f"live follow: the timeline view at evaluation {logged}, in {shot}")
+                shot = ""
+            time.sleep(0.1)
+        if training.returncode != 0:
+            raise SystemExit(f"error: train.py {' '.join(argv)} failed ({training.returncode})")
+        written = timeline.list_snapshots(run)
+        script = "return state.steps.length === arguments[0]"
+        wait(lambda: driver.execute_script(script, len(written)), 30, "the page missed snapshots")
+        first_seen, at_load = driver.execute_script("return [window.firstSeen, window.atLoad]")
+        latencies = [
+            first_seen[str(step)] / 1000 - os.stat(path).st_mtime_ns / 1e9
+            for step, path in written.items()
+            if step not in at_load
+        ]
+    finally:
+        driver.quit()
+        if explorer is not None:
+            explorer.terminate()
+            explorer.wait()
+        if training.poll() is None:
+            training.kill()
+            training.wait()
+        shutil.rmtree(run)
+    latencies.sort()
+    ms = [1000 * x for x in latencies]
+    print(
+        f"live follow: {len(ms)} snapshots of {cfg.config} (every {cfg.live_every} of "
+        f"{cfg.live_iters} iters) written while the page was open; from the write to the "
+        f"slider: median {statistics.median(ms):.0f} ms, 90th percentile "
+        f"{ms[int(0.9 * (len(ms) - 1))]:.0f} ms, max {ms[-1]:.0f} ms (the page asks every "
+        f"500 ms; goal <= 2000 ms); load average {load_before} before, "
+        f"{common.load_average()} after"
+    )
 
 
 if __name__ == "__main__":

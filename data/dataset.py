@@ -6,6 +6,7 @@ documents in shards, data/shards.py, written by data/corpus.py). What training,
 heads.py and the benchmarks read; data/prepare.py is the command that writes one.
 """
 
+import functools
 import glob
 import json
 import os
@@ -13,12 +14,17 @@ import os
 import numpy as np
 
 from data import DATA_ROOT
+from data.induction import prepare_induction
 from data.shards import DataError, ShardedTokens, check_shards
 from data.tiny_shakespeare import FOLDERS, prepare_shakespeare
 from data.tokenizer import GPT2_VOCAB_SIZE, TokenizerError, get_tokenizer
 
-# the datasets prepared on first use, and their tokenizer
-DATASETS = {name: kind for kind, name in FOLDERS.items()}
+# the datasets prepared on first use: name -> prepare(data_root, input_path)
+DATASETS = {
+    "shakespeare_char": functools.partial(prepare_shakespeare, "char"),
+    "shakespeare": functools.partial(prepare_shakespeare, "gpt2"),
+    "induction": prepare_induction,
+}
 SPLITS = ("train", "val")
 FILES = ("train.bin", "val.bin", "meta.json")
 _META_TYPES = {
@@ -33,8 +39,10 @@ DTYPE_LIMITS = {"uint16": 2**16, "uint32": 2**32}
 
 def _prepare_hint(dataset_dir):
     name = os.path.basename(os.path.normpath(dataset_dir))
-    if name in DATASETS:
+    if name in FOLDERS.values():
         return f"python data/{name}/prepare.py"
+    if name == "induction":
+        return "python data/induction.py"
     return f"python data/prepare.py YOUR_CORPUS --name {name}"
 
 
@@ -164,7 +172,7 @@ def load_tokens(dataset_dir, split):
 
 
 def ensure_dataset(name, data_root=None, input_path=None):
-    """The folder of a prepared dataset, preparing tiny Shakespeare if needed."""
+    """The folder of a prepared dataset, preparing one of DATASETS if needed."""
     data_root = data_root or DATA_ROOT
     dataset_dir = os.path.join(data_root, name)
     if all(os.path.exists(os.path.join(dataset_dir, f)) for f in FILES):
@@ -181,5 +189,5 @@ def ensure_dataset(name, data_root=None, input_path=None):
             f"python data/prepare.py YOUR_CORPUS --name {name}"
         )
     print(f"preparing {name} in {dataset_dir} (first use)")
-    prepare_shakespeare(DATASETS[name], data_root, input_path)
+    DATASETS[name](data_root, input_path)
     return dataset_dir

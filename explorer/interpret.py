@@ -215,8 +215,9 @@ def patch_heads(model, clean, corrupt, target, foil):
     One pass over the blocks: at layer l the batch takes n_head new copies of the
     corrupt run's residual entering l (nothing below l changes), one patched per
     head, beside the copies of the layers before, which go on from where their
-    patch left them. Returns clean_diff, corrupt_diff (floats) and patched
-    (n_layer, n_head): the diff of each patched run."""
+    patch left them. Returns clean_diff, corrupt_diff (floats), patched
+    (n_layer, n_head): the diff of each patched run, and logit_scale: the largest
+    |logit| at the last position of the two runs, the size their rounding goes with."""
     c = model.config
     with recording(model) as clean_trace:
         clean_logits = model(clean)[0]  # (1, T, vocab)
@@ -238,4 +239,8 @@ def patch_heads(model, clean, corrupt, target, foil):
         "clean_diff": logit_diff(clean_logits[0, -1], target, foil).item(),
         "corrupt_diff": logit_diff(corrupt_logits[0, -1], target, foil).item(),
         "patched": logit_diff(logits, target, foil).view(c.n_layer, c.n_head),
+        "logit_scale": max(
+            clean_logits[0, -1].float().abs().max().item(),
+            corrupt_logits[0, -1].float().abs().max().item(),
+        ),
     }

@@ -12,10 +12,12 @@ prompt, as sample.py's do, with heads.py's induction probe on top; the lens,
 the attribution and patching are explorer/interpret.py's. Every number comes
 from the model's own forward: the page is a window onto model.py, not a second
 implementation. Given a training run's folder, it also serves the run's
-snapshots (support/timeline.py): every question may name a "step".
+snapshots (support/timeline.py): every question may name a "step"; and the
+run's evaluations, read while train.py writes them (explorer/live.py), for
+the page's timeline; and the heads' composition scores (support/composition.py).
 
 The server is the standard library's ThreadingHTTPServer. It serves the page's
-three files by fixed name (no path from a request ever reaches the file
+five files by fixed name (no path from a request ever reaches the file
 system) and a JSON API; a bad request gets a 4xx with one line saying what to
 fix. Ablation hooks change the shared model, so every use of the model holds
 one lock: several tabs are answered correctly, one forward at a time.
@@ -26,6 +28,7 @@ import math
 import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 import torch
@@ -33,7 +36,8 @@ import torch.nn.functional as F
 
 from data.tokenizer import TokenizerError
 from explorer import interpret
-from support import attention_maps, engine, head_measures, timeline
+from explorer.live import RunLog
+from support import attention_maps, composition, engine, head_measures, timeline
 from support.checkpoint import CheckpointError
 from support.loading import LoadError, load_model
 
@@ -42,6 +46,8 @@ PAGE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "page")
 PAGE_FILES = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/explorer.js": ("explorer.js", "text/javascript; charset=utf-8"),
+    "/panels.js": ("panels.js", "text/javascript; charset=utf-8"),
+    "/timeline.js": ("timeline.js", "text/javascript; charset=utf-8"),
     "/explorer.css": ("explorer.css", "text/css; charset=utf-8"),
 }
 MAX_BODY = 1 << 20  # bytes: a request body larger than this is refused before it is read
@@ -58,9 +64,15 @@ SEED = 1337  # the induction probe's random tokens, heads.py's default seed
 PROBES_KEPT = 64  # induction probes kept, one per set of heads switched off
 STEPS_KEPT = 4  # snapshots of a run kept loaded at once
 
+# a head's share of the clean - corrupt difference is (patched - corrupt) / (clean - corrupt),
+# and each logit there carries rounding of about eps(dtype) * the logits' size: a difference
+# under ten times that would make every share a tenth rounding or more
+MIN_GAP_ROUNDINGS = 10
+
 ANALYZE_FIELDS = {"prompt", "ablate", "continuation", "attribute", "step"}
 GENERATE_FIELDS = {"prompt", "ablate", "max_new_tokens", "temperature", "top_k", "seed", "step"}
 PATCH_FIELDS = {"clean", "corrupt", "target", "foil", "ablate", "step"}
+COMPOSITION_FIELDS = {"step"}
 
 
 class RequestError(Exception):
@@ -99,10 +111,11 @@ def number(body, key, default, low, high):
 
 class Explorer:
     """One model, its tokenizer, and the lock that every use of the model holds.
-    run_dir: the training run's folder, whose snapshots the requests may name by step;
-    step: the iter of the model given (ckpt.pt's), None when unknown."""
+    run_dir: the training run's folder, whose snapshots the requests may name by step
+    and whose log the timeline draws; step: the iter of the model given, None when
+    unknown; opened: where it came from, "ckpt.pt" or "snapshot"."""
 
-    def __init__(self, model, tok, run_dir=None, step=None, lock=None):
+    def __init__(self, model, tok, run_dir=None, step=None, lock=None, opened="ckpt.pt"):
         self.model = model
         self.tok = tok
         self.config = model.config
@@ -110,7 +123,10 @@ class Explorer:
         self.lock = lock or threading.Lock()
         self.run_dir = run_dir
         self.step = step
+        self.opened = opened
+        self.run = RunLog(run_dir)
         self.snapshots = {}  # step -> the Explorer of that snapshot, the most recent last
+        self.composition = None  # the Q-, K- and V-composition scores, once asked for
         # the induction probe, as heads.py measures it, by set of heads off: it does not
         # depend on the prompt, so typing with the same heads off never reruns it
         self.probes = {(): head_measures.induction_scores(model, SEED)["induction"]}
@@ -174,30 +190,35 @@ class Explorer:
             )
         return ids
 
-    def token(self, body, key):
-        """body[key] as a token id: an id, or a string that is one token."""
+    def token(self, body, key, name=None):
+        """body[key] as a token id: an id, or a string that is one token; name: what
+        the error messages call it (key)."""
+        name = name or key
         value = body.get(key)
         if isinstance(value, str):
             try:
                 ids = self.tok.encode(value)
             except TokenizerError as e:
-                raise RequestError(f"{key}: {e}") from None
+                raise RequestError(f"{name}: {e}") from None
             if len(ids) != 1:
                 raise RequestError(
-                    f"{key} {value!r} is {len(ids)} tokens; give one token, or its id"
+                    f"{name} {value!r} is {len(ids)} tokens; give one token, or its id"
                 )
             value = ids[0]
-        return integer({key: value}, key, None, 0, self.config.vocab_size - 1)
+        return integer({name: value}, name, None, 0, self.config.vocab_size - 1)
 
     # -------------------------------------------------------------------------
     # A training run's steps
 
     def steps(self):
-        """Answer GET /api/steps: the iters of the run's snapshots, and ckpt.pt's."""
-        found = []
-        if self.run_dir is not None:
-            found = list(timeline.list_snapshots(self.run_dir))
-        return {"steps": found, "checkpoint": self.step}
+        """Answer GET /api/steps: the iters of the run's snapshots, and that of the
+        model the explorer started with (ckpt.pt's, or a snapshot's)."""
+        return {"steps": self.run.steps(), "checkpoint": self.step}
+
+    def timeline(self, since=None):
+        """Answer GET /api/timeline?since=VERSION (RunLog.answer), with where the
+        model the explorer started with came from ("opened")."""
+        return self.run.answer({**self.steps(), "opened": self.opened}, since)
 
     def at(self, body):
         """The Explorer that answers the request: this one, or that of the snapshot at
@@ -233,7 +254,7 @@ class Explorer:
             raise RequestError(f"step {step}: {e}") from None
         dtype = self.model.lm_head.weight.dtype
         model.to(device=self.device, dtype=dtype).eval()
-        return Explorer(model, self.tok, step=step, lock=self.lock)
+        return Explorer(model, self.tok, step=step, lock=self.lock, opened="snapshot")
 
     # -------------------------------------------------------------------------
     # Analysis
@@ -267,11 +288,13 @@ class Explorer:
         """The request's "attribute" as (position, token id or None: the model's choice)."""
         value = body.get("attribute", {})
         if not isinstance(value, dict) or set(value) - {"position", "token"}:
-            raise RequestError('attribute must be an object {"position": int, "token": id}')
+            raise RequestError(
+                'attribute must be an object {"position": int, "token": id or one-token string}'
+            )
         position = integer(value, "position", T - 1, 0, T - 1)
         token = None
         if "token" in value:
-            token = integer(value, "token", None, 0, self.config.vocab_size - 1)
+            token = self.token(value, "token", "attribute.token")
         return position, token
 
     @torch.no_grad()
@@ -461,11 +484,7 @@ class Explorer:
         clean_diff = result["clean_diff"]
         corrupt_diff = result["corrupt_diff"]
         gap = clean_diff - corrupt_diff
-        if abs(gap) < 1e-6:
-            raise RequestError(
-                f"both prompts give logit[target] - logit[foil] = {clean_diff:.4g}: there is "
-                "no difference to restore; change a prompt, the target or the foil"
-            )
+        self.check_gap(gap, clean_diff, corrupt_diff, result["logit_scale"])
         patched = result["patched"].cpu().numpy()
         return {
             "clean": self.tok.token_strings(clean),
@@ -479,6 +498,46 @@ class Explorer:
             "patched": np.round(patched, DIGITS).tolist(),
             "heads": np.round((patched - corrupt_diff) / gap, DIGITS).tolist(),
         }
+
+    def check_gap(self, gap, clean_diff, corrupt_diff, scale):
+        """Refuse a clean - corrupt difference too small to divide by: under
+        MIN_GAP_ROUNDINGS times the rounding of a logit of the last position's size."""
+        dtype = self.model.lm_head.weight.dtype
+        rounding = torch.finfo(dtype).eps * max(1.0, scale)
+        smallest = MIN_GAP_ROUNDINGS * rounding
+        if abs(gap) < smallest:
+            name = str(dtype).removeprefix("torch.")
+            raise RequestError(
+                f"clean and corrupt give logit[target] - logit[foil] = {clean_diff:.6g} and "
+                f"{corrupt_diff:.6g}: a difference of {abs(gap):.3g}, under {smallest:.3g}, "
+                f"{MIN_GAP_ROUNDINGS} times the rounding of {name} logits this large "
+                f"({rounding:.2g}), so each head's share of it would be mostly rounding; "
+                "change a prompt, the target or the foil"
+            )
+
+    # -------------------------------------------------------------------------
+    # Composition
+
+    def compose(self, body):
+        """Answer POST /api/composition: the Q-, K- and V-composition scores of every
+        head into every head of a later layer (support/composition.py), from the
+        weights alone, so heads switched off do not change them; null where the reader's
+        layer is not later than the writer's."""
+        check_fields(body, COMPOSITION_FIELDS)
+        return self.at(body).compose_here()
+
+    def compose_here(self):
+        """compose() with this Explorer's model, computed once and kept."""
+        with self.lock:
+            if self.composition is None:
+                found = composition.composition_scores(self.model)
+                self.composition = {
+                    kind: np.where(
+                        np.isnan(s.numpy()), None, np.round(s.numpy().astype(np.float64), DIGITS)
+                    ).tolist()
+                    for kind, s in found.items()
+                }
+        return {"step": self.step, **self.composition}
 
 
 # -----------------------------------------------------------------------------
@@ -498,6 +557,12 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(200, self.server.explorer.info())
         elif path == "/api/steps":
             self.reply(200, self.server.explorer.steps())
+        elif path == "/api/timeline":
+            since = parse_qs(urlsplit(self.path).query).get("since", [None])[0]
+            try:
+                self.reply(200, self.server.explorer.timeline(since))
+            except OSError as e:  # the run's folder unreadable: one line, the server goes on
+                self.reply(500, {"error": f"cannot read the run's folder: {e}"})
         elif path in PAGE_FILES:
             name, kind = PAGE_FILES[path]
             with open(os.path.join(PAGE_DIR, name), "rb") as f:
@@ -518,8 +583,13 @@ class Handler(BaseHTTPRequestHandler):
                 self.stream(ids, tokens)
             elif self.path == "/api/patch":
                 self.reply(200, self.server.explorer.patch(body))
+            elif self.path == "/api/composition":
+                self.reply(200, self.server.explorer.compose(body))
             else:
-                message = f"no API {self.path!r}; use /api/analyze, /api/generate or /api/patch"
+                message = (
+                    f"no API {self.path!r}; use /api/analyze, /api/generate, /api/patch "
+                    "or /api/composition"
+                )
                 self.reply(404, {"error": message})
         except RequestError as e:
             self.reply(400, {"error": str(e)})

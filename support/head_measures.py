@@ -14,6 +14,7 @@ import sys
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
 
 from data.dataset import ensure_dataset, load_meta, load_tokens
@@ -149,6 +150,50 @@ def induction_scores(model, seed):
     idx, L = probe_tokens(model.config, seed)
     _, maps = model.attention_maps(idx.to(model.lm_head.weight.device))
     return probe_scores([m.cpu() for m in maps], L)
+
+
+@torch.no_grad()
+def copy_losses(model, seed):
+    """The mean loss on the probe x || x: on the first copy (random tokens, nothing to
+    go by) and on the second (every token predictable from the first copy). Their
+    difference is the in-context learning the probe sees; an induction head makes the
+    second far lower. Returns (first, second)."""
+    idx, L = probe_tokens(model.config, seed)
+    idx = idx.to(model.lm_head.weight.device)
+    logits, _ = model(idx)  # (n_seq, 2L, vocab)
+    losses = F.cross_entropy(
+        logits[:, :-1].float().transpose(1, 2), idx[:, 1:], reduction="none"
+    )  # (n_seq, 2L - 1): the loss of predicting token i + 1 at position i
+    # positions 0 .. L - 2 predict the first copy; L .. 2L - 2 the second (L - 1 predicts
+    # the second copy's first token, which nothing before it tells)
+    return losses[:, : L - 1].mean().item(), losses[:, L:].mean().item()
+
+
+@torch.no_grad()
+def knockouts(model, seed):
+    """Each head removed in turn (ablated: its output zeroed before c_proj): every head's
+    induction score and the probe's second-copy loss without it. What it measures is the
+    total effect of the head on the induction circuit, through every later path: a
+    previous-token head that an induction head reads through K-composition should, when
+    removed, take the induction head's score and the copying with it.
+    Returns {"induction": (n_layer, n_head, n_layer, n_head) scores, entry [l1, h1, l2, h2]
+    the score of (l2, h2) without (l1, h1); "copy_loss": (n_layer, n_head) second-copy
+    losses; "baseline": {"induction": (n_layer, n_head), "first_copy_loss", "copy_loss"}}."""
+    n_layer, n_head = model.config.n_layer, model.config.n_head
+    first, second = copy_losses(model, seed)
+    baseline = {
+        "induction": induction_scores(model, seed)["induction"],
+        "first_copy_loss": first,
+        "copy_loss": second,
+    }
+    induction = np.zeros((n_layer, n_head, n_layer, n_head))
+    copy_loss = np.zeros((n_layer, n_head))
+    for layer in range(n_layer):
+        for head in range(n_head):
+            with ablated(model, [(layer, head)]):
+                induction[layer, head] = induction_scores(model, seed)["induction"]
+                copy_loss[layer, head] = copy_losses(model, seed)[1]
+    return {"induction": induction, "copy_loss": copy_loss, "baseline": baseline}
 
 
 @contextlib.contextmanager

@@ -79,10 +79,39 @@ def append(rec, out_dir):
         ) from None
 
 
+def read_log(out_dir):
+    """(records, skipped): the complete lines of out_dir/log.jsonl as dicts, and how
+    many lines were left out: a last line without its newline yet (train.py may be
+    writing it), or one that is not a record. OSError if there is no log."""
+    with open(os.path.join(out_dir, "log.jsonl"), "rb") as f:
+        data = f.read()
+    lines = data.split(b"\n")
+    partial = lines.pop()  # b"" when the file ends in a newline
+    skipped = 0
+    if partial.strip():
+        skipped = 1
+    records = []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            skipped += 1
+            continue
+        if isinstance(record, dict) and isinstance(record.get("iter"), int):
+            records.append(record)
+        else:
+            skipped += 1
+    return records, skipped
+
+
+def is_evaluation(record):
+    """An evaluation's line has a val_loss; a training step's has none."""
+    return "val_loss" in record
+
+
 def read_evaluations(out_dir):
-    """The evaluations in out_dir/log.jsonl, first to last: the lines with a
-    val_loss (the others are training steps). OSError or ValueError if it
-    cannot be read."""
-    with open(os.path.join(out_dir, "log.jsonl")) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    return [rec for rec in records if "val_loss" in rec]
+    """The evaluations in out_dir/log.jsonl, first to last. OSError if there is no log."""
+    records, _ = read_log(out_dir)
+    return [record for record in records if is_evaluation(record)]

@@ -13,7 +13,9 @@ With --log_heads=True it adds each head's induction score and label to the
 evaluation's line in log.jsonl: the induction probe of head_measures (random
 tokens repeated) and the pattern label of attention_maps on the first windows
 of the val split, the fixed batch every evaluation reads, so that the numbers
-of two evaluations compare. experiments/head_timeline.py draws them.
+of two evaluations compare. It also adds the in-context learning score
+(icl_score, below) on the first ICL_WINDOWS windows of the val split, the same
+windows at every evaluation. experiments/head_timeline.py draws them.
 """
 
 import dataclasses
@@ -23,6 +25,7 @@ import re
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from data.tokenizer import get_tokenizer
 from support import head_measures
@@ -33,6 +36,8 @@ SNAPSHOT_NAME = re.compile(r"^iter_(\d{6,})\.pt$")
 SEED = 1337  # the induction probe's random tokens: heads.py's and the explorer's
 PROBE_WINDOWS = 4  # val windows the pattern labels are read on ...
 PROBE_LENGTH = 128  # ... each of at most this many tokens
+ICL_WINDOWS = 64  # val windows of block_size tokens the in-context learning score reads
+ICL_BATCH_TOKENS = 8192  # tokens per forward of that score (the logits are batch x T x vocab)
 
 
 def snapshot_path(out_dir, iter_num):
@@ -158,6 +163,45 @@ def head_probe(model, tok, tokens):
     return {"induction": np.round(induction, 4).tolist(), "label": labels}
 
 
+def icl_positions(block_size):
+    """The early and late positions of the in-context learning score: Olsson et al.
+    (2022) compare the loss on token 50 with the loss on token 500 of a 512-token
+    context; here those positions are scaled to the context, 50/512 and 500/512 of
+    block_size (6 and 62 for 64 tokens, 25 and 250 for 256), counted from 0 as the
+    positions whose next token is predicted."""
+    early = round(block_size * 50 / 512)
+    late = min(round(block_size * 500 / 512), block_size - 1)
+    return early, late
+
+
+@torch.no_grad()
+def icl_score(model, tokens):
+    """Olsson et al.'s in-context learning score on tokens (a 1-D numpy array): the mean
+    loss at the late position of icl_positions minus the mean loss at the early one,
+    over the non-overlapping windows of block_size tokens that tokens holds. Negative
+    when the model predicts better with more context: it learns from its context.
+    Returns (score, windows read)."""
+    T = model.config.block_size
+    n_windows = (len(tokens) - 1) // T
+    early, late = icl_positions(T)
+    rows = np.arange(n_windows)[:, None] * T + np.arange(T + 1)  # (N, T + 1)
+    device = model.lm_head.weight.device
+    chunk = torch.from_numpy(tokens[rows].astype(np.int64)).to(device)  # (N, T + 1)
+    was_training = model.training
+    model.eval()
+    losses = []
+    try:
+        for part in chunk.split(max(1, ICL_BATCH_TOKENS // T)):
+            logits, _ = model(part[:, :-1])  # (B, T, vocab)
+            picked = logits[:, [early, late]].float()  # (B, 2, vocab)
+            targets = part[:, [early + 1, late + 1]]  # (B, 2)
+            losses.append(F.cross_entropy(picked.transpose(1, 2), targets, reduction="none"))
+    finally:
+        model.train(was_training)
+    losses = torch.cat(losses).mean(dim=0)  # (2,) mean loss at the early and late position
+    return (losses[1] - losses[0]).item(), n_windows
+
+
 def at_evaluation(cfg, model, meta, val, iter_num):
     """What --snapshots and --log_heads do at an evaluation: the snapshot written, and
     the fields to add to the evaluation's log line (none without --log_heads)."""
@@ -169,4 +213,7 @@ def at_evaluation(cfg, model, meta, val, iter_num):
         return {}
     tok = get_tokenizer(meta["tokenizer"])
     tokens = probe_text(val, PROBE_WINDOWS * PROBE_LENGTH + 1)
-    return {"heads": head_probe(model, tok, tokens)}
+    T = model.config.block_size
+    icl_tokens = probe_text(val, min(ICL_WINDOWS * T, len(val) - 1) + 1)
+    score, _ = icl_score(model, icl_tokens)
+    return {"heads": head_probe(model, tok, tokens), "icl_score": round(score, 4)}

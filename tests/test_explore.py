@@ -427,8 +427,10 @@ def test_maps_too_large_for_an_answer_are_refused(server, monkeypatch):
 
 def test_the_page_is_served_and_fetches_nothing_from_outside(server):
     status, html = request(server, "GET", "/")
-    assert status == 200 and 'src="explorer.js"' in html
-    for name in ("explorer.js", "explorer.css"):
+    assert status == 200
+    for name in ("explorer.js", "panels.js", "timeline.js"):
+        assert f'src="{name}"' in html
+    for name in ("explorer.js", "panels.js", "timeline.js", "explorer.css"):
         status, text = request(server, "GET", "/" + name)
         assert status == 200
         assert text == open(os.path.join(PAGE_DIR, name), encoding="utf-8").read()

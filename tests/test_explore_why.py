@@ -10,6 +10,7 @@ loaded and run directly.
 import copy
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -19,7 +20,7 @@ from test_interpret import cut_after, one_head_patched
 
 from explorer import interpret
 from explorer.server import Explorer
-from support import head_measures, timeline
+from support import composition, head_measures, timeline
 from support.checkpoint import checkpoint_path, save_checkpoint
 
 CLEAN = "ROMEO:\nBut soft, what light thro"
@@ -155,7 +156,7 @@ def test_patch_with_heads_off_keeps_them_off(server, trained):  # noqa: F811
     [
         ({"clean": CLEAN, "corrupt": CORRUPT[:-1], "target": 1, "foil": 2}, "same token length"),
         ({"clean": CLEAN, "corrupt": CORRUPT, "target": 1, "foil": 1}, "same token"),
-        ({"clean": CLEAN, "corrupt": CLEAN, "target": 1, "foil": 2}, "no difference"),
+        ({"clean": CLEAN, "corrupt": CLEAN, "target": 1, "foil": 2}, "mostly rounding"),
         ({"clean": CLEAN, "corrupt": CORRUPT, "target": "ab", "foil": 2}, "2 tokens"),
         ({"clean": CLEAN, "corrupt": CORRUPT, "target": 10**6, "foil": 2}, "target must be"),
         ({"clean": CLEAN, "corrupt": CORRUPT, "foil": 2}, "target must be"),
@@ -220,7 +221,8 @@ def test_steps_are_the_snapshots_and_each_answers_as_its_model(trained, run_dir)
     server, guard = serve(Explorer(model, tok, folder, timeline.checkpoint_step(folder)))
     try:
         status, steps = request(server, "GET", "/api/steps")
-        assert status == 200 and steps == {"steps": [40, 80], "checkpoint": 80}
+        assert status == 200
+        assert steps == {"steps": [40, 80], "checkpoint": 80}
         idx = ids_of(tok, PROMPT)
         for step, m in ((40, run_dir["earlier"]), (80, model), (None, model)):
             body = {"prompt": PROMPT, "continuation": 0}
@@ -252,6 +254,110 @@ def test_steps_are_the_snapshots_and_each_answers_as_its_model(trained, run_dir)
         )
         status, answer = request(server, "POST", "/api/analyze", {"prompt": "a", "step": 41})
         assert status == 400 and "no snapshot at step 41" in answer["error"]
+    finally:
+        guard.cancel()
+        server.shutdown()
+        server.server_close()
+
+
+# -----------------------------------------------------------------------------
+# The token to explain as a string; a difference too small to normalise
+
+
+def test_attribute_token_as_a_one_token_string_is_its_id(server, trained):  # noqa: F811
+    tok = trained["tok"]
+    by_id = analyze(server, prompt=PROMPT, continuation=0, attribute={"token": tok.encode("e")[0]})
+    by_string = analyze(server, prompt=PROMPT, continuation=0, attribute={"token": "e"})
+    assert by_string["attribution"] == by_id["attribution"]
+    assert by_string["attribution"]["token"] == "e"
+    status, answer = request(
+        server, "POST", "/api/analyze", {"prompt": PROMPT, "attribute": {"token": "ab"}}
+    )
+    assert status == 400 and "attribute.token 'ab' is 2 tokens" in answer["error"]
+
+
+def test_a_difference_too_small_to_normalise_is_refused(trained):  # noqa: F811
+    """Every head off but L0 H0, whose output is scaled down: the clean - corrupt
+    difference is then that head's alone, as small as the scale makes it. Under ten
+    roundings of the logits it is refused, in one line that gives the threshold; well
+    above, answered. The prompts differ in their first word only, so that the last
+    position sees the difference through the heads alone."""
+    model, tok = trained["model"], trained["tok"]
+    clean, corrupt = CLEAN, "JULIA" + CLEAN[5:]
+    c = model.config
+    others = [[layer, head] for layer in range(c.n_layer) for head in range(c.n_head)]
+    others.remove([0, 0])
+    body = {"clean": clean, "corrupt": corrupt, "target": "o", "foil": "u", "ablate": others}
+    hs = c.n_embd // c.n_head
+
+    def with_head_scaled(scale):
+        edited = copy.deepcopy(model)
+        with torch.no_grad():
+            edited.transformer.h[0].attn.c_proj.weight[:, :hs] *= scale
+        return edited
+
+    def gap_and_threshold(m):
+        """The difference and the threshold, from the model's own forward."""
+        logits = []
+        with head_measures.ablated(m, [tuple(h) for h in others]), torch.no_grad():
+            for text in (clean, corrupt):
+                logits.append(m(ids_of(tok, text))[0][0, -1])
+        target, foil = tok.encode("o")[0], tok.encode("u")[0]
+        gap = (logits[0][target] - logits[0][foil]) - (logits[1][target] - logits[1][foil])
+        scale = max(x.abs().max().item() for x in logits)
+        return abs(gap.item()), 10 * torch.finfo(torch.float32).eps * max(1.0, scale)
+
+    full, threshold = gap_and_threshold(model)
+    small = with_head_scaled(threshold / 3 / full)
+    tiny_gap, small_threshold = gap_and_threshold(small)
+    # above what the check used to refuse (1e-6), below the threshold
+    assert 1e-6 < tiny_gap < small_threshold
+    server, guard = serve(Explorer(small.eval(), tok))
+    try:
+        status, answer = request(server, "POST", "/api/patch", body)
+        assert status == 400 and set(answer) == {"error"} and "\n" not in answer["error"]
+        assert f"under {small_threshold:.3g}" in answer["error"]
+        assert "10 times the rounding of float32 logits" in answer["error"]
+    finally:
+        guard.cancel()
+        server.shutdown()
+        server.server_close()
+    large = with_head_scaled(30 * threshold / full)
+    assert gap_and_threshold(large)[0] > gap_and_threshold(large)[1]
+    server, guard = serve(Explorer(large.eval(), tok))
+    try:
+        status, answer = request(server, "POST", "/api/patch", body)
+        assert status == 200, answer
+        # the one head carries the whole difference
+        assert answer["heads"][0][0] == pytest.approx(1.0, abs=1e-3)
+    finally:
+        guard.cancel()
+        server.shutdown()
+        server.server_close()
+
+
+# -----------------------------------------------------------------------------
+# Composition
+
+
+def test_composition_is_support_composition_of_the_model_at_each_step(trained, run_dir):  # noqa: F811
+    model, tok = trained["model"], trained["tok"]
+    folder = run_dir["dir"]
+    server, guard = serve(Explorer(model, tok, folder, step=80))
+    try:
+        for step, m in ((None, model), (40, run_dir["earlier"])):
+            body = {} if step is None else {"step": step}
+            status, answer = request(server, "POST", "/api/composition", body)
+            assert status == 200, answer
+            assert answer["step"] == (step or 80)
+            want = composition.composition_scores(m)
+            for kind in ("q", "k", "v"):
+                got = np.array(answer[kind], dtype=np.float64)  # null -> nan
+                np.testing.assert_array_equal(np.isnan(got), torch.isnan(want[kind]).numpy())
+                np.testing.assert_allclose(got, want[kind].numpy(), atol=1e-6, rtol=0)
+        # heads switched off do not enter: the scores are the weights'
+        status, answer = request(server, "POST", "/api/composition", {"ablate": [[0, 1]]})
+        assert status == 400 and "unknown field 'ablate'" in answer["error"]
     finally:
         guard.cancel()
         server.shutdown()

@@ -1,10 +1,14 @@
 // The explorer page: asks the server's JSON API and draws what the model did.
-// Served by explorer/server.py; an exported .html carries this file and a
-// snapshot of the answer (window.EXPLORER_SNAPSHOT) and runs without the server.
-// Three views: the heads (maps, labels, switching heads off), why this token
-// (direct logit attribution and the logit lens) and activation patching; a
-// training run's snapshots give a step slider. The page's state lives in its
-// address, so that a link or a reload reopens the same view.
+// Served by explorer/server.py; an exported .html carries this file (with
+// panels.js and timeline.js) and a snapshot of the answer
+// (window.EXPLORER_SNAPSHOT) and runs without the server. Four views: the heads
+// (maps, labels, switching heads off, composition), why this token (direct logit
+// attribution and the logit lens), activation patching and a training run's
+// timeline; a run's snapshots give a step slider. This file holds the state,
+// the heads view, the slider and the address; panels.js the panels of cells
+// and the exports; timeline.js the run followed live and the composition. The
+// page's state lives in its address, so that a link or a reload reopens the
+// same view.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -23,13 +27,19 @@ const state = {
   controller: null, // aborts a running generation
   view: "heads", // the panels shown: one of VIEWS
   steps: [], // the iters of the run's snapshots and of ckpt.pt: the slider's stops
-  checkpoint: null, // ckpt.pt's iter: the model the explorer started with
-  step: null, // the iter shown; null: ckpt.pt's
+  checkpoint: null, // the iter of the model the explorer started with
+  opened: "ckpt.pt", // where that model came from: ckpt.pt, or a snapshot
+  step: null, // the iter shown; null: the model the explorer started with
+  timeline: null, // the last /api/timeline answer: the run's evaluations
+  playing: false, // the steps are being played through
+  composition: null, // the last /api/composition answer
+  compositionAsked: undefined, // the step of the composition asked for last
   patch: null, // the last /api/patch answer
   patchAsked: "", // the request that answer is for, as JSON
   patchSeq: 0, // the newest patching asked for
 };
-const VIEWS = ["heads", "why", "patch"];
+const VIEWS = ["heads", "why", "patch", "timeline"];
+const PAGE_SCRIPTS = ["explorer.js", "panels.js", "timeline.js"]; // in the order the page loads them
 const PATCH_INPUTS = ["clean", "corrupt", "target", "foil"];
 
 // ---------------------------------------------------------------------------
@@ -164,6 +174,7 @@ function render() {
   renderCompare(r);
   renderWhy(r);
   renderLens(r);
+  renderComposition();
   writeUrl();
 }
 
@@ -419,186 +430,9 @@ function selectHead(layer, head) {
     renderMultiples(state.result);
     renderWhy(state.result);
   }
+  renderComposition();
+  renderTimeline();
   writeUrl();
-}
-
-// ---------------------------------------------------------------------------
-// Tables of coloured cells: a panel is rows of cells {text, fill, title, id,
-// col, head, click}, drawn as a <table> on the page and on a canvas in the .png
-
-function fillTable(table, rows) {
-  table.textContent = "";
-  for (const row of rows) {
-    const tr = document.createElement("tr");
-    for (const cell of row) {
-      const td = document.createElement(cell.head ? "th" : "td");
-      td.textContent = cell.text;
-      if (cell.fill) td.style.background = cell.fill;
-      if (cell.title) td.title = cell.title;
-      if (cell.id) td.id = cell.id;
-      if (cell.cls) td.className = cell.cls;
-      if (cell.col !== undefined) td.dataset.col = cell.col;
-      if (cell.click) td.addEventListener("click", cell.click);
-      tr.appendChild(td);
-    }
-    table.appendChild(tr);
-  }
-}
-
-// cells of width pixels, the first column (the rows' names) 48; returns the height drawn
-const NAME_WIDTH = 48;
-function drawCells(ctx, rows, x, y, width, height) {
-  ctx.font = "11px monospace";
-  ctx.textBaseline = "middle";
-  rows.forEach((row, i) =>
-    row.forEach((cell, j) => {
-      const left = j === 0 ? x : x + NAME_WIDTH + (j - 1) * width;
-      const w = j === 0 ? NAME_WIDTH : width;
-      if (cell.fill) {
-        ctx.fillStyle = cell.fill;
-        ctx.fillRect(left, y + i * height, w - 1, height - 1);
-      }
-      ctx.fillStyle = "#222";
-      ctx.fillText(cell.text.slice(0, Math.floor(w / 7)), left + 2, y + i * height + height / 2);
-    }),
-  );
-  return rows.length * height;
-}
-
-// blue for a push up, red for a push down, as strong as |v| is against scale
-function signed(v, scale) {
-  const a = Math.min(1, Math.abs(v) / Math.max(scale, 1e-9)) * 0.85;
-  return v >= 0 ? `rgba(41, 128, 185, ${a})` : `rgba(192, 57, 43, ${a})`;
-}
-
-// ---------------------------------------------------------------------------
-// Why this token: the direct logit attribution and the logit lens
-
-// the token under the mouse (why it came, from the position before it), else the next token
-function whyEntry(r) {
-  const i = state.hover;
-  if (i !== null && i !== undefined && i >= 1 && i <= r.token_attribution.length) return r.token_attribution[i - 1];
-  return r.attribution;
-}
-
-function attributionRows(r, a) {
-  const { n_layer, n_head } = state.info;
-  const values = [a.embed, a.bias, ...a.mlp, ...a.heads.flat()];
-  const scale = Math.max(...values.map(Math.abs));
-  const head = (text) => ({ text, head: true });
-  const rows = [[head(""), ...[...Array(n_head).keys()].map((h) => head(`H${h}`)), head("MLP")]];
-  for (let l = 0; l < n_layer; l++) {
-    const row = [head(`L${l}`)];
-    for (let h = 0; h < n_head; h++) {
-      const v = a.heads[l][h];
-      const label = r.labels[l][h].label;
-      const selected = l === state.layer && h === state.head ? "selected" : "";
-      row.push({ text: v.toFixed(2), fill: signed(v, scale), id: `attr-${l}-${h}`, cls: selected, title: `L${l} H${h} (${label}): ${v.toFixed(4)}`, click: () => selectHead(l, h) });
-    }
-    row.push({ text: a.mlp[l].toFixed(2), fill: signed(a.mlp[l], scale), id: `attr-mlp-${l}`, title: `MLP of layer ${l}: ${a.mlp[l].toFixed(4)}` });
-    rows.push(row);
-  }
-  const sum = a.embed + a.bias + a.mlp.reduce((x, y) => x + y, 0) + a.heads.flat().reduce((x, y) => x + y, 0);
-  rows.push([
-    head("embed"),
-    { text: a.embed.toFixed(2), fill: signed(a.embed, scale), id: "attr-embed", title: `the token and position embeddings: ${a.embed.toFixed(4)}` },
-    head("bias"),
-    { text: a.bias.toFixed(2), fill: signed(a.bias, scale), id: "attr-bias", title: `attention output biases and ln_f's bias: ${a.bias.toFixed(4)}` },
-    head("sum"),
-    { text: sum.toFixed(2), id: "attr-sum", title: `the parts add up to the logit ${a.logit.toFixed(4)}` },
-  ]);
-  return rows;
-}
-
-function whyTitle(r, a) {
-  const which = a === r.attribution && a.position === r.tokens.length - 1 ? "the next token" : `token ${a.position + 1}`;
-  return `Why "${shown(a.token)}" (${which}) after "${shown(r.tokens[a.position])}": logit ${a.logit.toFixed(3)}`;
-}
-
-function renderWhy(r) {
-  const a = whyEntry(r);
-  $("why-title").textContent = whyTitle(r, a);
-  fillTable($("attribution"), attributionRows(r, a));
-}
-
-function lensRows(r, first) {
-  const head = (text) => ({ text, head: true });
-  const columns = r.tokens.slice(first);
-  const rows = [[head(""), ...columns.map((t, k) => ({ text: shown(t), head: true, col: first + k }))]];
-  r.logit_lens.forEach((point, k) => {
-    const name = k === 0 ? "embed" : `L${k - 1}`;
-    const row = [head(name)];
-    point.slice(first).forEach((cells, j) => {
-      const top = cells.map((c) => `${shown(c.token)} ${c.prob.toFixed(3)}`).join(", ");
-      row.push({ text: shown(cells[0].token), fill: `rgba(39, 174, 96, ${cells[0].prob})`, col: first + j, title: `${name}, position ${first + j}: ${top}` });
-    });
-    rows.push(row);
-  });
-  return rows;
-}
-
-function renderLens(r) {
-  fillTable($("lens"), lensRows(r, 0));
-  document.querySelectorAll("#lens [data-col]").forEach((c) => c.classList.toggle("hover", Number(c.dataset.col) === state.hover));
-}
-
-// ---------------------------------------------------------------------------
-// Activation patching
-
-function patchBody() {
-  const body = { clean: $("clean").value, corrupt: $("corrupt").value, target: $("target").value, foil: $("foil").value, ablate: ablateList() };
-  return withStep(body);
-}
-
-async function runPatch() {
-  if (SNAPSHOT) return;
-  const seq = ++state.patchSeq;
-  const body = patchBody();
-  const asked = JSON.stringify(body);
-  try {
-    const answer = await api("/api/patch", body);
-    if (seq !== state.patchSeq) return;
-    state.patch = answer;
-    state.patchAsked = asked;
-    $("status").textContent = "";
-  } catch (e) {
-    if (seq !== state.patchSeq) return;
-    state.patch = null;
-    state.patchAsked = "";
-    $("status").textContent = e.message;
-  }
-  renderPatch();
-  writeUrl();
-}
-
-// the answer shown is for other heads off, another step or other prompts: ask again
-function patchIfStale() {
-  if (state.view === "patch" && JSON.stringify(patchBody()) !== state.patchAsked) runPatch();
-}
-
-function patchRows(p) {
-  const head = (text) => ({ text, head: true });
-  const n_head = p.heads[0].length;
-  const rows = [[head(""), ...[...Array(n_head).keys()].map((h) => head(`H${h}`))]];
-  p.heads.forEach((values, l) => {
-    const row = [head(`L${l}`)];
-    values.forEach((v, h) => {
-      row.push({ text: v.toFixed(2), fill: signed(v, 1), id: `patch-${l}-${h}`, title: `L${l} H${h}: restores ${(100 * v).toFixed(1)}% (diff ${p.patched[l][h].toFixed(3)})`, click: () => selectHead(l, h) });
-    });
-    rows.push(row);
-  });
-  return rows;
-}
-
-function patchSummary(p) {
-  const diff = `logit["${shown(p.target.token)}"] - logit["${shown(p.foil.token)}"]`;
-  return `${diff}: clean ${p.clean_diff.toFixed(3)}, corrupt ${p.corrupt_diff.toFixed(3)}; each head: the share of the difference it restores`;
-}
-
-function renderPatch() {
-  const p = state.patch;
-  $("patch-summary").textContent = p ? patchSummary(p) : "";
-  fillTable($("patch-grid"), p ? patchRows(p) : []);
 }
 
 // ---------------------------------------------------------------------------
@@ -614,28 +448,38 @@ function showView(view) {
   writeUrl();
 }
 
-async function loadSteps() {
-  const answer = await (await fetch("/api/steps")).json();
+// the slider's stops from an /api/timeline answer: the snapshots and
+// the model the explorer started with
+function setSteps(answer) {
   const stops = new Set(answer.steps);
   if (answer.checkpoint !== null) stops.add(answer.checkpoint);
   state.steps = [...stops].sort((a, b) => a - b);
   state.checkpoint = answer.checkpoint;
+  state.opened = answer.opened;
+}
+
+// the iter shown: the step asked for, or the model the explorer started with
+function shownStep() {
+  return state.step === null ? state.checkpoint : state.step;
 }
 
 function showSteps() {
   $("steps").hidden = state.steps.length < 2;
   $("step").max = Math.max(0, state.steps.length - 1);
-  const shownStep = state.step === null ? state.checkpoint : state.step;
-  $("step").value = Math.max(0, state.steps.indexOf(shownStep));
-  const where = shownStep === state.checkpoint ? "ckpt.pt" : "snapshot";
-  $("step-label").textContent = shownStep === null ? "" : `iter ${shownStep} (${where})`;
+  const step = shownStep();
+  $("step").value = Math.max(0, state.steps.indexOf(step));
+  const where = step === state.checkpoint ? state.opened : "snapshot";
+  $("step-label").textContent = step === null ? "" : `iter ${step} (${where})`;
+  $("play").textContent = state.playing ? "Pause" : "Play";
+  renderTimeline();
 }
 
+// the k-th stop of the slider; resolves when its analysis has come back
 function stepTo(k) {
   state.step = state.steps[k];
   showSteps();
-  analyze();
   patchIfStale();
+  return analyze();
 }
 
 // ?prompt=...&layer=1&head=2&off=0.1,1.3&step=400&view=why (and the patching inputs)
@@ -677,101 +521,6 @@ function readUrl() {
 }
 
 // ---------------------------------------------------------------------------
-// Export: a self-contained .html (this page, its script and the answer) and a .png
-
-function download(name, blob) {
-  const a = document.createElement("a");
-  a.href = URL.createObjectURL(blob);
-  a.download = name;
-  document.body.appendChild(a);
-  a.click();
-  a.remove();
-}
-
-async function exportHtml() {
-  // from the server, or, in an exported page, from the page itself
-  const scripts = document.querySelectorAll("script");
-  const [css, js] = SNAPSHOT
-    ? [document.querySelector("style").textContent, scripts[scripts.length - 1].textContent]
-    : await Promise.all(["explorer.css", "explorer.js"].map((f) => fetch(f).then((x) => x.text())));
-  const snap = {
-    info: state.info,
-    result: state.result,
-    layer: state.layer,
-    head: state.head,
-    ablate: [...state.ablate],
-    generated: state.generated,
-    prompt: $("prompt").value,
-    hover: state.hover,
-    view: state.view,
-    steps: state.steps,
-    checkpoint: state.checkpoint,
-    step: state.step,
-    patch: state.patch,
-    patchInputs: PATCH_INPUTS.map((id) => $(id).value),
-  };
-  // "<" escaped: no "</script>" inside the data can end the script early
-  const data = JSON.stringify(snap).replace(/</g, "\\u003c");
-  const html = [
-    '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Attention explorer</title>',
-    `<style>${css}</style></head><body>${BODY.replace(/<script[^>]*><\/script>/g, "")}`,
-    `<script>window.EXPLORER_SNAPSHOT = ${data};</script>`,
-    `<script>${js.replace(/<\/script/gi, "<\\/script")}</script></body></html>`,
-  ].join("\n");
-  download("attention.html", new Blob([html], { type: "text/html" }));
-}
-
-// the .png: the head's map, the layer's heads, the probabilities and continuations,
-// then why the token came (attribution), the logit lens and the patching answer
-const LENS_PNG_POSITIONS = 48; // the lens's last positions drawn in the .png
-function exportPng() {
-  const r = state.result;
-  const multiples = [...document.querySelectorAll("#multiples canvas")];
-  const a = whyEntry(r);
-  const why = attributionRows(r, a);
-  const first = Math.max(0, r.tokens.length - LENS_PNG_POSITIONS);
-  const lens = lensRows(r, first);
-  const patch = state.patch ? patchRows(state.patch) : [];
-  const canvas = document.createElement("canvas");
-  const base = 340 + 128 * Math.floor((multiples.length - 1) / 5);
-  canvas.width = Math.max(1000, 20 + NAME_WIDTH + 18 * lens[0].length, 20 + NAME_WIDTH + 44 * why[0].length);
-  canvas.height = base + 18 * why.length + 16 * lens.length + 18 * patch.length + 110;
-  const ctx = canvas.getContext("2d");
-  ctx.fillStyle = "#fff";
-  ctx.fillRect(0, 0, canvas.width, canvas.height);
-  ctx.fillStyle = "#222";
-  ctx.font = "14px sans-serif";
-  ctx.fillText($("head-label").textContent.slice(0, 130), 10, 20);
-  ctx.drawImage($("heatmap"), 10, 40);
-  multiples.forEach((c, h) => ctx.drawImage(c, 310 + (h % 5) * 128, 40 + Math.floor(h / 5) * 128));
-  const columns = r.intact ? [["heads off", r], ["intact", r.intact]] : [["intact", r]];
-  const top = 60 + 128 * Math.ceil(multiples.length / 5);
-  ctx.font = "12px monospace";
-  columns.forEach(([title, a], k) => {
-    const x = 310 + 330 * k;
-    ctx.fillText(`${title}: next token, then greedy "${shown(a.continuation.join("")).slice(0, 24)}"`, x, top);
-    a.next.forEach((n, i) => ctx.fillText(`${shown(n.token).padEnd(8)} ${n.prob.toFixed(4)}`, x, top + 16 + 12 * i));
-  });
-  let y = base;
-  const heading = (text) => {
-    ctx.font = "13px sans-serif";
-    ctx.fillStyle = "#222";
-    ctx.textBaseline = "alphabetic";
-    ctx.fillText(text, 10, y + 14);
-    y += 22;
-  };
-  heading(`${whyTitle(r, a)} (direct logit attribution; blue up, red down)`);
-  y += drawCells(ctx, why, 10, y, 44, 18) + 8;
-  heading(`Logit lens: top token after the embeddings and each block${first ? `, the last ${LENS_PNG_POSITIONS} positions` : ""}`);
-  y += drawCells(ctx, lens, 10, y, 18, 16) + 8;
-  if (state.patch) {
-    heading(`Patching "${shown(state.patch.clean.join(""))}" into "${shown(state.patch.corrupt.join(""))}": ${patchSummary(state.patch)}`);
-    drawCells(ctx, patch, 10, y, 44, 18);
-  }
-  canvas.toBlob((blob) => download("attention.png", blob), "image/png");
-}
-
-// ---------------------------------------------------------------------------
 // Start
 
 function fillSelect(select, n, prefix) {
@@ -794,8 +543,11 @@ async function start() {
     state.view = SNAPSHOT.view;
     state.steps = SNAPSHOT.steps;
     state.checkpoint = SNAPSHOT.checkpoint;
+    state.opened = SNAPSHOT.opened;
     state.step = SNAPSHOT.step;
     state.patch = SNAPSHOT.patch;
+    state.timeline = SNAPSHOT.timeline;
+    state.composition = SNAPSHOT.composition;
     PATCH_INPUTS.forEach((id, k) => {
       $(id).value = SNAPSHOT.patchInputs[k];
       $(id).readOnly = true;
@@ -805,10 +557,15 @@ async function start() {
     $("generate-bar").hidden = true;
     $("patch").hidden = true;
     $("step").disabled = true;
+    $("play").hidden = true;
   } else {
     const response = await fetch("/api/info");
     state.info = await response.json();
-    await loadSteps();
+    try {
+      await loadTimeline();
+    } catch (e) {
+      $("status").textContent = e.message;
+    }
   }
   const info = state.info;
   $("model").textContent = `${info.n_layer} layers x ${info.n_head} heads, context ${info.context}, ${info.tokenizer} tokens, ${info.dtype}`;
@@ -835,7 +592,11 @@ async function start() {
   readUrl();
   selectHead(state.layer, state.head);
   showSteps();
-  $("step").addEventListener("input", (e) => stepTo(Number(e.target.value)));
+  $("step").addEventListener("input", (e) => {
+    state.playing = false;
+    stepTo(Number(e.target.value));
+  });
+  $("play").addEventListener("click", play);
   $("patch").addEventListener("click", runPatch);
   $("prompt").addEventListener("input", () => {
     state.generated = 0;
@@ -849,6 +610,8 @@ async function start() {
   $("stop").addEventListener("click", () => state.controller && state.controller.abort());
   analyze();
   showView(state.view);
+  followRun();
 }
 
-start();
+// after panels.js and timeline.js have loaded
+document.addEventListener("DOMContentLoaded", start);

@@ -1,0 +1,188 @@
+"""
+What does a Shakespeare run take to form an induction head on a CPU?
+
+    python -m experiments.shakespeare_induction                 # every run of the table
+    python -m experiments.shakespeare_induction --only=char_recurring
+
+Each run is train.py with the CPU recipe (config/shakespeare_cpu.py: rotary
+positions, QK-norm, Muon) in float32, changed in what matters for induction
+heads: the context (block_size), the layers, the steps, the tokenizer (characters,
+or a byte-level BPE of 1024 tokens trained on the text), and the corpus: tiny
+Shakespeare as it is, or with recurring passages (data/induction.py's
+recurring_text: the text cut into passages of 64 to 128 characters, each
+written twice in a row, so that copying from the context pays). Every run logs
+the heads with --log_heads=True: the induction probe of heads.py and the
+in-context learning score, at every evaluation.
+
+Runs go one after another in their own processes (torch threads: --threads);
+each one's wall and CPU time are measured around it. Writes
+out-shakespeare-induction/<run>/ (the runs) and docs/shakespeare_induction.json,
+one record per run, added to what is there; docs/heads.md quotes the table.
+"""
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from experiments.head_timeline import phase_change, read_losses, read_timeline
+from support.configurator import ConfigError, describe, parse_args
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "out-shakespeare-induction")
+RESULTS = os.path.join(ROOT, "docs", "shakespeare_induction.json")
+
+DEFAULTS = dict(
+    only="",  # "" = every run; or one run's name
+    threads=1,  # torch threads of each run
+)
+
+# what every run shares: the CPU recipe in float32, two layers, the heads logged
+COMMON = dict(
+    n_layer=2,
+    block_size=256,
+    batch_size=32,
+    dtype="float32",
+    eval_iters=4,
+    eval_at_start=True,
+    log_heads=True,
+    eval_full_val=False,
+)
+
+# name: (tokenizer, recurring passages, the settings it changes)
+RUNS = {
+    "char_plain": ("char", False, dict(max_iters=1500)),
+    "char_recurring": ("char", True, dict(max_iters=1500)),
+    "bpe_plain": ("bpe:1024", False, dict(max_iters=1500)),
+    "bpe_recurring": ("bpe:1024", True, dict(max_iters=1500)),
+    "char_plain_4_layers": ("char", False, dict(n_layer=4, max_iters=1000)),
+    "char_plain_512": ("char", False, dict(block_size=512, batch_size=16, max_iters=1500)),
+}
+
+
+def dataset_name(tokenizer, recurring):
+    kind = "char" if tokenizer == "char" else tokenizer.replace(":", "")
+    return f"shakespeare_{kind}" + ("_recurring" * recurring)
+
+
+def prepare(tokenizer, recurring):
+    """The dataset's name under data/, prepared on first use."""
+    from data.induction import recurring_text
+    from data.prepare import DATA_ROOT, FILES, prepare_text, shakespeare_dir, shakespeare_text
+
+    name = dataset_name(tokenizer, recurring)
+    folder = os.path.join(DATA_ROOT, name)
+    if all(os.path.exists(os.path.join(folder, f)) for f in FILES):
+        return name
+    text = shakespeare_text(shakespeare_dir("char"))
+    if recurring:
+        text = recurring_text(text)
+    prepare_text(text, folder, tokenizer, source="experiments/shakespeare_induction.py")
+    return name
+
+
+def train(name, tokenizer, recurring, changes, threads):
+    """Run train.py; returns its wall and CPU seconds."""
+    settings = dict(COMMON, **changes)
+    steps = settings["max_iters"]
+    settings.update(
+        dataset=prepare(tokenizer, recurring),
+        out_dir=os.path.join(OUT, name),
+        lr_decay_iters=steps,
+        eval_interval=max(steps // 15, 1),
+        log_interval=max(steps // 15, 1),
+    )
+    argv = ["config/shakespeare_cpu.py", *[f"--{k}={v}" for k, v in settings.items()]]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    with open(os.path.join(OUT, f"{name}.log"), "w") as log:
+        subprocess.run(
+            [sys.executable, "train.py", *argv],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=log,
+            check=True,
+        )
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return settings, wall, cpu
+
+
+def summary(out_dir):
+    """What the log says about induction: the best head's induction score at the start,
+    at its highest and at the end, the in-context learning score and the val loss at
+    the start and the end, and the phase change's iters if there was one."""
+    iters, induction, _ = read_timeline(out_dir)
+    val_loss, icl = read_losses(out_dir)
+    best = induction.max(axis=(1, 2))  # (E,)
+    top = int(np.argmax(best))
+    where = np.unravel_index(np.argmax(induction[top]), induction[top].shape)
+    span = phase_change(iters, induction)
+    return dict(
+        best_induction_start=round(float(best[0]), 4),
+        best_induction_max=round(float(best[top]), 4),
+        best_induction_max_iter=int(iters[top]),
+        best_induction_head=[int(where[0]), int(where[1])],
+        best_induction_end=round(float(best[-1]), 4),
+        icl_start=round(float(icl[0]), 4),
+        icl_end=round(float(icl[-1]), 4),
+        val_loss_end=round(float(val_loss[-1]), 4),
+        phase_change=None if span is None else [int(iters[span[0]]), int(iters[span[1]])],
+    )
+
+
+def main(argv):
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__.strip() + "\n\noptions (defaults):\n" + describe(DEFAULTS))
+        return
+    cfg = parse_args(DEFAULTS, argv, allow_files=False)
+    if cfg["only"] and cfg["only"] not in RUNS:
+        raise ConfigError(f"unknown run {cfg['only']!r}; the runs are {', '.join(RUNS)}")
+    os.makedirs(OUT, exist_ok=True)
+    results = {}
+    if os.path.isfile(RESULTS):
+        with open(RESULTS) as f:
+            results = json.load(f)
+    for name, (tokenizer, recurring, changes) in RUNS.items():
+        if cfg["only"] and name != cfg["only"]:
+            continue
+        load_before = os.getloadavg()[0]
+        settings, wall, cpu = train(name, tokenizer, recurring, changes, cfg["threads"])
+        results[name] = dict(
+            tokenizer=tokenizer,
+            recurring=recurring,
+            block_size=settings["block_size"],
+            n_layer=settings["n_layer"],
+            max_iters=settings["max_iters"],
+            batch_size=settings["batch_size"],
+            threads=cfg["threads"],
+            wall_s=round(wall, 1),
+            cpu_s=round(cpu, 1),
+            load_before=round(load_before, 2),
+            load_after=round(os.getloadavg()[0], 2),
+            **summary(settings["out_dir"]),
+        )
+        print(name, json.dumps(results[name]), flush=True)
+        with open(RESULTS, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+def run(argv):
+    """main() with every expected failure turned into one line on stderr (exit code 2)."""
+    try:
+        main(argv)
+        return 0
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1:]))
