@@ -10,6 +10,7 @@ whatever the machine's speed. Skipped only where chromium or chromedriver is not
 installed, as the page's other tests.
 """
 
+import os
 import shutil
 import signal
 import subprocess
@@ -46,7 +47,9 @@ def page(driver):
 
 def on_disk(run):
     """The run as it stands: its snapshots, and the iters of its log's complete lines."""
-    records = read_evaluations(run)
+    records = []
+    if os.path.exists(os.path.join(run, "log.jsonl")):
+        records = read_evaluations(run)
     return list(timeline.list_snapshots(run)), [r["iter"] for r in records]
 
 
