@@ -423,13 +423,14 @@ def evaluate_only(run):
                 print(f"stopped by {signals.name} during the evaluation; nothing was saved")
 
 
+# how the progress bar writes a measurement; any other shows 4 significant digits
+FORMATS = {"loss": ".4f", "lr": ".2e", "grad_norm": ".2f", "tok_per_s": ",.0f", "mfu": ".1%"}
+
+
 def progress(step):
-    """The progress bar's text: the step's measurements."""
-    text = f"loss {step['loss']:.4f}, lr {step['lr']:.2e}, grad norm {step['grad_norm']:.2f}"
-    text += f", {step['tok_per_s']:,.0f} tok/s"
-    if "mfu" in step:
-        text += f", MFU {step['mfu']:.1%}"
-    return text
+    """The progress bar's text: every measurement of the step but its iter."""
+    measured = {key: value for key, value in step.items() if key != "iter"}
+    return ", ".join(f"{key} {value:{FORMATS.get(key, '.4g')}}" for key, value in measured.items())
 
 
 def finished(run, iter_num, best, seconds, max_time):
