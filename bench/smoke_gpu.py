@@ -36,8 +36,8 @@ FIGURES = [
     ("ms_per_iter", r"\(([\d.]+) ms/iter\)"),
     ("best_val_loss", r"best val loss ([\d.]+)"),
     ("whole_val_loss", r"whole val split ([\d.]+)"),
-    ("mfu_percent", r"MFU ([\d.]+)%"),
-    ("train_tokens_per_s", r"([\d,]+) tok/s"),
+    ("mfu_percent", r"mfu ([\d.]+)%"),
+    ("train_tokens_per_s", r"tok_per_s ([\d,]+)"),
     ("sample_tokens_per_s", r"([\d.]+) tokens/s"),
     ("compile_s", r"compiled the decode step in ([\d.]+) s"),
     ("device_and_dtype", r"parameters \| (\S+, \w+) \("),  # then (why that dtype)

@@ -346,7 +346,7 @@ def test_a_cpu_run_shows_no_mfu_on_a_machine_with_a_gpu(fake_gpus, data_root, tm
         )
     )
     err = capsys.readouterr().err
-    assert "tok/s" in err and "MFU" not in err
+    assert "tok_per_s" in err and "mfu" not in err
 
 
 # -----------------------------------------------------------------------------
