@@ -223,6 +223,58 @@ def ablated(model, heads):
             handle.remove()
 
 
+PATHS = ("q", "k", "v")  # the three inputs of a head: what composition is into
+
+
+@contextlib.contextmanager
+def path_ablated(model, writers, reader_layer, paths):
+    """Inside, the direct path from the writer heads (layer, head) of one earlier layer
+    into reader_layer's queries, keys or values (paths, a subset of PATHS) is cut: those
+    projections read the residual stream less the writers' outputs, everything else
+    reads it whole. With paths=("k",) this removes exactly what K-composition is about:
+    the writers' outputs as the later heads' keys see them (Elhage et al. 2021).
+    The writers' outputs through any other route (an MLP, the unembedding) stay."""
+    (layer,) = {w_layer for w_layer, _ in writers}
+    if reader_layer <= layer:
+        raise ValueError(f"a head of layer {reader_layer} reads nothing layer {layer} writes")
+    c = model.config
+    hs = c.n_embd // c.n_head
+    kv_width = c.n_kv_head * hs
+    columns = {"q": slice(0, c.n_embd), "k": slice(c.n_embd, c.n_embd + kv_width)}
+    columns["v"] = slice(c.n_embd + kv_width, None)
+    keep = torch.zeros(c.n_embd, device=model.lm_head.weight.device)
+    for _, head in writers:
+        keep[head * hs : (head + 1) * hs] = 1
+    w_o = model.transformer.h[layer].attn.c_proj.weight  # (C out, C in)
+    reader = model.transformer.h[reader_layer]
+    seen = {}
+
+    def writers_output(module, args):
+        seen["out"] = (args[0] * keep) @ w_o.T  # (B, T, C) the writers' part of c_proj's output
+
+    def stream(module, args):
+        seen["x"] = args[0]  # (B, T, C) the residual stream the reader layer reads
+
+    def projections(module, args, output):
+        # F.linear, not module(): calling the module would run this hook again
+        without = F.linear(reader.ln_1(seen["x"] - seen["out"]), module.weight, module.bias)
+        output = output.clone()
+        for path in paths:
+            output[..., columns[path]] = without[..., columns[path]]
+        return output
+
+    handles = [
+        model.transformer.h[layer].attn.c_proj.register_forward_pre_hook(writers_output),
+        reader.register_forward_pre_hook(stream),
+        reader.attn.c_attn.register_forward_hook(projections),
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def ablation(model, data, spans, batch_size, prune_below):
     """The val loss with nothing removed, with each head, each layer's
     attention, and every head cheaper than prune_below removed."""
