@@ -158,7 +158,7 @@ def main():
         "previous_token_heads": previous_heads,
         "knockouts": knockouts,
         "composition": {
-            str(i): {k: np.round(v[0, :, 1], 4).tolist() for k, v in comp.items()}
+            str(i): {k: v[0, :, 1].astype(float).round(4).tolist() for k, v in comp.items()}
             for i, comp in over_training.items()
         },
     }
