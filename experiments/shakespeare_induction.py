@@ -14,8 +14,14 @@ written twice in a row, so that copying from the context pays). Every run logs
 the heads with --log_heads=True: the induction probe of heads.py and the
 in-context learning score, at every evaluation.
 
+Each run's summary also holds the final model's loss on val passages of half
+the context written twice (16 of them, evenly spread over the val split): on
+the first copy and on the second. A model that copies from its context
+predicts the second far better; one that does not, no better.
+
 Runs go one after another in their own processes (torch threads: --threads);
-each one's wall and CPU time are measured around it. Writes
+each one's wall and CPU time are measured around it. --train=False reads the
+runs' folders again without training (the summaries only). Writes
 out-shakespeare-induction/<run>/ (the runs) and docs/shakespeare_induction.json,
 one record per run, added to what is there; docs/heads.md quotes the table.
 """
@@ -28,6 +34,7 @@ import sys
 import time
 
 import numpy as np
+import torch
 
 from experiments.head_timeline import phase_change, read_losses, read_timeline
 from support.configurator import ConfigError, describe, parse_args
@@ -39,7 +46,9 @@ RESULTS = os.path.join(ROOT, "docs", "shakespeare_induction.json")
 DEFAULTS = dict(
     only="",  # "" = every run; or one run's name
     threads=1,  # torch threads of each run
+    train=True,  # False: summarise the runs already in out-shakespeare-induction/ again
 )
+PASSAGES = 16  # val passages written twice, for the final model's repeat losses
 
 # what every run shares: the CPU recipe in float32, two layers, the heads logged
 COMMON = dict(
@@ -115,6 +124,22 @@ def train(name, tokenizer, recurring, changes, threads):
     return settings, wall, cpu
 
 
+def passage_losses(out_dir):
+    """The final model's mean loss on PASSAGES val passages of block_size // 2 tokens,
+    each written twice: (first copy, second copy)."""
+    from support.head_measures import repeat_losses, val_tokens
+    from support.loading import load_model
+
+    model, tok, _ = load_model({"init_from": out_dir, "out_dir": out_dir})
+    model.eval()
+    L = model.config.block_size // 2
+    # the val split of the dataset the checkpoint says it was trained on
+    val = np.asarray(val_tokens({"dataset": "", "data_root": None}, out_dir, tok)[0])
+    starts = np.linspace(0, len(val) - L - 1, PASSAGES).round().astype(int)
+    x = torch.from_numpy(np.stack([val[s : s + L] for s in starts]).astype(np.int64))  # (P, L)
+    return repeat_losses(model, torch.cat([x, x], dim=1), L)
+
+
 def summary(out_dir):
     """What the log says about induction: the best head's induction score at the start,
     at its highest and at the end, the in-context learning score and the val loss at
@@ -125,6 +150,7 @@ def summary(out_dir):
     top = int(np.argmax(best))
     where = np.unravel_index(np.argmax(induction[top]), induction[top].shape)
     span = phase_change(iters, induction)
+    first, second = passage_losses(out_dir)
     return dict(
         best_induction_start=round(float(best[0]), 4),
         best_induction_max=round(float(best[top]), 4),
@@ -135,6 +161,8 @@ def summary(out_dir):
         icl_end=round(float(icl[-1]), 4),
         val_loss_end=round(float(val_loss[-1]), 4),
         phase_change=None if span is None else [int(iters[span[0]]), int(iters[span[1]])],
+        passage_first_copy_loss=round(first, 4),
+        passage_second_copy_loss=round(second, 4),
     )
 
 
@@ -153,6 +181,10 @@ def main(argv):
     for name, (tokenizer, recurring, changes) in RUNS.items():
         if cfg["only"] and name != cfg["only"]:
             continue
+        if not cfg["train"]:
+            if name in results and os.path.isdir(os.path.join(OUT, name)):
+                results[name].update(summary(os.path.join(OUT, name)))
+            continue
         load_before = os.getloadavg()[0]
         settings, wall, cpu = train(name, tokenizer, recurring, changes, cfg["threads"])
         results[name] = dict(
@@ -170,8 +202,13 @@ def main(argv):
             **summary(settings["out_dir"]),
         )
         print(name, json.dumps(results[name]), flush=True)
-        with open(RESULTS, "w") as f:
-            json.dump(results, f, indent=1)
+        write(results)
+    write(results)
+
+
+def write(results):
+    with open(RESULTS, "w") as f:
+        json.dump(results, f, indent=1)
 
 
 def run(argv):

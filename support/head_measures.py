@@ -153,20 +153,24 @@ def induction_scores(model, seed):
 
 
 @torch.no_grad()
-def copy_losses(model, seed):
-    """The mean loss on the probe x || x: on the first copy (random tokens, nothing to
-    go by) and on the second (every token predictable from the first copy). Their
-    difference is the in-context learning the probe sees; an induction head makes the
-    second far lower. Returns (first, second)."""
-    idx, L = probe_tokens(model.config, seed)
-    idx = idx.to(model.lm_head.weight.device)
-    logits, _ = model(idx)  # (n_seq, 2L, vocab)
+def repeat_losses(model, idx, L):
+    """The mean loss on idx = x || x (n, 2L), on the first copy of x and on the second.
+    A model that copies from its context (an induction head) predicts the second far
+    better than the first. Returns (first, second)."""
+    logits, _ = model(idx)  # (n, 2L, vocab)
     losses = F.cross_entropy(
         logits[:, :-1].float().transpose(1, 2), idx[:, 1:], reduction="none"
-    )  # (n_seq, 2L - 1): the loss of predicting token i + 1 at position i
+    )  # (n, 2L - 1): the loss of predicting token i + 1 at position i
     # positions 0 .. L - 2 predict the first copy; L .. 2L - 2 the second (L - 1 predicts
-    # the second copy's first token, which nothing before it tells)
+    # the second copy's first token, which the first copy does not tell)
     return losses[:, : L - 1].mean().item(), losses[:, L:].mean().item()
+
+
+def copy_losses(model, seed):
+    """repeat_losses on the induction probe (random tokens, so the first copy is
+    unpredictable): the in-context learning the probe sees."""
+    idx, L = probe_tokens(model.config, seed)
+    return repeat_losses(model, idx.to(model.lm_head.weight.device), L)
 
 
 @torch.no_grad()
