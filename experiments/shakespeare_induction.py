@@ -115,13 +115,8 @@ def train(name, tokenizer, recurring, changes, threads):
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     with open(os.path.join(OUT, f"{name}.log"), "w") as log:
-        subprocess.run(
-            [sys.executable, "train.py", *argv],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=log,
-            check=True,
+        done = subprocess.run(
+            [sys.executable, "train.py", *argv], cwd=ROOT, env=env, stdout=log, stderr=log
         )
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
