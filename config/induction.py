@@ -17,7 +17,9 @@ eval_interval = 25  # often enough to see the phase change step by step
 eval_iters = 4
 log_interval = 25
 always_save_checkpoint = False
-snapshot_limit = 16
+# every evaluation's weights (81 snapshots of 0.4 MB), so that explore.py steps through
+# the phase change and experiments/induction_experiment.py reads the composition at each
+snapshot_limit = 100
 
 gradient_accumulation_steps = 1
 batch_size = 32

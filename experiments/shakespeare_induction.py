@@ -14,8 +14,18 @@ written twice in a row, so that copying from the context pays). Every run logs
 the heads with --log_heads=True: the induction probe of heads.py and the
 in-context learning score, at every evaluation.
 
+Each run's summary also holds the final model on val passages of half the
+context written twice (16 of them, evenly spread over the val split): its
+loss on the first copy and on the second (a model that copies from its
+context predicts the second far better; one that does not, no better), and
+the induction score of heads.py's probe read on these passages instead of on
+random tokens (the weight on the token after the earlier occurrence). The
+probe of record stays the random one: on a model's own text, a head can find
+the earlier copy by its surroundings as well as by its token.
+
 Runs go one after another in their own processes (torch threads: --threads);
-each one's wall and CPU time are measured around it. Writes
+each one's wall and CPU time are measured around it. --train=False reads the
+runs' folders again without training (the summaries only). Writes
 out-shakespeare-induction/<run>/ (the runs) and docs/shakespeare_induction.json,
 one record per run, added to what is there; docs/heads.md quotes the table.
 """
@@ -28,6 +38,7 @@ import sys
 import time
 
 import numpy as np
+import torch
 
 from experiments.head_timeline import phase_change, read_losses, read_timeline
 from support.configurator import ConfigError, describe, parse_args
@@ -39,7 +50,9 @@ RESULTS = os.path.join(ROOT, "docs", "shakespeare_induction.json")
 DEFAULTS = dict(
     only="",  # "" = every run; or one run's name
     threads=1,  # torch threads of each run
+    train=True,  # False: summarise the runs already in out-shakespeare-induction/ again
 )
+PASSAGES = 16  # val passages written twice, for the final model's repeat losses
 
 # what every run shares: the CPU recipe in float32, two layers, the heads logged
 COMMON = dict(
@@ -59,6 +72,7 @@ RUNS = {
     "char_recurring": ("char", True, dict(max_iters=1500)),
     "bpe_plain": ("bpe:1024", False, dict(max_iters=1500)),
     "bpe_recurring": ("bpe:1024", True, dict(max_iters=1500)),
+    "char_recurring_no_qk_norm": ("char", True, dict(max_iters=1500, qk_norm=False)),
     "char_plain_4_layers": ("char", False, dict(n_layer=4, max_iters=1000)),
     "char_plain_512": ("char", False, dict(block_size=512, batch_size=16, max_iters=1500)),
 }
@@ -71,8 +85,11 @@ def dataset_name(tokenizer, recurring):
 
 def prepare(tokenizer, recurring):
     """The dataset's name under data/, prepared on first use."""
+    from data import DATA_ROOT
+    from data.dataset import FILES
     from data.induction import recurring_text
-    from data.prepare import DATA_ROOT, FILES, prepare_text, shakespeare_dir, shakespeare_text
+    from data.text import prepare_text
+    from data.tiny_shakespeare import shakespeare_dir, shakespeare_text
 
     name = dataset_name(tokenizer, recurring)
     folder = os.path.join(DATA_ROOT, name)
@@ -86,7 +103,7 @@ def prepare(tokenizer, recurring):
 
 
 def train(name, tokenizer, recurring, changes, threads):
-    """Run train.py; returns its wall and CPU seconds."""
+    """Run train.py; returns its settings, exit code, wall and CPU seconds."""
     settings = dict(COMMON, **changes)
     steps = settings["max_iters"]
     settings.update(
@@ -101,18 +118,35 @@ def train(name, tokenizer, recurring, changes, threads):
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     with open(os.path.join(OUT, f"{name}.log"), "w") as log:
-        subprocess.run(
-            [sys.executable, "train.py", *argv],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=log,
-            check=True,
+        done = subprocess.run(
+            [sys.executable, "train.py", *argv], cwd=ROOT, env=env, stdout=log, stderr=log
         )
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    return settings, wall, cpu
+    return settings, done.returncode, wall, cpu
+
+
+def passages(out_dir):
+    """The final model on PASSAGES val passages of block_size // 2 tokens, each written
+    twice: its mean loss on the first copy and on the second, and the best head's
+    induction score on them."""
+    from support.head_measures import probe_scores, repeat_losses, val_tokens
+    from support.loading import load_model
+
+    model, tok, _ = load_model(out_dir, out_dir)
+    model.eval()
+    L = model.config.block_size // 2
+    # the val split of the dataset the checkpoint says it was trained on
+    val = np.asarray(val_tokens({"dataset": "", "data_root": None}, out_dir, tok)[0])
+    starts = np.linspace(0, len(val) - L - 1, PASSAGES).round().astype(int)
+    x = torch.from_numpy(np.stack([val[s : s + L] for s in starts]).astype(np.int64))  # (P, L)
+    idx = torch.cat([x, x], dim=1)  # (P, 2L)
+    first, second = repeat_losses(model, idx, L)
+    with torch.no_grad():
+        _, maps = model.attention_maps(idx)
+    induction = probe_scores(maps, L)["induction"]  # (n_layer, n_head)
+    return first, second, float(induction.max())
 
 
 def summary(out_dir):
@@ -125,6 +159,7 @@ def summary(out_dir):
     top = int(np.argmax(best))
     where = np.unravel_index(np.argmax(induction[top]), induction[top].shape)
     span = phase_change(iters, induction)
+    first, second, passage_induction = passages(out_dir)
     return dict(
         best_induction_start=round(float(best[0]), 4),
         best_induction_max=round(float(best[top]), 4),
@@ -135,6 +170,9 @@ def summary(out_dir):
         icl_end=round(float(icl[-1]), 4),
         val_loss_end=round(float(val_loss[-1]), 4),
         phase_change=None if span is None else [int(iters[span[0]]), int(iters[span[1]])],
+        passage_first_copy_loss=round(first, 4),
+        passage_second_copy_loss=round(second, 4),
+        passage_best_induction=round(passage_induction, 4),
     )
 
 
@@ -153,8 +191,12 @@ def main(argv):
     for name, (tokenizer, recurring, changes) in RUNS.items():
         if cfg["only"] and name != cfg["only"]:
             continue
+        if not cfg["train"]:
+            if name in results and os.path.isdir(os.path.join(OUT, name)):
+                results[name].update(summary(os.path.join(OUT, name)))
+            continue
         load_before = os.getloadavg()[0]
-        settings, wall, cpu = train(name, tokenizer, recurring, changes, cfg["threads"])
+        settings, code, wall, cpu = train(name, tokenizer, recurring, changes, cfg["threads"])
         results[name] = dict(
             tokenizer=tokenizer,
             recurring=recurring,
@@ -167,11 +209,19 @@ def main(argv):
             cpu_s=round(cpu, 1),
             load_before=round(load_before, 2),
             load_after=round(os.getloadavg()[0], 2),
-            **summary(settings["out_dir"]),
         )
+        if code == 0:
+            results[name].update(summary(settings["out_dir"]))
+        else:
+            results[name]["failed"] = f"train.py exited with {code}; see {name}.log"
         print(name, json.dumps(results[name]), flush=True)
-        with open(RESULTS, "w") as f:
-            json.dump(results, f, indent=1)
+        write(results)
+    write(results)
+
+
+def write(results):
+    with open(RESULTS, "w") as f:
+        json.dump(results, f, indent=1)
 
 
 def run(argv):

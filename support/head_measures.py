@@ -153,20 +153,24 @@ def induction_scores(model, seed):
 
 
 @torch.no_grad()
-def copy_losses(model, seed):
-    """The mean loss on the probe x || x: on the first copy (random tokens, nothing to
-    go by) and on the second (every token predictable from the first copy). Their
-    difference is the in-context learning the probe sees; an induction head makes the
-    second far lower. Returns (first, second)."""
-    idx, L = probe_tokens(model.config, seed)
-    idx = idx.to(model.lm_head.weight.device)
-    logits, _ = model(idx)  # (n_seq, 2L, vocab)
+def repeat_losses(model, idx, L):
+    """The mean loss on idx = x || x (n, 2L), on the first copy of x and on the second.
+    A model that copies from its context (an induction head) predicts the second far
+    better than the first. Returns (first, second)."""
+    logits, _ = model(idx)  # (n, 2L, vocab)
     losses = F.cross_entropy(
         logits[:, :-1].float().transpose(1, 2), idx[:, 1:], reduction="none"
-    )  # (n_seq, 2L - 1): the loss of predicting token i + 1 at position i
+    )  # (n, 2L - 1): the loss of predicting token i + 1 at position i
     # positions 0 .. L - 2 predict the first copy; L .. 2L - 2 the second (L - 1 predicts
-    # the second copy's first token, which nothing before it tells)
+    # the second copy's first token, which the first copy does not tell)
     return losses[:, : L - 1].mean().item(), losses[:, L:].mean().item()
+
+
+def copy_losses(model, seed):
+    """repeat_losses on the induction probe (random tokens, so the first copy is
+    unpredictable): the in-context learning the probe sees."""
+    idx, L = probe_tokens(model.config, seed)
+    return repeat_losses(model, idx.to(model.lm_head.weight.device), L)
 
 
 @torch.no_grad()
@@ -215,6 +219,58 @@ def ablated(model, heads):
     handles = [
         model.transformer.h[layer].attn.c_proj.register_forward_pre_hook(hook(mask))
         for layer, mask in keep.items()
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+PATHS = ("q", "k", "v")  # the three inputs of a head: what composition is into
+
+
+@contextlib.contextmanager
+def path_ablated(model, writers, reader_layer, paths):
+    """Inside, the direct path from the writer heads (layer, head) of one earlier layer
+    into reader_layer's queries, keys or values (paths, a subset of PATHS) is cut: those
+    projections read the residual stream less the writers' outputs, everything else
+    reads it whole. With paths=("k",) this removes exactly what K-composition is about:
+    the writers' outputs as the later heads' keys see them (Elhage et al. 2021).
+    The writers' outputs through any other route (an MLP, the unembedding) stay."""
+    (layer,) = {w_layer for w_layer, _ in writers}
+    if reader_layer <= layer:
+        raise ValueError(f"a head of layer {reader_layer} reads nothing layer {layer} writes")
+    c = model.config
+    hs = c.n_embd // c.n_head
+    kv_width = c.n_kv_head * hs
+    columns = {"q": slice(0, c.n_embd), "k": slice(c.n_embd, c.n_embd + kv_width)}
+    columns["v"] = slice(c.n_embd + kv_width, None)
+    keep = torch.zeros(c.n_embd, device=model.lm_head.weight.device)
+    for _, head in writers:
+        keep[head * hs : (head + 1) * hs] = 1
+    w_o = model.transformer.h[layer].attn.c_proj.weight  # (C out, C in)
+    reader = model.transformer.h[reader_layer]
+    seen = {}
+
+    def writers_output(module, args):
+        seen["out"] = (args[0] * keep) @ w_o.T  # (B, T, C) the writers' part of c_proj's output
+
+    def stream(module, args):
+        seen["x"] = args[0]  # (B, T, C) the residual stream the reader layer reads
+
+    def projections(module, args, output):
+        # F.linear, not module(): calling the module would run this hook again
+        without = F.linear(reader.ln_1(seen["x"] - seen["out"]), module.weight, module.bias)
+        output = output.clone()
+        for path in paths:
+            output[..., columns[path]] = without[..., columns[path]]
+        return output
+
+    handles = [
+        model.transformer.h[layer].attn.c_proj.register_forward_pre_hook(writers_output),
+        reader.register_forward_pre_hook(stream),
+        reader.attn.c_attn.register_forward_hook(projections),
     ]
     try:
         yield

@@ -37,7 +37,8 @@ def run(data_root, tmp_path_factory):
 
 
 def position_loss(model, x, y, position):
-    """The model's own mean loss over the windows with only one position's target kept."""
+    """The model's own mean loss over the windows with only the targets at position
+    (one, or a list) kept."""
     kept = torch.full_like(y, -1)  # -1: ignored by the loss
     kept[:, position] = y[:, position]
     return model(x, kept)[1].item()
@@ -62,7 +63,7 @@ def test_logged_icl_score_equals_the_losses_computed_another_way(run, data_root)
     x, y = chunk[:, :-1], chunk[:, 1:]
     scores = []
     for rec, path in zip(log, timeline.list_snapshots(run).values()):
-        model, _, _ = load_model({"init_from": path, "out_dir": run})
+        model, _, _ = load_model(path, run)
         model.eval()
         with torch.no_grad():
             expected = position_loss(model, x, y, late) - position_loss(model, x, y, early)
@@ -105,3 +106,30 @@ def test_the_induction_corpus_repeats_a_string_on_each_line(tmp_path):
     assert meta["vocab_size"] == len(LETTERS) + 1
     with open(os.path.join(folder, "meta.json")) as f:
         assert json.load(f)["source"] == "data/induction.py"
+
+
+def test_a_runs_summary_reads_its_log_and_its_model(run, data_root):
+    from experiments import shakespeare_induction
+
+    found = shakespeare_induction.summary(run)
+    log = read_log(run)
+    best = [float(np.max(rec["heads"]["induction"])) for rec in log]
+    assert found["best_induction_start"] == pytest.approx(best[0], abs=1e-4)
+    assert found["best_induction_end"] == pytest.approx(best[-1], abs=1e-4)
+    assert found["best_induction_max"] == pytest.approx(max(best), abs=1e-4)
+    assert found["icl_end"] == log[-1]["icl_score"]
+    assert found["phase_change"] is None  # six iters of a tiny model: no induction head
+    # the final model on val passages written twice, with the model's own loss on each copy
+    model, _, _ = load_model(run, run)
+    model.eval()
+    L = model.config.block_size // 2
+    val = np.asarray(load_tokens(os.path.join(data_root, "shakespeare_char"), "val"))
+    starts = np.linspace(0, len(val) - L - 1, shakespeare_induction.PASSAGES).round().astype(int)
+    x = torch.from_numpy(np.stack([val[s : s + L] for s in starts]).astype(np.int64))
+    idx = torch.cat([x, x], dim=1)
+    with torch.no_grad():
+        first = position_loss(model, idx[:, :-1], idx[:, 1:], list(range(L - 1)))
+        second = position_loss(model, idx[:, :-1], idx[:, 1:], list(range(L, 2 * L - 1)))
+    assert found["passage_first_copy_loss"] == pytest.approx(first, abs=1e-4)
+    assert found["passage_second_copy_loss"] == pytest.approx(second, abs=1e-4)
+    assert 0 <= found["passage_best_induction"] <= 1
