@@ -419,9 +419,9 @@ def plot(data, path):
         ax.set_ylabel("queries", fontsize=8)
     fig.suptitle(
         "Same module, different mask: model.py's blocks with the causal mask and without it\n"
-        "(bottom: the bidirectional head with the most weight on the next character, and the "
-        "causal model's head at the same place, on one held-out window; dotted: the causal "
-        "mask's edge)",
+        "bottom: the bidirectional head with the most weight on the next character, and the "
+        "causal model's head at the same place,\non one held-out window; dotted: the causal "
+        "mask's edge",
         fontsize=10,
     )
     fig.tight_layout()

@@ -75,7 +75,7 @@ def plot_alignment(data, path):
     names = list(data["examples"])
     columns = min(3, len(names))
     rows = math.ceil(len(names) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 4.4 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 4.9 * rows), squeeze=False)
     for ax in axes.flat[len(names) :]:
         ax.axis("off")
     for ax, name in zip(axes.flat, names):
@@ -124,7 +124,7 @@ def plot_three_attentions(data, path):
     source = [task.source_name(w) for w in ex["source"]]
     # what the decoder read while writing: BOS, then its own output but the last word
     read = ["<bos>"] + [task.target_name(t) for t in ex["output"][:-1]]
-    fig, axes = plt.subplots(1, 3, figsize=(14, 5.2))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 5.6))
     panels = [
         ("encoder", "encoder self-attention: no causal mask", source, source),
         ("decoder", "decoder self-attention: the causal mask", read, read),
@@ -197,8 +197,11 @@ def write_page(data, path):
         "and translation quality falls apart on long sentences. Bahdanau's attention lets "
         "the decoder read every encoder state at every step, weighted by how well each one "
         "matches what it is about to write (a soft alignment); Luong's scores make the match "
-        "a product; self-attention drops the recurrence. This page runs that story on a toy "
-        "translation whose right alignment is known."
+        "a product; the Transformer drops the recurrence and keeps three attentions: the "
+        "encoder's self-attention over the whole source, the decoder's causal self-attention "
+        "over what it has written, and cross-attention from the decoder to the encoder; a "
+        "GPT keeps only the causal one. This page runs that story on a toy translation whose "
+        "right alignment is known."
     )
     record = (
         f"(`experiments/bottleneck.py`, the models trained {cfg['jobs']} at a time, one "
@@ -234,6 +237,16 @@ def write_page(data, path):
         "the encoder states with `s^T h`, `s^T W h` or `v^T tanh(W [s; h])`, and the context "
         "shapes the output (`LuongDecoder`, `DotScore`, `GeneralScore`, `ConcatScore`); a "
         "whole target is one GRU call and one batched matmul.",
+        f"**transformer**: Vaswani et al.'s encoder-decoder made of `model.py`'s parts "
+        f"(`experiments/transformer.py`), {cfg['transformer_layers']} encoder and "
+        f"{cfg['transformer_layers']} decoder blocks, {cfg['transformer_heads']} heads, "
+        f"width {cfg['transformer_embd']}, the paper's sinusoidal positions. An encoder "
+        "block is `model.py`'s `Block` given the source's padding mask in place of the "
+        "causal mask, so every source word attends to the words after it too; a decoder "
+        "block is causal self-attention (`MultiHeadAttention`, its own mask), then "
+        "cross-attention, queries from the decoder and keys and values from the encoder "
+        "through `attention()` (`CrossAttention`), then the MLP. It writes one word a step "
+        "as the recurrent decoders do.",
         f"**gpt**: `model.py`'s GPT ({cfg['gpt_layers']} layers, {cfg['gpt_heads']} heads, "
         f"width {cfg['gpt_embd']}, rotary positions) reads the source padded to "
         f"{lengths[-1]} slots, a separator and the target as one sequence under the causal "
@@ -244,14 +257,15 @@ def write_page(data, path):
         "Each panel is one model translating the same sentence: row j is the attention of "
         "the step that writes target word j, over the source words, and a red circle marks "
         "the source word that target word j translates. aligned_mass is the mean weight on "
-        "that word over every step of every held-out sentence (for the GPT, of its head with "
-        "the most; every head's is in the JSON); near_mass the weight on that word or a "
+        "that word over every step of every held-out sentence (for the Transformer, of its "
+        "cross-attention head with the most, and for the GPT, of its head with the most; "
+        "every head's is in the JSON); near_mass the weight on that word or a "
         "neighbour of it. At the steps whose word a swap moved, mass_at_swaps is the weight "
         "on the true word, and diagonal_at_swaps the weight on source word j at step j, "
         "where attention that ignores the swap would look."
     )
     lines = [
-        "# The bottleneck, measured: seq2seq without and with attention, and a GPT",
+        "# The bottleneck, measured: seq2seq without and with attention, the Transformer, a GPT",
         "",
         paragraph(intro),
         "",
@@ -288,11 +302,18 @@ def write_page(data, path):
     keys = (
         "The numbers are in `bottleneck.json`: `lengths`; `models.<name>` with `accuracy` "
         "(by length), `params`, `train_seconds` (CPU seconds of training) and "
-        "`train_wall_seconds`; `alignment.<name>` with `aligned_mass` and the masses above; "
-        "`goals`, `examples` (the heatmaps' sentence), `settings` and `machine`."
+        "`train_wall_seconds`; `alignment.<name>` with `aligned_mass` and the masses above "
+        "(for the Transformer and the GPT the `layer` and `head` they are of, and `by_head`); "
+        "`goals`, `examples` (the heatmaps' sentence; `examples.transformer.attentions`, the "
+        "three attentions drawn, with every self-attention head's look-ahead), `settings` "
+        "and `machine`."
     )
     for text in reading_alignment(data):
         lines += ["", paragraph(text)]
+    if "transformer" in data["examples"]:
+        lines += ["", "## The Transformer's three attentions", ""]
+        lines += ["![the three attentions](bottleneck_transformer.png)", ""]
+        lines += [paragraph(reading_three(data))]
     lines += ["", paragraph(keys), ""]
     with open(path, "w") as f:
         f.write("\n".join(lines))
@@ -333,7 +354,35 @@ def reading(data):
             "a whole target as one GRU call and one batched matmul; concat, whose small "
             f"network runs on every (step, word) pair, took {seconds['concat']:.0f}."
         )
+    if "transformer" in models:
+        parts.append(
+            f"The Transformer, whose encoder and teacher-forced decoder run every position "
+            f"of a sentence at once, took {models['transformer']['train_seconds']:.0f} CPU s."
+        )
     return " ".join(parts)
+
+
+def reading_three(data):
+    """The paragraph under the three attentions, from the numbers."""
+    ex = data["examples"]["transformer"]
+    att = ex["attentions"]
+    encoder = att["encoder"]["look_ahead_by_head"]
+    decoder = att["decoder"]["look_ahead_by_head"]
+    a = data["alignment"]["transformer"]
+    return (
+        "The Transformer translating the heatmaps' sentence: each panel is one head, "
+        "picked by the rule in its title (of the self-attentions the sharpest, the lowest "
+        "mean entropy of its rows; of cross-attention the head with the highest "
+        "aligned_mass), and above the dotted diagonal are the keys after the query, which a "
+        "causal mask hides. On this sentence the encoder's heads put between "
+        f"{min(encoder):.2f} and {max(encoder):.2f} of their weight on later words, the "
+        f"drawn one (layer {att['encoder']['layer']}, head {att['encoder']['head']}) "
+        f"{att['encoder']['look_ahead']:.2f}; the decoder's heads put {max(decoder):.2f} "
+        "there, since the causal mask's -inf leaves exactly no weight on what has not been "
+        f"written. The cross-attention head (layer {a['layer']}, head {a['head']}) puts "
+        f"{a['aligned_mass']:.2f} of its weight on the true source word over the held-out "
+        f"sentences, and {a['mass_at_swaps']:.2f} at the steps a swap moved."
+    )
 
 
 def reading_alignment(data):
@@ -395,8 +444,9 @@ def reading_alignment(data):
         parts.append(
             f"{'; '.join(pairs)}: at a swapped step the two masses sum to 0.8 or more, so "
             "nearly all the weight is on one of the pair's two words, and neither mass is "
-            "near 1, so no model follows the swap every time. In the heatmaps' sentence both "
+            "near 1, so none of them follows the swap every time. In the heatmaps' sentence both "
             "steps of a pair read the same word of it; the other word reaches the output "
-            "another way (an encoder state holds its neighbours too; the GPT has other heads)."
+            "another way (an encoder state holds its neighbours too; the Transformer and the "
+            "GPT have other heads)."
         )
     return [first, " ".join(parts)]
