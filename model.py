@@ -235,10 +235,12 @@ class MultiHeadAttention(nn.Module):
         # a list while GPT.attention_maps records: each forward appends its weights
         self.maps = None
 
-    def forward(self, x, kv_cache=None, layer=0, rotary=None, at=None):
+    def forward(self, x, kv_cache=None, layer=0, rotary=None, at=None, mask=None):
         """x (B, T, C) -> y (B, T, C). kv_cache: the cache this layer (number `layer`) reads
         and writes; rotary: the (cos, sin) tables at the tokens' positions; at: the decode
-        step's position (GPT.decode_step)."""
+        step's position (GPT.decode_step); mask: without a cache, which keys each query may
+        see, bool broadcastable to (B, nh, T, T), in place of the causal mask (None). All
+        True is BERT's bidirectional self-attention: the same module, a different mask."""
         B, T, C = x.size()
         hs = self.head_size
         # project: every head's query, key and value in one matmul
@@ -258,7 +260,6 @@ class MultiHeadAttention(nn.Module):
             if kv_cache is None or not kv_cache.rotates_keys:
                 k = apply_rotary(k, cos, sin)
         # cache: the new keys and values join the stored ones; the queries see all of them
-        mask = None
         if kv_cache is not None:
             k, v, mask = kv_cache.update(layer, k, v, at)
         y = self.attend(q, k, v, mask, kv_cache, layer, at)  # (B, nh, T, hs)
@@ -354,8 +355,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, kv_cache=None, layer=0, rotary=None, at=None):
-        x = x + self.attn(self.ln_1(x), kv_cache, layer, rotary, at)
+    def forward(self, x, kv_cache=None, layer=0, rotary=None, at=None, mask=None):
+        x = x + self.attn(self.ln_1(x), kv_cache, layer, rotary, at, mask)
         x = x + self.mlp(self.ln_2(x))
         return x
 

@@ -1,26 +1,33 @@
 """
 The lectures' first chapter, run: an RNN encoder-decoder squeezes the source into one
 vector and collapses on long sentences; attention lets its decoder pull from every encoder
-state; a decoder-only GPT does the same with self-attention over source and target at once.
+state; the Transformer drops the recurrence and keeps three attentions; a decoder-only GPT
+does the same with self-attention over source and target at once.
 
     python -m experiments.bottleneck [--quick] [--out_dir=DIR]
 
 One toy translation (experiments/toy_translation.py: a fixed dictionary, adjectives moved
-after their noun, so the true alignment is known). Six models train on the same batches,
+after their noun, so the true alignment is known). Seven models train on the same batches,
 sentences of every length from 3 words to the longest scored, for the same number of steps:
     none                  the encoder-decoder without attention (experiments/seq2seq.py)
     additive              Bahdanau's decoder and score
     dot, general, concat  Luong's decoder with each of his scores
+    transformer           Vaswani et al.'s encoder-decoder of model.py's blocks: the encoder
+                          without the causal mask, the decoder with it, and cross-attention
+                          from decoder to encoder (experiments/transformer.py)
     gpt                   model.py's GPT: source, separator and target in one causal sequence
 Each is then scored by greedy decoding (its own outputs fed back, no teacher forcing) on the
 same held-out sentences of each length: the per-token accuracy. The attention weights of
 that decoding give aligned_mass, the mean weight on the truly aligned source word (for the
-GPT, of its best head: the query that predicts target word j against the source words).
+Transformer, of its best cross-attention head; for the GPT, of its best head: the query that
+predicts target word j against the source words).
 
 Writes into --out_dir (default docs/): bottleneck.json, bottleneck.png (accuracy against
 length; the training losses), bottleneck_alignment.png (one heatmap per attention model on
-one sentence, the true alignment marked) and bottleneck.md, which reads them. --quick runs
-shorter sentences for fewer steps. --jobs models train at once, one thread each.
+one sentence, the true alignment marked), bottleneck_transformer.png (the Transformer's
+three attentions on that sentence) and bottleneck.md, which reads them
+(experiments/bottleneck_report.py). --quick runs shorter sentences for fewer steps. --jobs
+models train at once, one thread each.
 """
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
@@ -30,7 +37,6 @@ import math
 import multiprocessing
 import os
 import sys
-import textwrap
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -38,33 +44,19 @@ import torch
 import torch.nn.functional as F
 
 from bench.common import cpu_class
+from experiments import bottleneck_report as report
 from experiments import toy_translation as task
 from experiments.explicit_attention import explicit_attention
 from experiments.seq2seq import EOS, PAD, Seq2Seq, Seq2SeqConfig
+from experiments.transformer import Transformer, TransformerConfig, look_ahead, target_input
 from model import GPT, GPTConfig
 from support import cli
 from support.configurator import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-MODELS = ("none", "additive", "dot", "general", "concat", "gpt")
-CROSS_ATTENTION = ("additive", "dot", "general", "concat")
-LABELS = {
-    "none": "no attention (the bottleneck)",
-    "additive": "Bahdanau (additive)",
-    "dot": "Luong (dot)",
-    "general": "Luong (general)",
-    "concat": "Luong (concat)",
-    "gpt": "GPT (self-attention)",
-}
-COLORS = {
-    "none": "black",
-    "additive": "tab:red",
-    "dot": "tab:blue",
-    "general": "tab:green",
-    "concat": "tab:orange",
-    "gpt": "tab:purple",
-}
+MODELS = ("none", "additive", "dot", "general", "concat", "transformer", "gpt")
+CROSS_ATTENTION = ("additive", "dot", "general", "concat", "transformer")
 
 # the sizes a run has unless its options say otherwise
 FULL = dict(lengths=(5, 10, 15, 20, 25, 30, 35, 40, 45, 50), steps=2500, eval_sentences=200)
@@ -81,6 +73,9 @@ DEFAULTS = dict(
     lr=3e-3,  # Adam's peak; warmed up over 100 steps, then cosine to a tenth
     hidden_size=64,  # the encoder's per direction: encoder states and decoders are twice that
     bidirectional=True,  # the encoder reads both ways, as Bahdanau's; False: left to right
+    transformer_layers=2,  # in the encoder, and as many in the decoder
+    transformer_heads=4,
+    transformer_embd=64,
     gpt_layers=2,
     gpt_heads=4,
     gpt_embd=64,
@@ -114,10 +109,13 @@ def settings(cfg):
     cfg["models"] = [m for m in MODELS if m in models]
     for key in ("steps", "eval_sentences", "batch_size", "hidden_size", "jobs"):
         whole_number(cfg, key, 1)
-    for key in ("gpt_layers", "gpt_heads", "gpt_embd"):
-        whole_number(cfg, key, 1)
-    if cfg["gpt_embd"] % cfg["gpt_heads"]:
-        raise ConfigError("--gpt_embd must be a multiple of --gpt_heads")
+    for prefix in ("transformer", "gpt"):
+        for key in (f"{prefix}_layers", f"{prefix}_heads", f"{prefix}_embd"):
+            whole_number(cfg, key, 1)
+        if cfg[f"{prefix}_embd"] % (2 * cfg[f"{prefix}_heads"]):
+            raise ConfigError(
+                f"--{prefix}_embd must be a multiple of twice --{prefix}_heads (an even head size)"
+            )
     if not cfg["lr"] > 0:
         raise ConfigError(f"--lr must be positive, got {cfg['lr']}")
     return cfg
@@ -146,6 +144,15 @@ def build(name, cfg):
             rope=True,
         )
         return GPT(config)
+    if name == "transformer":
+        config = TransformerConfig(
+            task.SRC_VOCAB,
+            task.TGT_VOCAB,
+            n_layer=cfg["transformer_layers"],
+            n_head=cfg["transformer_heads"],
+            n_embd=cfg["transformer_embd"],
+        )
+        return Transformer(config)
     config = Seq2SeqConfig(
         task.SRC_VOCAB,
         task.TGT_VOCAB,
@@ -163,7 +170,10 @@ def loss_of(model, name, batch, s_max):
         idx, targets = task.gpt_layout(src, y_out, s_max)
         _, loss = model(idx, targets)
         return loss
-    logits, _ = model(src, lengths, y_in)  # (B, T, V)
+    if name == "transformer":
+        logits = model(src, lengths, y_in)  # (B, T, V)
+    else:
+        logits, _ = model(src, lengths, y_in)  # (B, T, V)
     return F.cross_entropy(logits.flatten(0, 1), y_out.flatten(), ignore_index=PAD)
 
 
@@ -211,8 +221,14 @@ def train(model, name, cfg, slot):
 @torch.no_grad()
 def decode(model, name, src, lengths, steps, s_max):
     """Greedy decoding of `steps` target words -> tokens (B, steps) in the target vocabulary,
-    and the attention of each step over the source (B, heads, steps, S): one "head" for an
-    encoder-decoder, every (layer, head) of the GPT; None without attention."""
+    and the attention of each step over the source (B, heads, steps, S): one "head" for a
+    recurrent encoder-decoder, every (layer, head) of the Transformer's cross-attention and
+    of the GPT; None without attention."""
+    if name == "transformer":
+        tokens = model.greedy(src, lengths, steps)  # (B, steps)
+        # the attention once more, in the open, over what the decoder read while writing
+        maps = model.attention_maps(src, lengths, target_input(tokens))
+        return tokens, torch.cat(maps["cross"], dim=1)  # (B, layers heads, steps, S)
     if name != "gpt":
         tokens, weights = model.greedy(src, lengths, steps)
         if weights is None:
@@ -313,17 +329,45 @@ def example_sentence(length):
 
 
 def example(model, name, cfg, head):
-    """The model's greedy translation of the example sentence and its weights there."""
+    """The model's greedy translation of the example sentence and its weights there; for
+    the Transformer, its three attentions too."""
     L = min(16, max(cfg["lengths"]))
     src, y_out, align = example_sentence(L)
-    tokens, weights = decode(model, name, src, torch.tensor([L]), L, max(cfg["lengths"]))
-    return dict(
+    lengths = torch.tensor([L])
+    tokens, weights = decode(model, name, src, lengths, L, max(cfg["lengths"]))
+    result = dict(
         source=src[0].tolist(),
         reference=y_out[0, :L].tolist(),
         align=align[0].tolist(),
         output=tokens[0].tolist(),
         weights=weights[0, head].tolist(),  # (L, L)
     )
+    if name == "transformer":
+        maps = model.attention_maps(src, lengths, target_input(tokens))
+        result["attentions"] = three_attentions(maps, head, model.config.n_head)
+    return result
+
+
+def three_attentions(maps, cross_head, n_head):
+    """One head of each of the Transformer's attentions on one sentence: of the encoder's
+    and the decoder's self-attention the sharpest (the lowest mean entropy of its rows), of
+    cross-attention the head with the highest aligned_mass; and every self-attention
+    head's look-ahead, the mean weight on later words, which the causal mask makes 0."""
+    out = {}
+    for kind in ("encoder", "decoder", "cross"):
+        weights = torch.cat(maps[kind], dim=1)[0]  # (layers heads, T, S or T)
+        entropy = -(weights * weights.clamp_min(1e-12).log()).sum(-1).mean(-1)  # (layers heads,)
+        flat = entropy.argmin().item()
+        rule = "sharpest"
+        if kind == "cross":
+            flat = cross_head
+            rule = "highest aligned_mass"
+        out[kind] = dict(layer=flat // n_head, head=flat % n_head, rule=rule)
+        if kind != "cross":
+            by_head = look_ahead(weights).mean(-1).tolist()  # (layers heads,)
+            out[kind].update(look_ahead=by_head[flat], look_ahead_by_head=by_head)
+        out[kind]["weights"] = weights[flat].tolist()
+    return out
 
 
 def run_model(name, cfg, slot):
@@ -350,7 +394,7 @@ def run_model(name, cfg, slot):
             diagonal_at_swaps=masses["diagonal_at_swaps"][head],
             swapped_share=masses["swapped_share"],
         )
-        if name == "gpt":
+        if name in ("transformer", "gpt"):
             n_head = model.config.n_head
             alignment.update(layer=head // n_head, head=head % n_head, by_head=per_head)
         result["alignment"] = alignment
@@ -363,7 +407,7 @@ def run_model(name, cfg, slot):
 def train_all(cfg):
     """Every model, --jobs at a time; the dearest start first so that the last ones to
     finish are short. Returns {name: result}."""
-    cost = ["gpt", "additive", "concat", "none", "general", "dot"]
+    cost = ["gpt", "transformer", "additive", "concat", "none", "general", "dot"]
     order = sorted(cfg["models"], key=cost.index)
     results = {}
     if cfg["jobs"] == 1:
@@ -447,307 +491,6 @@ def goal(text, measured, met):
     return dict(goal=text, measured=round(measured, 4), met=bool(met))
 
 
-# The figures ----------
-def plot_accuracy(data, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
-    lengths = data["lengths"]
-    for name, m in data["models"].items():
-        acc = [m["accuracy"][str(L)] for L in lengths]
-        style = "--" if name == "gpt" else "-"
-        left.plot(lengths, acc, style, marker="o", color=COLORS[name], label=LABELS[name])
-        steps = [p[0] for p in m["loss_curve"]]
-        loss = [p[1] for p in m["loss_curve"]]
-        right.plot(steps, loss, style, color=COLORS[name], label=LABELS[name])
-    left.axhline(0.9, color="grey", ls=":", lw=1)
-    left.axhline(0.5, color="grey", ls=":", lw=1)
-    left.set_ylim(-0.02, 1.02)
-    left.set_xlabel("source length (words)")
-    left.set_ylabel("per-token accuracy, greedy decoding")
-    left.set_title("Accuracy against source length")
-    left.legend(fontsize=8, loc="lower left")
-    left.grid(alpha=0.3)
-    right.set_yscale("log")
-    right.set_xlabel("training step (the same batches for every model)")
-    right.set_ylabel("training loss (teacher-forced)")
-    right.set_title("Training")
-    right.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-
-
-def plot_alignment(data, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(data["examples"])
-    fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 4.2), squeeze=False)
-    for ax, name in zip(axes[0], names):
-        ex = data["examples"][name]
-        L = len(ex["reference"])
-        ax.imshow(ex["weights"], cmap="Greys", vmin=0.0, vmax=1.0)
-        # the true alignment: target word j translates source word align[j]
-        ax.scatter(ex["align"], range(L), s=30, facecolors="none", edgecolors="tab:red", lw=1)
-        ax.set_xticks(range(L))
-        ax.set_xticklabels([task.source_name(w) for w in ex["source"]], rotation=90, fontsize=7)
-        ax.set_yticks(range(L))
-        ax.set_yticklabels([task.target_name(t) for t in ex["output"]], fontsize=7)
-        for label, out, ref in zip(ax.get_yticklabels(), ex["output"], ex["reference"]):
-            if out != ref:
-                label.set_color("tab:red")
-        title = f"{LABELS[name]}\naligned mass {data['alignment'][name]['aligned_mass']:.2f}"
-        if name == "gpt":
-            a = data["alignment"][name]
-            title += f" (layer {a['layer']}, head {a['head']})"
-        ax.set_title(title, fontsize=8)
-        ax.set_xlabel("source", fontsize=8)
-    axes[0][0].set_ylabel("the model's output (red: wrong)", fontsize=8)
-    fig.suptitle("Attention while decoding; circles: the true alignment", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-
-
-# The page ----------
-def table(data):
-    lengths = data["lengths"]
-    head = "| model | params | training CPU s | " + " | ".join(str(n) for n in lengths) + " |"
-    rule = "|---|---|---|" + "---|" * len(lengths)
-    lines = [head, rule]
-    for name, m in data["models"].items():
-        cells = " | ".join(f"{m['accuracy'][str(n)]:.3f}" for n in lengths)
-        lines.append(f"| {LABELS[name]} | {m['params']:,} | {m['train_seconds']:.0f} | {cells} |")
-    return lines
-
-
-def paragraph(text):
-    """One paragraph of the page, wrapped."""
-    return textwrap.fill(text, width=90, break_on_hyphens=False)
-
-
-def item(text):
-    """One list item of the page, wrapped under its dash."""
-    return textwrap.fill(
-        text, width=90, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False
-    )
-
-
-def write_page(data, path):
-    """bottleneck.md: the figures and the tables, read in the lectures' words."""
-    cfg = data["settings"]
-    lengths = data["lengths"]
-    machine = data["machine"]
-    command = "python -m experiments.bottleneck"
-    if cfg["quick"]:
-        command += " --quick"
-    intro = (
-        "The lectures start before the transformer: an RNN encoder reads the source into "
-        "one fixed-size vector, the decoder writes the translation from that vector alone, "
-        "and translation quality falls apart on long sentences. Bahdanau's attention lets "
-        "the decoder read every encoder state at every step, weighted by how well each one "
-        "matches what it is about to write (a soft alignment); Luong's scores make the match "
-        "a product; self-attention drops the recurrence. This page runs that story on a toy "
-        "translation whose right alignment is known."
-    )
-    record = (
-        f"(`experiments/bottleneck.py`, the models trained {cfg['jobs']} at a time, one "
-        "thread each; "
-        f"{machine['cpu']}. {data['cpu_seconds']:.0f} s of CPU time in all, "
-        f"{data['wall_seconds']:.0f} s wall; load average {machine['load_average_before']} "
-        f"before and {machine['load_average_after']} after.)"
-    )
-    task_text = (
-        "`experiments/toy_translation.py`: a source sentence is a string of nouns `n1..n60` "
-        "and adjectives `a1..a40`; its translation replaces each word by its dictionary entry "
-        "(`n7` -> `N7`) and moves an adjective after the noun it precedes, as French does "
-        "(`a3 n7` -> `N7 A3`). Target word j translates exactly one source word: the true "
-        "alignment is a diagonal with local swaps."
-    )
-    training = (
-        f"Every model trains for {cfg['steps']} Adam steps (peak learning rate {cfg['lr']}) "
-        f"on the same batches of {cfg['batch_size']} sentences, each batch of lengths within "
-        f"4 words of a length drawn evenly from 3 to {lengths[-1]}, and is scored on "
-        f"{cfg['eval_sentences']} held-out sentences of each length by greedy decoding: each "
-        "word it writes is fed back as its next input, and a word counts when it equals the "
-        "reference at its place."
-    )
-    models = [
-        f"**none**: a bidirectional GRU encoder ({cfg['hidden_size']} wide each way); the "
-        f"decoder, a GRU of width {2 * cfg['hidden_size']}, gets the encoder's final states "
-        "as its first state and again beside every input: the fixed vector "
-        "(`experiments/seq2seq.py`: `BottleneckDecoder`).",
-        "**additive**: Bahdanau: the previous decoder state scores every encoder state with "
-        "`v^T tanh(W s + U h)`, and the context enters the GRU step (`BahdanauDecoder`, "
-        "`AdditiveScore`); the steps run in a loop.",
-        "**dot**, **general**, **concat**: Luong: the GRU steps first, its new state scores "
-        "the encoder states with `s^T h`, `s^T W h` or `v^T tanh(W [s; h])`, and the context "
-        "shapes the output (`LuongDecoder`, `DotScore`, `GeneralScore`, `ConcatScore`); a "
-        "whole target is one GRU call and one batched matmul.",
-        f"**gpt**: `model.py`'s GPT ({cfg['gpt_layers']} layers, {cfg['gpt_heads']} heads, "
-        f"width {cfg['gpt_embd']}, rotary positions) reads the source padded to "
-        f"{lengths[-1]} slots, a separator and the target as one sequence under the causal "
-        "mask, and is trained on the target's words only. The padding puts target word j a "
-        "fixed distance after source word j, so that position alone can find it.",
-    ]
-    heatmaps = (
-        "Each panel is one model translating the same sentence: row j is the attention of "
-        "the step that writes target word j, over the source words, and a red circle marks "
-        "the source word that target word j translates. aligned_mass is the mean weight on "
-        "that word over every step of every held-out sentence (for the GPT, of its head with "
-        "the most; every head's is in the JSON); near_mass the weight on that word or a "
-        "neighbour of it. At the steps whose word a swap moved, mass_at_swaps is the weight "
-        "on the true word, and diagonal_at_swaps the weight on source word j at step j, "
-        "where attention that ignores the swap would look."
-    )
-    lines = [
-        "# The bottleneck, measured: seq2seq without and with attention, and a GPT",
-        "",
-        paragraph(intro),
-        "",
-        "```sh",
-        command,
-        "```",
-        "",
-        paragraph(record),
-        "",
-        "## The task and the models",
-        "",
-        paragraph(task_text),
-        "",
-        paragraph(training),
-        "",
-    ]
-    lines += [item(text) for text in models]
-    lines += ["", "## Accuracy against length", "", "![accuracy against length](bottleneck.png)"]
-    lines += [""] + table(data)
-    lines += ["", "The goals set for this run:", "", "| goal | measured | met |", "|---|---|---|"]
-    for g in data["goals"]:
-        lines.append(f"| {g['goal']} | {g['measured']:.3f} | {'yes' if g['met'] else 'no'} |")
-    lines += ["", paragraph(reading(data)), "", "## Soft alignment", ""]
-    lines += ["![alignment heatmaps](bottleneck_alignment.png)", "", paragraph(heatmaps), ""]
-    lines += [
-        "| model | aligned_mass | near_mass | mass_at_swaps | diagonal_at_swaps |",
-        "|---|---|---|---|---|",
-    ]
-    for name, a in data["alignment"].items():
-        lines.append(
-            f"| {LABELS[name]} | {a['aligned_mass']:.3f} | {a['near_mass']:.3f} | "
-            f"{a['mass_at_swaps']:.3f} | {a['diagonal_at_swaps']:.3f} |"
-        )
-    keys = (
-        "The numbers are in `bottleneck.json`: `lengths`; `models.<name>` with `accuracy` "
-        "(by length), `params`, `train_seconds` (CPU seconds of training) and "
-        "`train_wall_seconds`; `alignment.<name>` with `aligned_mass` and the masses above; "
-        "`goals`, `examples` (the heatmaps' sentence), `settings` and `machine`."
-    )
-    for text in reading_alignment(data):
-        lines += ["", paragraph(text)]
-    lines += ["", paragraph(keys), ""]
-    with open(path, "w") as f:
-        f.write("\n".join(lines))
-
-
-def reading(data):
-    """The paragraph that reads the accuracy table, from the numbers."""
-    lengths = data["lengths"]
-    models = data["models"]
-    shortest = str(lengths[0])
-    longest = str(lengths[-1])
-    parts = []
-    if "none" in models:
-        a = models["none"]["accuracy"]
-        below = [n for n in lengths if a[str(n)] < 0.5]
-        text = (
-            f"Without attention the decoder scores {a[shortest]:.2f} on {shortest}-word "
-            f"sentences and {a[longest]:.2f} on {longest}-word ones"
-        )
-        if below:
-            text += f"; it is below one word in two from {below[0]} words on"
-        parts.append(text + ".")
-    attention = [n for n in models if n != "none"]
-    if attention:
-        lows = {n: min(models[n]["accuracy"].values()) for n in attention}
-        held = [LABELS[n] for n in attention if lows[n] >= 0.9]
-        fell = [f"{LABELS[n]} (lowest {lows[n]:.2f})" for n in attention if lows[n] < 0.9]
-        if held:
-            parts.append(f"At least 0.9 at every length: {'; '.join(held)}.")
-        if fell:
-            parts.append(f"Below 0.9 somewhere: {'; '.join(fell)}.")
-    if all(n in models for n in ("additive", "dot", "general", "concat")):
-        seconds = {n: models[n]["train_seconds"] for n in models}
-        parts.append(
-            f"Training took {seconds['additive']:.0f} CPU s for Bahdanau's decoder, which "
-            f"loops over the target's steps, against {seconds['dot']:.0f} and "
-            f"{seconds['general']:.0f} for Luong's dot and general scores, whose decoder runs "
-            "a whole target as one GRU call and one batched matmul; concat, whose small "
-            f"network runs on every (step, word) pair, took {seconds['concat']:.0f}."
-        )
-    return " ".join(parts)
-
-
-def reading_alignment(data):
-    """The two paragraphs that read the alignment table, from the numbers: the mass on the
-    true word, then the swaps."""
-    alignment = data["alignment"]
-    cross = [n for n in CROSS_ATTENTION if n in alignment]
-    parts = []
-    held = [n for n in cross if alignment[n]["aligned_mass"] >= 0.5]
-    fell = [n for n in cross if alignment[n]["aligned_mass"] < 0.5]
-    if held:
-        names = "; ".join(LABELS[n] for n in held)
-        parts.append(f"At least half the weight on the true source word: {names}.")
-    for n in fell:
-        a = alignment[n]
-        parts.append(
-            f"{LABELS[n]} puts {a['aligned_mass']:.2f} of its weight on the true word and "
-            f"{a['near_mass']:.2f} on it or a neighbour: its attention is a band around the "
-            "alignment rather than a point on it. The encoder reads both ways, so the state "
-            "of a neighbouring word holds the word itself too; `--bidirectional=False` trains "
-            "a left-to-right encoder instead, to see how much of the band that explains."
-        )
-    pairs = [
-        LABELS[n]
-        for n in alignment
-        if alignment[n]["mass_at_swaps"] + alignment[n]["diagonal_at_swaps"] >= 0.8
-        and min(alignment[n]["mass_at_swaps"], alignment[n]["diagonal_at_swaps"]) >= 0.25
-    ]
-    share = next(iter(alignment.values()))["swapped_share"]
-    first = " ".join(parts)
-    parts = []
-    parts.append(
-        f"A swap moves {share:.0%} of the target words. Attention that follows the "
-        "reordering puts its weight on the moved word there too (mass_at_swaps); attention "
-        "that reads source word j at step j, and leaves the swap to the context its state "
-        "carries, puts it on the diagonal (diagonal_at_swaps)."
-    )
-    follow = [LABELS[n] for n in alignment if alignment[n]["mass_at_swaps"] >= 0.5]
-    ignore = [
-        LABELS[n]
-        for n in alignment
-        if alignment[n]["diagonal_at_swaps"] > alignment[n]["mass_at_swaps"]
-    ]
-    if follow:
-        parts.append(f"Following the swaps: {'; '.join(follow)}.")
-    if ignore:
-        parts.append(f"More on the diagonal than on the moved word: {'; '.join(ignore)}.")
-    if pairs:
-        parts.append(
-            f"{'; '.join(pairs)}: at a swapped step the two masses sum to 0.8 or more, so "
-            "nearly all the weight is on one of the pair's two words, and neither mass is "
-            "near 1, so no model follows the swap every time. In the heatmaps' sentence both "
-            "steps of a pair read the same word of it; the other word reaches the output "
-            "another way (an encoder state holds its neighbours too; the GPT has other heads)."
-        )
-    return [first, " ".join(parts)]
-
-
 def main(cfg):
     cfg = settings(cfg)
     cli.output_folder(cfg["out_dir"])
@@ -764,13 +507,15 @@ def main(cfg):
     out = cfg["out_dir"]
     with open(os.path.join(out, "bottleneck.json"), "w") as f:
         json.dump(data, f, indent=1)
-    plot_accuracy(data, os.path.join(out, "bottleneck.png"))
+    report.plot_accuracy(data, os.path.join(out, "bottleneck.png"))
     if data["examples"]:
-        plot_alignment(data, os.path.join(out, "bottleneck_alignment.png"))
-    write_page(data, os.path.join(out, "bottleneck.md"))
+        report.plot_alignment(data, os.path.join(out, "bottleneck_alignment.png"))
+    if "transformer" in data["examples"]:
+        report.plot_three_attentions(data, os.path.join(out, "bottleneck_transformer.png"))
+    report.write_page(data, os.path.join(out, "bottleneck.md"))
     for g in data["goals"]:
         print(f"{g['goal']}: {g['measured']:.3f} {'met' if g['met'] else 'NOT met'}")
-    print(f"wrote bottleneck.json, .png, _alignment.png and .md into {out}")
+    print(f"wrote bottleneck.json, the figures and bottleneck.md into {out}")
 
 
 def run(argv):

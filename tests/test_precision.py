@@ -636,6 +636,7 @@ ENTRY_POINTS = [
     "experiments/bottleneck.py",
     "experiments/why_sqrt_d.py",
     "experiments/path_length.py",
+    "experiments/bidirectional.py",
     "support/hellaswag.py",
     "bench/corpus.py",
     "experiments/plot_loss.py",

@@ -461,6 +461,9 @@ def test_bottleneck_command_end_to_end(tmp_path, repo_root):
         "--gpt_embd=8",
         "--gpt_heads=2",
         "--gpt_layers=1",
+        "--transformer_embd=8",
+        "--transformer_heads=2",
+        "--transformer_layers=1",
         "--batch_size=4",
         "--jobs=2",
         f"--out_dir={out}",
@@ -477,13 +480,22 @@ def test_bottleneck_command_end_to_end(tmp_path, repo_root):
         assert all(0.0 <= a <= 1.0 for a in m["accuracy"].values())
         assert isinstance(m["params"], int) and m["params"] > 0
         assert isinstance(m["train_seconds"], float)
-    assert set(data["alignment"]) == {"additive", "dot", "general", "concat", "gpt"}
+    assert set(data["alignment"]) == {"additive", "dot", "general", "concat", "transformer", "gpt"}
     for a in data["alignment"].values():
         assert 0.0 <= a["aligned_mass"] <= a["near_mass"] + 1e-6
         assert a["near_mass"] <= 1.0 + 1e-6
         assert 0.0 <= a["mass_at_swaps"] <= 1.0 + 1e-6
         assert 0.0 <= a["diagonal_at_swaps"] <= 1.0 + 1e-6
-    for name in ("bottleneck.png", "bottleneck_alignment.png", "bottleneck.md"):
+    for name in ("transformer", "gpt"):
+        assert (
+            data["alignment"][name]["layer"] == 0 and len(data["alignment"][name]["by_head"]) == 2
+        )
+    attentions = data["examples"]["transformer"]["attentions"]
+    assert attentions["decoder"]["look_ahead_by_head"] == [0.0, 0.0]
+    assert min(attentions["encoder"]["look_ahead_by_head"]) > 0
+    assert len(attentions["cross"]["weights"]) == 5  # the example: min(16, the longest)
+    names = ("bottleneck.png", "bottleneck_alignment.png", "bottleneck_transformer.png")
+    for name in (*names, "bottleneck.md"):
         assert os.path.getsize(out / name) > 0
 
 
@@ -528,6 +540,8 @@ def test_path_length_command_end_to_end(tmp_path):
         (bottleneck, ["--models=('none', 'lstm')"], "choose from"),
         (bottleneck, ["--models=none"], "models expects tuple"),
         (bottleneck, ["--jobs=0"], "at least 1"),
+        (bottleneck, ["--transformer_embd=12", "--transformer_heads=4"], "even head size"),
+        (bottleneck, ["--gpt_embd=6", "--gpt_heads=2"], "even head size"),
         (bottleneck, ["extra"], "unexpected argument"),
         (why_sqrt_d, ["--d_max=2"], "at least 4"),
         (why_sqrt_d, ["--steps=many"], "steps expects int"),
