@@ -29,6 +29,7 @@ data/shakespeare_char/input.txt, as train.py finds it.
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -41,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.common import cpu_class
-from data.prepare import shakespeare_dir, shakespeare_text
+from data.tiny_shakespeare import shakespeare_dir, shakespeare_text
 from experiments.bottleneck import curve, learning_rate
 from experiments.transformer import look_ahead
 from model import GPT, GPTConfig
@@ -58,42 +59,44 @@ MASK_SIGN = "_"  # [MASK] where text is shown: tiny Shakespeare has no underscor
 FULL = dict(steps=2000, eval_windows=256)
 QUICK = dict(steps=300, eval_windows=64)
 
-DEFAULTS = dict(
-    out_dir=os.path.join(ROOT, "docs"),
-    input="",  # tiny Shakespeare; "": $TINYSHAKESPEARE_PATH or data/shakespeare_char/input.txt
-    quick=False,  # the QUICK sizes instead of FULL
-    steps=None,  # training steps of each model; None: the sizes'
-    eval_windows=None,  # held-out windows scored; None: the sizes'
-    block_size=64,  # characters per window
-    batch_size=32,
-    n_layer=4,
-    n_head=4,
-    n_embd=64,
-    lr=2e-3,  # AdamW's peak; warmed up over 100 steps, then cosine to a tenth
-    jobs=2,  # the two models trained at once, in processes of one thread each
-    seed=0,
-)
+
+@dataclasses.dataclass
+class Settings:
+    out_dir: str = os.path.join(ROOT, "docs")
+    # tiny Shakespeare; "": $TINYSHAKESPEARE_PATH or data/shakespeare_char/input.txt
+    input: str = ""
+    quick: bool = False  # the QUICK sizes instead of FULL
+    steps: int | None = None  # training steps of each model; None: the sizes'
+    eval_windows: int | None = None  # held-out windows scored; None: the sizes'
+    block_size: int = 64  # characters per window
+    batch_size: int = 32
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 64
+    lr: float = 2e-3  # AdamW's peak; warmed up over 100 steps, then cosine to a tenth
+    jobs: int = 2  # the two models trained at once, in processes of one thread each
+    seed: int = 0
 
 
 # Settings ----------
 def settings(cfg):
     """The options, the sizes filled in and checked; a ConfigError for anything wrong."""
-    cfg = dict(cfg)
-    sizes = QUICK if cfg["quick"] else FULL
+    cfg = dataclasses.replace(cfg)  # a copy: the options as given stay as they were
+    sizes = QUICK if cfg.quick else FULL
     for key, value in sizes.items():
-        if cfg[key] is None:
-            cfg[key] = value
+        if getattr(cfg, key) is None:
+            setattr(cfg, key, value)
     least = dict(block_size=2, steps=1, eval_windows=1, batch_size=1, jobs=1)
     for key in ("n_layer", "n_head", "n_embd"):
         least[key] = 1
     for key, low in least.items():
-        value = cfg[key]
+        value = getattr(cfg, key)
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ConfigError(f"--{key} must be a whole number of at least {low}, got {value!r}")
-    if cfg["n_embd"] % cfg["n_head"]:
+    if cfg.n_embd % cfg.n_head:
         raise ConfigError("--n_embd must be a multiple of --n_head")
-    if not cfg["lr"] > 0:
-        raise ConfigError(f"--lr must be positive, got {cfg['lr']}")
+    if not cfg.lr > 0:
+        raise ConfigError(f"--lr must be positive, got {cfg.lr}")
     return cfg
 
 
@@ -101,15 +104,15 @@ def settings(cfg):
 def corpus(cfg):
     """The characters, the vocabulary (the characters, then [MASK]) and the two splits:
     the first 90% of the text to train on, the last 10% held out."""
-    text = shakespeare_text(shakespeare_dir("char"), cfg["input"] or None)
+    text = shakespeare_text(shakespeare_dir("char"), cfg.input or None)
     chars = "".join(sorted(set(text)))
     stoi = {c: i for i, c in enumerate(chars)}
     ids = torch.tensor([stoi[c] for c in text], dtype=torch.long)
     n = int(0.9 * len(ids))
-    if len(ids) - n < cfg["block_size"] + 1:
+    if len(ids) - n < cfg.block_size + 1:
         raise ConfigError(
             f"the text's held-out tenth has {len(ids) - n} characters, fewer than a window "
-            f"of --block_size={cfg['block_size']} and one more"
+            f"of --block_size={cfg.block_size} and one more"
         )
     return dict(chars=chars, mask_id=len(chars), train=ids[:n], val=ids[n:])
 
@@ -137,13 +140,13 @@ def mask_characters(x, mask_id, gen):
 # The models ----------
 def build(cfg, vocab_size):
     """A fresh GPT, its weights drawn from the run's seed: the same for both kinds."""
-    torch.manual_seed(cfg["seed"])
+    torch.manual_seed(cfg.seed)
     config = GPTConfig(
-        block_size=cfg["block_size"],
+        block_size=cfg.block_size,
         vocab_size=vocab_size,
-        n_layer=cfg["n_layer"],
-        n_head=cfg["n_head"],
-        n_embd=cfg["n_embd"],
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        n_embd=cfg.n_embd,
         dropout=0.0,
     )
     return GPT(config)
@@ -178,16 +181,16 @@ def loss_of(logits, targets):
 
 
 def train(kind, cfg, text):
-    """cfg["steps"] AdamW steps on windows drawn from the run's seed, the same windows for
+    """cfg.steps AdamW steps on windows drawn from the run's seed, the same windows for
     both kinds. Returns the model, the losses and the CPU seconds spent."""
     model = build(cfg, text["mask_id"] + 1)
-    gen = torch.Generator().manual_seed(cfg["seed"])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=0.0)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     causal = kind == "causal"
     losses = []
     cpu = time.process_time()
-    for step in range(cfg["steps"]):
-        chunk = windows(text["train"], cfg["batch_size"], cfg["block_size"], gen)
+    for step in range(cfg.steps):
+        chunk = windows(text["train"], cfg.batch_size, cfg.block_size, gen)
         x, y = batch(kind, chunk, text["mask_id"], gen)
         loss = loss_of(forward(model, x, causal), y)
         for group in optimizer.param_groups:
@@ -204,8 +207,8 @@ def train(kind, cfg, text):
 def held_out(cfg, text):
     """The windows every model is scored on (B, T + 1), and their masked version: the same
     for both kinds and every run with the same seed."""
-    gen = torch.Generator().manual_seed(cfg["seed"] + 1)
-    chunk = windows(text["val"], cfg["eval_windows"], cfg["block_size"], gen)
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    chunk = windows(text["val"], cfg.eval_windows, cfg.block_size, gen)
     inputs, targets = mask_characters(chunk[:, :-1], text["mask_id"], gen)
     return chunk, inputs, targets
 
@@ -285,10 +288,10 @@ def run_kind(kind, cfg):
 # The run ----------
 def train_both(cfg):
     """Both kinds, --jobs at a time. Returns {kind: result}."""
-    if cfg["jobs"] == 1:
+    if cfg.jobs == 1:
         return dict(run_kind(kind, cfg) for kind in KINDS)
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(2, cfg["jobs"]), mp_context=context) as pool:
+    with ProcessPoolExecutor(max_workers=min(2, cfg.jobs), mp_context=context) as pool:
         futures = [pool.submit(run_kind, kind, cfg) for kind in KINDS]
         return dict(future.result() for future in futures)
 
@@ -298,7 +301,7 @@ def summary(cfg, results, chars, cpu_seconds, wall_seconds, loads):
     # the bidirectional head that reads the next character most (the mirror of a
     # previous-token head), and the causal model's head at its place
     ahead = torch.tensor(results["bidirectional"]["next_character"])  # (L, nh)
-    layer, head = divmod(ahead.flatten().argmax().item(), cfg["n_head"])
+    layer, head = divmod(ahead.flatten().argmax().item(), cfg.n_head)
     models = {}
     for kind in KINDS:
         r = results[kind]
@@ -313,7 +316,7 @@ def summary(cfg, results, chars, cpu_seconds, wall_seconds, loads):
     return dict(
         models=models,
         example=example,
-        settings={k: v for k, v in cfg.items() if k != "out_dir"},
+        settings={k: v for k, v in dataclasses.asdict(cfg).items() if k != "out_dir"},
         machine=dict(
             cpu=cpu_class(),
             load_average_before=loads[0],
@@ -569,7 +572,7 @@ def reading_maps(data):
 
 def main(cfg):
     cfg = settings(cfg)
-    cli.output_folder(cfg["out_dir"])
+    cli.output_folder(cfg.out_dir)
     text = corpus(cfg)  # read here first, so that a missing corpus is one line before any work
     torch.set_num_threads(1)
     loads = [round(os.getloadavg()[0], 2)]
@@ -580,8 +583,8 @@ def main(cfg):
     cpu_seconds = time.process_time() - cpu + children.children_user + children.children_system
     loads.append(round(os.getloadavg()[0], 2))
     data = summary(cfg, results, text["chars"], cpu_seconds, time.perf_counter() - wall, loads)
-    data["settings"]["out_dir"] = os.path.relpath(cfg["out_dir"], ROOT)
-    out = cfg["out_dir"]
+    data["settings"]["out_dir"] = os.path.relpath(cfg.out_dir, ROOT)
+    out = cfg.out_dir
     with open(os.path.join(out, "bidirectional.json"), "w") as f:
         json.dump(data, f, indent=1)
     plot(data, os.path.join(out, "bidirectional.png"))
@@ -593,7 +596,7 @@ def main(cfg):
 
 def run(argv):
     """The command: main() with --help, and bad input as one line (support/cli.py)."""
-    return cli.run(main, argv, __doc__, DEFAULTS)
+    return cli.run(main, argv, __doc__, Settings)
 
 
 if __name__ == "__main__":

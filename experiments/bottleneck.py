@@ -32,6 +32,7 @@ models train at once, one thread each.
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
+import dataclasses
 import json
 import math
 import multiprocessing
@@ -62,67 +63,68 @@ CROSS_ATTENTION = ("additive", "dot", "general", "concat", "transformer")
 FULL = dict(lengths=(5, 10, 15, 20, 25, 30, 35, 40, 45, 50), steps=2500, eval_sentences=200)
 QUICK = dict(lengths=(4, 8, 12, 16, 20, 24, 28), steps=1200, eval_sentences=100)
 
-DEFAULTS = dict(
-    out_dir=os.path.join(ROOT, "docs"),
-    quick=False,  # the QUICK sizes instead of FULL
-    lengths=None,  # the source lengths scored; None: the sizes'
-    steps=None,  # training steps of every model; None: the sizes'
-    eval_sentences=None,  # held-out sentences per length; None: the sizes'
-    models=MODELS,  # which to train, any of these
-    batch_size=64,
-    lr=3e-3,  # Adam's peak; warmed up over 100 steps, then cosine to a tenth
-    hidden_size=64,  # the encoder's per direction: encoder states and decoders are twice that
-    bidirectional=True,  # the encoder reads both ways, as Bahdanau's; False: left to right
-    transformer_layers=2,  # in the encoder, and as many in the decoder
-    transformer_heads=4,
-    transformer_embd=64,
-    gpt_layers=2,
-    gpt_heads=4,
-    gpt_embd=64,
-    jobs=2,  # models trained at once, in processes of one thread each
-    seed=0,
-)
+
+@dataclasses.dataclass
+class Settings:
+    out_dir: str = os.path.join(ROOT, "docs")
+    quick: bool = False  # the QUICK sizes instead of FULL
+    lengths: tuple | None = None  # the source lengths scored; None: the sizes'
+    steps: int | None = None  # training steps of every model; None: the sizes'
+    eval_sentences: int | None = None  # held-out sentences per length; None: the sizes'
+    models: tuple = MODELS  # which to train, any of these
+    batch_size: int = 64
+    lr: float = 3e-3  # Adam's peak; warmed up over 100 steps, then cosine to a tenth
+    hidden_size: int = 64  # the encoder's per direction: encoder states and decoders are twice that
+    bidirectional: bool = True  # the encoder reads both ways, as Bahdanau's; False: left to right
+    transformer_layers: int = 2  # in the encoder, and as many in the decoder
+    transformer_heads: int = 4
+    transformer_embd: int = 64
+    gpt_layers: int = 2
+    gpt_heads: int = 4
+    gpt_embd: int = 64
+    jobs: int = 2  # models trained at once, in processes of one thread each
+    seed: int = 0
 
 
 # Settings ----------
 def settings(cfg):
     """The options, the sizes filled in and checked; a ConfigError for anything wrong."""
-    cfg = dict(cfg)
+    cfg = dataclasses.replace(cfg)  # a copy: the options as given stay as they were
     sizes = FULL
-    if cfg["quick"]:
+    if cfg.quick:
         sizes = QUICK
     for key, value in sizes.items():
-        if cfg[key] is None:
-            cfg[key] = value
-    lengths = cfg["lengths"]
+        if getattr(cfg, key) is None:
+            setattr(cfg, key, value)
+    lengths = cfg.lengths
     if isinstance(lengths, int):
         lengths = (lengths,)
     if not isinstance(lengths, (tuple, list)) or not lengths:
         raise ConfigError(f"--lengths expects lengths like (5, 10, 20), got {lengths!r}")
     if any(isinstance(n, bool) or not isinstance(n, int) or n < 3 for n in lengths):
         raise ConfigError(f"--lengths must be whole numbers of at least 3, got {lengths!r}")
-    cfg["lengths"] = sorted(set(lengths))
-    models = cfg["models"]
+    cfg.lengths = sorted(set(lengths))
+    models = cfg.models
     unknown = [m for m in models if m not in MODELS]
     if unknown or not models:
         raise ConfigError(f"--models: {unknown or 'none given'}; choose from {', '.join(MODELS)}")
-    cfg["models"] = [m for m in MODELS if m in models]
+    cfg.models = [m for m in MODELS if m in models]
     for key in ("steps", "eval_sentences", "batch_size", "hidden_size", "jobs"):
         whole_number(cfg, key, 1)
     for prefix in ("transformer", "gpt"):
         for key in (f"{prefix}_layers", f"{prefix}_heads", f"{prefix}_embd"):
             whole_number(cfg, key, 1)
-        if cfg[f"{prefix}_embd"] % (2 * cfg[f"{prefix}_heads"]):
+        if getattr(cfg, f"{prefix}_embd") % (2 * getattr(cfg, f"{prefix}_heads")):
             raise ConfigError(
                 f"--{prefix}_embd must be a multiple of twice --{prefix}_heads (an even head size)"
             )
-    if not cfg["lr"] > 0:
-        raise ConfigError(f"--lr must be positive, got {cfg['lr']}")
+    if not cfg.lr > 0:
+        raise ConfigError(f"--lr must be positive, got {cfg.lr}")
     return cfg
 
 
 def whole_number(cfg, key, least):
-    value = cfg[key]
+    value = getattr(cfg, key)
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise ConfigError(f"--{key} must be a whole number of at least {least}, got {value!r}")
 
@@ -130,15 +132,15 @@ def whole_number(cfg, key, least):
 # The models ----------
 def build(name, cfg):
     """A fresh model by name, its weights drawn from the run's seed."""
-    torch.manual_seed(cfg["seed"])
+    torch.manual_seed(cfg.seed)
     if name == "gpt":
-        s_max = max(cfg["lengths"])
+        s_max = max(cfg.lengths)
         config = GPTConfig(
             block_size=2 * s_max + 1,
             vocab_size=task.GPT_VOCAB,
-            n_layer=cfg["gpt_layers"],
-            n_head=cfg["gpt_heads"],
-            n_embd=cfg["gpt_embd"],
+            n_layer=cfg.gpt_layers,
+            n_head=cfg.gpt_heads,
+            n_embd=cfg.gpt_embd,
             dropout=0.0,
             # rotary positions: what the layout asks of it is a fixed relative offset
             rope=True,
@@ -148,17 +150,17 @@ def build(name, cfg):
         config = TransformerConfig(
             task.SRC_VOCAB,
             task.TGT_VOCAB,
-            n_layer=cfg["transformer_layers"],
-            n_head=cfg["transformer_heads"],
-            n_embd=cfg["transformer_embd"],
+            n_layer=cfg.transformer_layers,
+            n_head=cfg.transformer_heads,
+            n_embd=cfg.transformer_embd,
         )
         return Transformer(config)
     config = Seq2SeqConfig(
         task.SRC_VOCAB,
         task.TGT_VOCAB,
         attention=name,
-        hidden_size=cfg["hidden_size"],
-        bidirectional=cfg["bidirectional"],
+        hidden_size=cfg.hidden_size,
+        bidirectional=cfg.bidirectional,
     )
     return Seq2Seq(config)
 
@@ -179,28 +181,28 @@ def loss_of(model, name, batch, s_max):
 
 def learning_rate(step, cfg):
     """Linear warmup over 100 steps, then a cosine from the peak down to a tenth of it."""
-    peak = cfg["lr"]
-    warmup = min(100, cfg["steps"] // 10 + 1)
+    peak = cfg.lr
+    warmup = min(100, cfg.steps // 10 + 1)
     if step < warmup:
         return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, cfg["steps"] - warmup)
+    progress = (step - warmup) / max(1, cfg.steps - warmup)
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def train(model, name, cfg, slot):
-    """cfg["steps"] Adam steps on the run's batches (the same for every model). Returns the
+    """cfg.steps Adam steps on the run's batches (the same for every model). Returns the
     losses and the CPU and wall seconds spent."""
     from tqdm import tqdm
 
-    s_max = max(cfg["lengths"])
-    gen = torch.Generator().manual_seed(cfg["seed"])
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg["lr"])
+    s_max = max(cfg.lengths)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     losses = []
     cpu = time.process_time()
     wall = time.perf_counter()
-    bar = tqdm(total=cfg["steps"], desc=f"{name:>8}", position=slot, leave=True, disable=None)
-    for step in range(cfg["steps"]):
-        lengths = task.training_lengths(cfg["batch_size"], 3, s_max, gen)
+    bar = tqdm(total=cfg.steps, desc=f"{name:>8}", position=slot, leave=True, disable=None)
+    for step in range(cfg.steps):
+        lengths = task.training_lengths(cfg.batch_size, 3, s_max, gen)
         src, y_in, y_out, _ = task.batch(lengths, gen)
         loss = loss_of(model, name, (src, lengths, y_in, y_out), s_max)
         for group in optimizer.param_groups:
@@ -284,14 +286,14 @@ def evaluate(model, name, cfg):
     """Greedy accuracy per length, and per head the means of alignment_masses (None
     without attention)."""
     model.eval()
-    s_max = max(cfg["lengths"])
+    s_max = max(cfg.lengths)
     accuracy = {}
     sums = None
     count = 0
     swapped = 0
-    for L in cfg["lengths"]:
+    for L in cfg.lengths:
         gen = torch.Generator().manual_seed(1000 + L)  # the same sentences for every model
-        lengths = torch.full((cfg["eval_sentences"],), L)
+        lengths = torch.full((cfg.eval_sentences,), L)
         src, _, y_out, align = task.batch(lengths, gen)
         tokens, weights = decode(model, name, src, lengths, L, s_max)
         ended = (tokens == EOS).long().cumsum(dim=1) > 0  # a word after EOS was never said
@@ -304,7 +306,7 @@ def evaluate(model, name, cfg):
             sums = {key: torch.zeros_like(value) for key, value in masses.items()}
         for key, value in masses.items():
             sums[key] += value
-        count += L * cfg["eval_sentences"]
+        count += L * cfg.eval_sentences
         swapped += n_swapped
     if sums is None:
         return accuracy, None
@@ -331,10 +333,10 @@ def example_sentence(length):
 def example(model, name, cfg, head):
     """The model's greedy translation of the example sentence and its weights there; for
     the Transformer, its three attentions too."""
-    L = min(16, max(cfg["lengths"]))
+    L = min(16, max(cfg.lengths))
     src, y_out, align = example_sentence(L)
     lengths = torch.tensor([L])
-    tokens, weights = decode(model, name, src, lengths, L, max(cfg["lengths"]))
+    tokens, weights = decode(model, name, src, lengths, L, max(cfg.lengths))
     result = dict(
         source=src[0].tolist(),
         reference=y_out[0, :L].tolist(),
@@ -408,14 +410,14 @@ def train_all(cfg):
     """Every model, --jobs at a time; the dearest start first so that the last ones to
     finish are short. Returns {name: result}."""
     cost = ["gpt", "transformer", "additive", "concat", "none", "general", "dot"]
-    order = sorted(cfg["models"], key=cost.index)
+    order = sorted(cfg.models, key=cost.index)
     results = {}
-    if cfg["jobs"] == 1:
+    if cfg.jobs == 1:
         for slot, name in enumerate(order):
             results[name] = run_model(name, cfg, slot)[1]
         return results
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=cfg["jobs"], mp_context=context) as pool:
+    with ProcessPoolExecutor(max_workers=cfg.jobs, mp_context=context) as pool:
         futures = [pool.submit(run_model, name, cfg, slot) for slot, name in enumerate(order)]
         for future in as_completed(futures):
             name, result = future.result()
@@ -427,7 +429,7 @@ def summary(cfg, results, cpu_seconds, wall_seconds, loads):
     """The JSON: the contract's keys (lengths, models, alignment) and the run's record."""
     models = {}
     alignment = {}
-    for name in cfg["models"]:
+    for name in cfg.models:
         r = results[name]
         models[name] = dict(
             accuracy=r["accuracy"],
@@ -440,12 +442,12 @@ def summary(cfg, results, cpu_seconds, wall_seconds, loads):
         if "alignment" in r:
             alignment[name] = r["alignment"]
     return dict(
-        lengths=cfg["lengths"],
+        lengths=cfg.lengths,
         models=models,
         alignment=alignment,
         goals=goals(cfg, models, alignment),
         examples={name: results[name]["example"] for name in alignment},
-        settings={k: v for k, v in cfg.items() if k != "out_dir"},
+        settings={k: v for k, v in dataclasses.asdict(cfg).items() if k != "out_dir"},
         machine=dict(
             cpu=cpu_class(),
             load_average_before=loads[0],
@@ -468,8 +470,8 @@ def curve(losses, points=100):
 
 def goals(cfg, models, alignment):
     """The issue's goals, each with what was measured and whether it was met."""
-    shortest = str(cfg["lengths"][0])
-    longest = str(cfg["lengths"][-1])
+    shortest = str(cfg.lengths[0])
+    longest = str(cfg.lengths[-1])
     rows = []
     if "none" in models:
         a = models["none"]["accuracy"]
@@ -493,7 +495,7 @@ def goal(text, measured, met):
 
 def main(cfg):
     cfg = settings(cfg)
-    cli.output_folder(cfg["out_dir"])
+    cli.output_folder(cfg.out_dir)
     torch.set_num_threads(1)
     loads = [round(os.getloadavg()[0], 2)]
     cpu = time.process_time()
@@ -503,8 +505,8 @@ def main(cfg):
     cpu_seconds = time.process_time() - cpu + children.children_user + children.children_system
     loads.append(round(os.getloadavg()[0], 2))
     data = summary(cfg, results, cpu_seconds, time.perf_counter() - wall, loads)
-    data["settings"]["out_dir"] = os.path.relpath(cfg["out_dir"], ROOT)
-    out = cfg["out_dir"]
+    data["settings"]["out_dir"] = os.path.relpath(cfg.out_dir, ROOT)
+    out = cfg.out_dir
     with open(os.path.join(out, "bottleneck.json"), "w") as f:
         json.dump(data, f, indent=1)
     report.plot_accuracy(data, os.path.join(out, "bottleneck.png"))
@@ -520,7 +522,7 @@ def main(cfg):
 
 def run(argv):
     """The command: main() with --help, and bad input as one line (support/cli.py)."""
-    return cli.run(main, argv, __doc__, DEFAULTS)
+    return cli.run(main, argv, __doc__, Settings)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ independent oracles: each score written out another way, one sentence alone agai
 same sentence padded in a batch, a step loop against one GRU call, closed-form gradients,
 and the GPT's own logits."""
 
+import dataclasses
 import json
 import math
 import os
@@ -571,13 +572,17 @@ def test_a_write_that_fails_mid_run_is_one_line_and_exit_1(tmp_path, capsys):
     """An OSError after the work started (here the figure's folder removed under the
     run) is the run failing: one line naming the file, exit 1 (support/cli.py)."""
 
+    @dataclasses.dataclass
+    class Settings:
+        out_dir: str = str(tmp_path / "gone")
+
     def main(cfg):
-        os.rmdir(cfg["out_dir"])
-        with open(os.path.join(cfg["out_dir"], "result.json"), "w") as f:
+        os.rmdir(cfg.out_dir)
+        with open(os.path.join(cfg.out_dir, "result.json"), "w") as f:
             f.write("{}")
 
     (tmp_path / "gone").mkdir()
-    assert cli.run(main, [], "doc", dict(out_dir=str(tmp_path / "gone"))) == 1
+    assert cli.run(main, [], "doc", Settings) == 1
     assert os.path.isdir(tmp_path) and not (tmp_path / "gone").exists()
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err

@@ -17,8 +17,8 @@ import torch
 from conftest import read_log, tiny_run
 from test_train import run_in_process
 
+from data.dataset import ensure_dataset, load_meta, load_tokens
 from data.induction import LETTERS, LINE, LONGEST, induction_text
-from data.prepare import ensure_dataset, load_meta, load_tokens
 from support import timeline
 from support.loading import load_model
 
