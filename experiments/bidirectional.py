@@ -395,10 +395,11 @@ def plot(data, path):
     bars.axhline(uniform_look_ahead(data), color="grey", ls="--", lw=1, label="uniform attention")
     bars.set_xticks(range(heads))
     bars.set_xticklabels([f"{i // n_head}.{i % n_head}" for i in range(heads)], fontsize=8)
+    bars.set_ylim(0.0, 1.0)  # a weight: room above the bars for the legend
     bars.set_xlabel("layer.head")
     bars.set_ylabel("mean weight a query puts on the characters after it")
     bars.set_title("What the mask changes: weight ahead of the query (held-out windows)")
-    bars.legend(fontsize=8)
+    bars.legend(fontsize=8, loc="upper right")
     bars.grid(alpha=0.3, axis="y")
     ex = data["example"]
     for ax, kind in zip(axes[1], ("causal", "bidirectional")):
@@ -553,13 +554,17 @@ def reading_maps(data):
     ahead = flat(bi["look_ahead"])
     following = flat(bi["next_character"])
     behind = flat(bi["previous_character"])
+    uniform = uniform_look_ahead(data)
+    broad = [a for a, b in zip(ahead, following) if abs(a - uniform) < 0.05 and b < 0.05]
     return (
         "For each head, the mean weight a query puts on the characters after it, over the "
         f"held-out windows. Under the causal mask it is {max(flat(causal['look_ahead'])):.2f} "
         "in every head, whatever the training: the mask's -inf leaves those weights exactly "
         f"0. Without the mask the heads put between {min(ahead):.2f} and {max(ahead):.2f} of "
-        f"their weight ahead (a head that weighs every character alike: "
-        f"{uniform_look_ahead(data):.2f}), and between {min(following):.2f} and "
+        f"their weight ahead (a head that weighs every character alike: {uniform:.2f}; "
+        f"{len(broad)} of the {len(ahead)} heads are within 0.05 of that and put under 0.05 "
+        "on the next character, broad heads that read the whole window), and between "
+        f"{min(following):.2f} and "
         f"{max(following):.2f} on the next character alone (on the previous one, between "
         f"{min(behind):.2f} and {max(behind):.2f}; the causal model's heads put up to "
         f"{max(flat(causal['previous_character'])):.2f} there). The maps are one held-out "
