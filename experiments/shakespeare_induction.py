@@ -39,8 +39,10 @@ import time
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from experiments.head_timeline import phase_change, read_losses, read_timeline
+from support import timeline
 from support.configurator import ConfigError, describe, parse_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -127,7 +129,7 @@ def train(name, tokenizer, recurring, changes, threads):
 def passages(out_dir):
     """The final model on PASSAGES val passages of block_size // 2 tokens, each written
     twice: its mean loss on the first copy and on the second, and the best head's
-    induction score on them."""
+    induction score on them; and the standard error of its in-context learning score."""
     from support.head_measures import probe_scores, repeat_losses, val_tokens
     from support.loading import load_model
 
@@ -143,7 +145,23 @@ def passages(out_dir):
     with torch.no_grad():
         _, maps = model.attention_maps(idx)
     induction = probe_scores(maps, L)["induction"]  # (n_layer, n_head)
-    return first, second, float(induction.max())
+    return first, second, float(induction.max()), icl_error(model, val)
+
+
+@torch.no_grad()
+def icl_error(model, val):
+    """The standard error of the logged in-context learning score of the final model:
+    the spread of the late-minus-early loss over the windows it averages."""
+    T = model.config.block_size
+    n = min(timeline.ICL_WINDOWS, (len(val) - 1) // T)
+    early, late = timeline.icl_positions(T)
+    rows = np.arange(n)[:, None] * T + np.arange(T + 1)  # (n, T + 1) the score's windows
+    chunk = torch.from_numpy(val[rows].astype(np.int64))
+    logits, _ = model(chunk[:, :-1])  # (n, T, vocab)
+    targets = chunk[:, [early + 1, late + 1]]  # (n, 2)
+    losses = F.cross_entropy(logits[:, [early, late]].transpose(1, 2), targets, reduction="none")
+    differences = (losses[:, 1] - losses[:, 0]).numpy()  # (n,) late minus early, per window
+    return float(differences.std(ddof=1) / np.sqrt(n))
 
 
 def summary(out_dir):
@@ -156,7 +174,7 @@ def summary(out_dir):
     top = int(np.argmax(best))
     where = np.unravel_index(np.argmax(induction[top]), induction[top].shape)
     span = phase_change(iters, induction)
-    first, second, passage_induction = passages(out_dir)
+    first, second, passage_induction, icl_se = passages(out_dir)
     return dict(
         best_induction_start=round(float(best[0]), 4),
         best_induction_max=round(float(best[top]), 4),
@@ -165,6 +183,7 @@ def summary(out_dir):
         best_induction_end=round(float(best[-1]), 4),
         icl_start=round(float(icl[0]), 4),
         icl_end=round(float(icl[-1]), 4),
+        icl_end_standard_error=round(icl_se, 4),
         val_loss_end=round(float(val_loss[-1]), 4),
         phase_change=None if span is None else [int(iters[span[0]]), int(iters[span[1]])],
         passage_first_copy_loss=round(first, 4),
