@@ -6,16 +6,18 @@ What does a Shakespeare run take to form an induction head on a CPU?
 
 Each run is train.py with the CPU recipe (config/shakespeare_cpu.py: rotary
 positions, QK-norm, Muon) in float32, changed in what matters for induction
-heads: the context (block_size), the layers, the steps, the tokenizer (characters,
-or a byte-level BPE of 1024 tokens trained on the text), and the corpus: tiny
+heads: the context (block_size), the layers, the steps, QK-norm (which bounds
+every attention logit by sqrt(head size)), the tokenizer (characters, or a
+byte-level BPE of 1024 tokens trained on the text), and the corpus: tiny
 Shakespeare as it is, or with recurring passages (data/induction.py's
 recurring_text: the text cut into passages of 64 to 128 characters, each
 written twice in a row, so that copying from the context pays). Every run logs
 the heads with --log_heads=True: the induction probe of heads.py and the
 in-context learning score, at every evaluation.
 
-Each run's summary also holds the final model on val passages of half the
-context written twice (16 of them, evenly spread over the val split): its
+Every run keeps every evaluation's weights (--snapshots=True). Each run's
+summary also holds the final model, and each snapshot, on val passages of half
+the context written twice (16 of them, evenly spread over the val split): its
 loss on the first copy and on the second (a model that copies from its
 context predicts the second far better; one that does not, no better), and
 the induction score of heads.py's probe read on these passages instead of on
@@ -66,6 +68,8 @@ COMMON = dict(
     eval_at_start=True,
     log_heads=True,
     eval_full_val=False,
+    snapshots=True,  # every evaluation's weights, for the passages over training
+    snapshot_limit=100,
 )
 
 # name: (tokenizer, recurring passages, the settings it changes)
@@ -127,26 +131,45 @@ def train(name, tokenizer, recurring, changes, threads):
     return settings, done.returncode, wall, cpu
 
 
-def passages(out_dir):
-    """The final model on PASSAGES val passages of block_size // 2 tokens, each written
-    twice: its mean loss on the first copy and on the second, and the best head's
-    induction score on them; and the standard error of its in-context learning score."""
-    from support.head_measures import probe_scores, repeat_losses, val_tokens
+def passage_tokens(out_dir):
+    """PASSAGES val passages of block_size // 2 tokens, each written twice: (P, 2L) and L,
+    from the val split of the dataset out_dir's checkpoint was trained on; and that split."""
+    from support.head_measures import val_tokens
     from support.loading import load_model
 
     model, tok, _ = load_model({"init_from": out_dir, "out_dir": out_dir})
-    model.eval()
     L = model.config.block_size // 2
-    # the val split of the dataset the checkpoint says it was trained on
     val = np.asarray(val_tokens({"dataset": "", "data_root": None}, out_dir, tok)[0])
     starts = np.linspace(0, len(val) - L - 1, PASSAGES).round().astype(int)
     x = torch.from_numpy(np.stack([val[s : s + L] for s in starts]).astype(np.int64))  # (P, L)
-    idx = torch.cat([x, x], dim=1)  # (P, 2L)
+    return torch.cat([x, x], dim=1), L, val
+
+
+@torch.no_grad()
+def on_passages(path, out_dir, idx, L):
+    """The model of a checkpoint (path) on the passages idx: its loss on the first copy
+    and on the second, and every head's induction score there (n_layer, n_head)."""
+    from support.head_measures import probe_scores, repeat_losses
+    from support.loading import load_model
+
+    model, _, _ = load_model({"init_from": path, "out_dir": out_dir})
+    model.eval()
     first, second = repeat_losses(model, idx, L)
-    with torch.no_grad():
-        _, maps = model.attention_maps(idx)
-    induction = probe_scores(maps, L)["induction"]  # (n_layer, n_head)
-    return first, second, float(induction.max()), icl_error(model, val)
+    _, maps = model.attention_maps(idx)
+    return first, second, probe_scores(maps, L)["induction"], model
+
+
+def passages(out_dir):
+    """The final model on the passages: its losses on the two copies, the best head's
+    induction score there and the standard error of its in-context learning score; and
+    [iter, best induction score, second-copy loss] at every snapshot of the run."""
+    idx, L, val = passage_tokens(out_dir)
+    first, second, induction, model = on_passages(out_dir, out_dir, idx, L)
+    over_training = []
+    for iter_num, path in timeline.list_snapshots(out_dir).items():
+        _, repeated, scores, _ = on_passages(path, out_dir, idx, L)
+        over_training.append([iter_num, round(float(scores.max()), 4), round(repeated, 4)])
+    return first, second, float(induction.max()), icl_error(model, val), over_training
 
 
 @torch.no_grad()
@@ -175,7 +198,7 @@ def summary(out_dir):
     top = int(np.argmax(best))
     where = np.unravel_index(np.argmax(induction[top]), induction[top].shape)
     span = phase_change(iters, induction)
-    first, second, passage_induction, icl_se = passages(out_dir)
+    first, second, passage_induction, icl_se, over_training = passages(out_dir)
     return dict(
         best_induction_start=round(float(best[0]), 4),
         best_induction_max=round(float(best[top]), 4),
@@ -190,6 +213,7 @@ def summary(out_dir):
         passage_first_copy_loss=round(first, 4),
         passage_second_copy_loss=round(second, 4),
         passage_best_induction=round(passage_induction, 4),
+        passage_by_snapshot=over_training,
     )
 
 
