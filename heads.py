@@ -317,7 +317,7 @@ def main(cfg):
     dtype = inference_dtype(cfg.dtype, device)
     source = cfg.init_from or cfg.out_dir
     model, tok, folder = load_model(cfg.init_from, cfg.out_dir)
-    data, dataset = val_tokens(cfg, source, tok)
+    data, dataset = val_tokens(source, tok, cfg.dataset, cfg.data_root)
     model.to(device=device, dtype=dtype).eval()
     cfg.batch_size = cfg.batch_size or max(1, BATCH_TOKENS // model.config.block_size)
     rep = report(cfg, model, tok, data, dataset, source)

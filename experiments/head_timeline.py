@@ -21,19 +21,21 @@ prints the phase change's numbers and the iter at which each head first passed
 the threshold.
 """
 
-import json
+import dataclasses
 import os
 import sys
 
 import numpy as np
 
-from support.configurator import ConfigError, describe, parse_args
+from support import cli
 from support.head_measures import INDUCTION
+from support.run_log import read_evaluations
 
-DEFAULTS = dict(
-    out_dir="out-shakespeare-char-cpu",  # the run's folder, with log.jsonl
-    out="",  # the picture; "" = <out_dir>/head_timeline.png
-)
+
+@dataclasses.dataclass
+class Settings:
+    out_dir: str = "out-shakespeare-char-cpu"  # the run's folder, with log.jsonl
+    out: str = ""  # the picture; "" = <out_dir>/head_timeline.png
 
 
 RISE_FROM = 0.1  # where the phase change starts: the best induction score still below this
@@ -62,8 +64,7 @@ def read_records(out_dir):
     """The evaluations of out_dir/log.jsonl that logged the heads."""
     path = os.path.join(out_dir, "log.jsonl")
     try:
-        with open(path) as f:
-            records = [json.loads(line) for line in f if line.strip()]
+        records = read_evaluations(out_dir)
     except (OSError, ValueError) as e:
         raise TimelineError(
             f"cannot read {path} ({type(e).__name__}); point --out_dir at a training run's folder"
@@ -243,14 +244,10 @@ def describe_phase_change(iters, induction, losses):
     )
 
 
-def main(argv):
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.strip() + "\n\noptions (defaults):\n" + describe(DEFAULTS))
-        return
-    cfg = parse_args(DEFAULTS, argv, allow_files=False)
-    iters, induction, labels = read_timeline(cfg["out_dir"])
-    losses = read_losses(cfg["out_dir"])
-    out = cfg["out"] or os.path.join(cfg["out_dir"], "head_timeline.png")
+def main(cfg):
+    iters, induction, labels = read_timeline(cfg.out_dir)
+    losses = read_losses(cfg.out_dir)
+    out = cfg.out or os.path.join(cfg.out_dir, "head_timeline.png")
     draw(iters, induction, labels, out, losses)
     crossed = first_crossings(iters, induction)
     print(f"{len(iters)} evaluations, iters {iters[0]} to {iters[-1]}; wrote {out}")
@@ -262,13 +259,8 @@ def main(argv):
 
 
 def run(argv):
-    """main() with every expected failure turned into one line on stderr (exit code 2)."""
-    try:
-        main(argv)
-        return 0
-    except (ConfigError, TimelineError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    """The command: main() with --help, and bad input as one line (support/cli.py)."""
+    return cli.run(main, argv, __doc__, Settings, (TimelineError,))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from experiments import head_timeline
 from support import head_measures, timeline
 from support.composition import composition_scores
 from support.loading import load_model
+from support.run_log import read_evaluations
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "out-induction")
@@ -146,7 +147,7 @@ def main():
     if heads.run([f"--out_dir={OUT}", f"--seed={SEED}"]):
         sys.exit(1)
     shutil.copy(os.path.join(OUT, "heads", "heads.png"), os.path.join(DOCS, "induction_heads.png"))
-    log = [json.loads(line) for line in open(os.path.join(OUT, "log.jsonl"))]
+    log = read_evaluations(OUT)
     results = {
         "phase_change": span_iters,
         "log": [
@@ -163,7 +164,7 @@ def main():
         },
     }
     with open(os.path.join(DOCS, "induction.json"), "w") as f:
-        json.dump(results, f, indent=1)
+        json.dump(results, f)  # one line: 81 snapshots of scores would be 7000 indented ones
 
 
 if __name__ == "__main__":

@@ -103,7 +103,7 @@ def main(cfg):
     torch.manual_seed(0)
     dense, tok = load(cfg.dense)
     trained, _ = load(cfg.windowed)
-    data, _ = val_tokens(dict(dataset="", data_root=None), cfg.dense, tok)
+    data, _ = val_tokens(cfg.dense, tok)
     block = dense.config.block_size
     tokens = torch.from_numpy(data[: cfg.blocks * block + 1].astype("int64"))
     W, S = trained.config.sliding_window, cfg.sinks

@@ -6,16 +6,18 @@ What does a Shakespeare run take to form an induction head on a CPU?
 
 Each run is train.py with the CPU recipe (config/shakespeare_cpu.py: rotary
 positions, QK-norm, Muon) in float32, changed in what matters for induction
-heads: the context (block_size), the layers, the steps, the tokenizer (characters,
-or a byte-level BPE of 1024 tokens trained on the text), and the corpus: tiny
+heads: the context (block_size), the layers, the steps, QK-norm (which bounds
+every attention logit by sqrt(head size)), the tokenizer (characters, or a
+byte-level BPE of 1024 tokens trained on the text), and the corpus: tiny
 Shakespeare as it is, or with recurring passages (data/induction.py's
 recurring_text: the text cut into passages of 64 to 128 characters, each
 written twice in a row, so that copying from the context pays). Every run logs
 the heads with --log_heads=True: the induction probe of heads.py and the
 in-context learning score, at every evaluation.
 
-Each run's summary also holds the final model on val passages of half the
-context written twice (16 of them, evenly spread over the val split): its
+Every run keeps every evaluation's weights (--snapshots=True). Each run's
+summary also holds the final model, and each snapshot, on val passages of half
+the context written twice (16 of them, evenly spread over the val split): its
 loss on the first copy and on the second (a model that copies from its
 context predicts the second far better; one that does not, no better), and
 the induction score of heads.py's probe read on these passages instead of on
@@ -30,6 +32,9 @@ out-shakespeare-induction/<run>/ (the runs) and docs/shakespeare_induction.json,
 one record per run, added to what is there; docs/heads.md quotes the table.
 """
 
+import support.before_torch  # bfloat16 tried in a child process, before torch loads
+
+import dataclasses
 import json
 import os
 import resource
@@ -39,19 +44,24 @@ import time
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from experiments.head_timeline import phase_change, read_losses, read_timeline
-from support.configurator import ConfigError, describe, parse_args
+from support import cli, timeline
+from support.configurator import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "out-shakespeare-induction")
 RESULTS = os.path.join(ROOT, "docs", "shakespeare_induction.json")
 
-DEFAULTS = dict(
-    only="",  # "" = every run; or one run's name
-    threads=1,  # torch threads of each run
-    train=True,  # False: summarise the runs already in out-shakespeare-induction/ again
-)
+
+@dataclasses.dataclass
+class Settings:
+    only: str = ""  # "" = every run; or one run's name
+    threads: int = 1  # torch threads of each run
+    train: bool = True  # False: summarise the runs already in out-shakespeare-induction/ again
+
+
 PASSAGES = 16  # val passages written twice, for the final model's repeat losses
 
 # what every run shares: the CPU recipe in float32, two layers, the heads logged
@@ -64,6 +74,8 @@ COMMON = dict(
     eval_at_start=True,
     log_heads=True,
     eval_full_val=False,
+    snapshots=True,  # every evaluation's weights, for the passages over training
+    snapshot_limit=100,
 )
 
 # name: (tokenizer, recurring passages, the settings it changes)
@@ -73,6 +85,7 @@ RUNS = {
     "bpe_plain": ("bpe:1024", False, dict(max_iters=1500)),
     "bpe_recurring": ("bpe:1024", True, dict(max_iters=1500)),
     "char_recurring_no_qk_norm": ("char", True, dict(max_iters=1500, qk_norm=False)),
+    "char_plain_no_qk_norm": ("char", False, dict(max_iters=1500, qk_norm=False)),
     "char_plain_4_layers": ("char", False, dict(n_layer=4, max_iters=1000)),
     "char_plain_512": ("char", False, dict(block_size=512, batch_size=16, max_iters=1500)),
 }
@@ -127,26 +140,61 @@ def train(name, tokenizer, recurring, changes, threads):
     return settings, done.returncode, wall, cpu
 
 
-def passages(out_dir):
-    """The final model on PASSAGES val passages of block_size // 2 tokens, each written
-    twice: its mean loss on the first copy and on the second, and the best head's
-    induction score on them."""
-    from support.head_measures import probe_scores, repeat_losses, val_tokens
+def passage_tokens(out_dir):
+    """PASSAGES val passages of block_size // 2 tokens, each written twice: (P, 2L) and L,
+    from the val split of the dataset out_dir's checkpoint was trained on; and that split."""
+    from support.head_measures import val_tokens
     from support.loading import load_model
 
     model, tok, _ = load_model(out_dir, out_dir)
-    model.eval()
     L = model.config.block_size // 2
-    # the val split of the dataset the checkpoint says it was trained on
-    val = np.asarray(val_tokens({"dataset": "", "data_root": None}, out_dir, tok)[0])
+    val = np.asarray(val_tokens(out_dir, tok)[0])
     starts = np.linspace(0, len(val) - L - 1, PASSAGES).round().astype(int)
     x = torch.from_numpy(np.stack([val[s : s + L] for s in starts]).astype(np.int64))  # (P, L)
-    idx = torch.cat([x, x], dim=1)  # (P, 2L)
+    return torch.cat([x, x], dim=1), L, val
+
+
+@torch.no_grad()
+def on_passages(path, out_dir, idx, L):
+    """The model of a checkpoint (path) on the passages idx: its loss on the first copy
+    and on the second, and every head's induction score there (n_layer, n_head)."""
+    from support.head_measures import probe_scores, repeat_losses
+    from support.loading import load_model
+
+    model, _, _ = load_model({"init_from": path, "out_dir": out_dir})
+    model.eval()
     first, second = repeat_losses(model, idx, L)
-    with torch.no_grad():
-        _, maps = model.attention_maps(idx)
-    induction = probe_scores(maps, L)["induction"]  # (n_layer, n_head)
-    return first, second, float(induction.max())
+    _, maps = model.attention_maps(idx)
+    return first, second, probe_scores(maps, L)["induction"], model
+
+
+def passages(out_dir):
+    """The final model on the passages: its losses on the two copies, the best head's
+    induction score there and the standard error of its in-context learning score; and
+    [iter, best induction score, second-copy loss] at every snapshot of the run."""
+    idx, L, val = passage_tokens(out_dir)
+    first, second, induction, model = on_passages(out_dir, out_dir, idx, L)
+    over_training = []
+    for iter_num, path in timeline.list_snapshots(out_dir).items():
+        _, repeated, scores, _ = on_passages(path, out_dir, idx, L)
+        over_training.append([iter_num, round(float(scores.max()), 4), round(repeated, 4)])
+    return first, second, float(induction.max()), icl_error(model, val), over_training
+
+
+@torch.no_grad()
+def icl_error(model, val):
+    """The standard error of the logged in-context learning score of the final model:
+    the spread of the late-minus-early loss over the windows it averages."""
+    T = model.config.block_size
+    n = min(timeline.ICL_WINDOWS, (len(val) - 1) // T)
+    early, late = timeline.icl_positions(T)
+    rows = np.arange(n)[:, None] * T + np.arange(T + 1)  # (n, T + 1) the score's windows
+    chunk = torch.from_numpy(val[rows].astype(np.int64))
+    logits, _ = model(chunk[:, :-1])  # (n, T, vocab)
+    targets = chunk[:, [early + 1, late + 1]]  # (n, 2)
+    losses = F.cross_entropy(logits[:, [early, late]].transpose(1, 2), targets, reduction="none")
+    differences = (losses[:, 1] - losses[:, 0]).numpy()  # (n,) late minus early, per window
+    return float(differences.std(ddof=1) / np.sqrt(n))
 
 
 def summary(out_dir):
@@ -159,7 +207,7 @@ def summary(out_dir):
     top = int(np.argmax(best))
     where = np.unravel_index(np.argmax(induction[top]), induction[top].shape)
     span = phase_change(iters, induction)
-    first, second, passage_induction = passages(out_dir)
+    first, second, passage_induction, icl_se, over_training = passages(out_dir)
     return dict(
         best_induction_start=round(float(best[0]), 4),
         best_induction_max=round(float(best[top]), 4),
@@ -168,35 +216,33 @@ def summary(out_dir):
         best_induction_end=round(float(best[-1]), 4),
         icl_start=round(float(icl[0]), 4),
         icl_end=round(float(icl[-1]), 4),
+        icl_end_standard_error=round(icl_se, 4),
         val_loss_end=round(float(val_loss[-1]), 4),
         phase_change=None if span is None else [int(iters[span[0]]), int(iters[span[1]])],
         passage_first_copy_loss=round(first, 4),
         passage_second_copy_loss=round(second, 4),
         passage_best_induction=round(passage_induction, 4),
+        passage_by_snapshot=over_training,
     )
 
 
-def main(argv):
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.strip() + "\n\noptions (defaults):\n" + describe(DEFAULTS))
-        return
-    cfg = parse_args(DEFAULTS, argv, allow_files=False)
-    if cfg["only"] and cfg["only"] not in RUNS:
-        raise ConfigError(f"unknown run {cfg['only']!r}; the runs are {', '.join(RUNS)}")
+def main(cfg):
+    if cfg.only and cfg.only not in RUNS:
+        raise ConfigError(f"unknown run {cfg.only!r}; the runs are {', '.join(RUNS)}")
     os.makedirs(OUT, exist_ok=True)
     results = {}
     if os.path.isfile(RESULTS):
         with open(RESULTS) as f:
             results = json.load(f)
     for name, (tokenizer, recurring, changes) in RUNS.items():
-        if cfg["only"] and name != cfg["only"]:
+        if cfg.only and name != cfg.only:
             continue
-        if not cfg["train"]:
+        if not cfg.train:
             if name in results and os.path.isdir(os.path.join(OUT, name)):
                 results[name].update(summary(os.path.join(OUT, name)))
             continue
         load_before = os.getloadavg()[0]
-        settings, code, wall, cpu = train(name, tokenizer, recurring, changes, cfg["threads"])
+        settings, code, wall, cpu = train(name, tokenizer, recurring, changes, cfg.threads)
         results[name] = dict(
             tokenizer=tokenizer,
             recurring=recurring,
@@ -204,7 +250,7 @@ def main(argv):
             n_layer=settings["n_layer"],
             max_iters=settings["max_iters"],
             batch_size=settings["batch_size"],
-            threads=cfg["threads"],
+            threads=cfg.threads,
             wall_s=round(wall, 1),
             cpu_s=round(cpu, 1),
             load_before=round(load_before, 2),
@@ -225,13 +271,8 @@ def write(results):
 
 
 def run(argv):
-    """main() with every expected failure turned into one line on stderr (exit code 2)."""
-    try:
-        main(argv)
-        return 0
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    """The command: main() with --help, and bad input as one line (support/cli.py)."""
+    return cli.run(main, argv, __doc__, Settings)
 
 
 if __name__ == "__main__":

@@ -36,13 +36,12 @@ class HeadsError(Exception):
     """A problem with the user's input; the message is one line saying what to do."""
 
 
-def val_tokens(cfg, source, tok):
-    """The val split's token ids (a uint16 memmap) and the dataset folder."""
-    name, root = cfg.dataset, cfg.data_root
+def val_tokens(source, tok, name="", root=None):
+    """The val split's token ids (a uint16 memmap) and the dataset folder: of the
+    dataset name under root, or, name "", of the one source's checkpoint was trained on."""
     path = checkpoint_path(source) if os.path.isdir(source) else source
-    if os.path.isfile(
-        path
-    ):  # a checkpoint of this project says what it read (mmap: no weights are read)
+    # a checkpoint of this project says what it read (mmap: no weights are read)
+    if os.path.isfile(path):
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         name = name or ckpt.get("dataset", "")
         root = root or ckpt.get("config", {}).get("data_root")

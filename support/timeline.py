@@ -19,7 +19,6 @@ windows at every evaluation. experiments/head_timeline.py draws them.
 """
 
 import dataclasses
-import json
 import os
 import re
 
@@ -30,6 +29,7 @@ import torch.nn.functional as F
 from data.tokenizer import get_tokenizer
 from support import head_measures
 from support.checkpoint import checkpoint_path, clean_state_dict, save_checkpoint
+from support.run_log import read_evaluations
 
 SNAPSHOT_DIR = "snapshots"
 SNAPSHOT_NAME = re.compile(r"^iter_(\d{6,})\.pt$")
@@ -71,15 +71,9 @@ def checkpoint_step(out_dir):
 
 def logged_iters(out_dir):
     """The iters of the evaluations in out_dir/log.jsonl."""
-    path = os.path.join(out_dir, "log.jsonl")
-    if not os.path.isfile(path):
+    if not os.path.isfile(os.path.join(out_dir, "log.jsonl")):
         return set()
-    iters = set()
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                iters.add(json.loads(line)["iter"])
-    return iters
+    return {record["iter"] for record in read_evaluations(out_dir)}
 
 
 # -----------------------------------------------------------------------------

@@ -640,6 +640,7 @@ ENTRY_POINTS = [
     "support/hellaswag.py",
     "bench/corpus.py",
     "experiments/plot_loss.py",
+    "experiments/shakespeare_induction.py",
 ]
 
 
