@@ -161,7 +161,7 @@ def on_passages(path, out_dir, idx, L):
     from support.head_measures import probe_scores, repeat_losses
     from support.loading import load_model
 
-    model, _, _ = load_model({"init_from": path, "out_dir": out_dir})
+    model, _, _ = load_model(path, out_dir)
     model.eval()
     first, second = repeat_losses(model, idx, L)
     _, maps = model.attention_maps(idx)
