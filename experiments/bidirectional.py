@@ -34,7 +34,6 @@ import json
 import multiprocessing
 import os
 import sys
-import textwrap
 import time
 from concurrent.futures import ProcessPoolExecutor
 
@@ -43,7 +42,9 @@ import torch.nn.functional as F
 
 from bench.common import cpu_class
 from data.tiny_shakespeare import shakespeare_dir, shakespeare_text
+from experiments import measured
 from experiments.bottleneck import curve, learning_rate
+from experiments.bottleneck_report import page_head, paragraph
 from experiments.transformer import look_ahead
 from model import GPT, GPTConfig
 from support import cli
@@ -434,8 +435,6 @@ def plot(data, path):
 
 
 # The page ----------
-def paragraph(text):
-    return textwrap.fill(text, width=90, break_on_hyphens=False)
 
 
 def write_page(data, path):
@@ -479,17 +478,9 @@ def write_page(data, path):
         f"| bidirectional | {bi['params']:,} | {bi['train_seconds']:.0f} | the masked "
         f"characters | {bi['loss']:.3f} | {bi['accuracy']:.3f} |",
     ]
+    title = "Same module, different mask: causal (GPT) and bidirectional (BERT) attention"
     lines = [
-        "# Same module, different mask: causal (GPT) and bidirectional (BERT) attention",
-        "",
-        paragraph(intro),
-        "",
-        "```sh",
-        command,
-        "```",
-        "",
-        paragraph(record),
-        "",
+        *page_head(title, intro, command, record),
         "## Loss and accuracy",
         "",
         paragraph(
@@ -579,15 +570,8 @@ def main(cfg):
     cfg = settings(cfg)
     cli.output_folder(cfg.out_dir)
     text = corpus(cfg)  # read here first, so that a missing corpus is one line before any work
-    torch.set_num_threads(1)
-    loads = [round(os.getloadavg()[0], 2)]
-    cpu = time.process_time()
-    wall = time.perf_counter()
-    results = train_both(cfg)
-    children = os.times()
-    cpu_seconds = time.process_time() - cpu + children.children_user + children.children_system
-    loads.append(round(os.getloadavg()[0], 2))
-    data = summary(cfg, results, text["chars"], cpu_seconds, time.perf_counter() - wall, loads)
+    results, cpu_seconds, wall_seconds, loads = measured(lambda: train_both(cfg))
+    data = summary(cfg, results, text["chars"], cpu_seconds, wall_seconds, loads)
     data["settings"]["out_dir"] = os.path.relpath(cfg.out_dir, ROOT)
     out = cfg.out_dir
     with open(os.path.join(out, "bidirectional.json"), "w") as f:

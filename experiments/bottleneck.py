@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 from bench.common import cpu_class
 from experiments import bottleneck_report as report
+from experiments import measured
 from experiments import toy_translation as task
 from experiments.explicit_attention import explicit_attention
 from experiments.seq2seq import EOS, PAD, Seq2Seq, Seq2SeqConfig
@@ -496,15 +497,8 @@ def goal(text, measured, met):
 def main(cfg):
     cfg = settings(cfg)
     cli.output_folder(cfg.out_dir)
-    torch.set_num_threads(1)
-    loads = [round(os.getloadavg()[0], 2)]
-    cpu = time.process_time()
-    wall = time.perf_counter()
-    results = train_all(cfg)
-    children = os.times()
-    cpu_seconds = time.process_time() - cpu + children.children_user + children.children_system
-    loads.append(round(os.getloadavg()[0], 2))
-    data = summary(cfg, results, cpu_seconds, time.perf_counter() - wall, loads)
+    results, cpu_seconds, wall_seconds, loads = measured(lambda: train_all(cfg))
+    data = summary(cfg, results, cpu_seconds, wall_seconds, loads)
     data["settings"]["out_dir"] = os.path.relpath(cfg.out_dir, ROOT)
     out = cfg.out_dir
     with open(os.path.join(out, "bottleneck.json"), "w") as f:

@@ -176,6 +176,23 @@ def paragraph(text):
     return textwrap.fill(text, width=90, break_on_hyphens=False)
 
 
+def page_head(title, intro, command, record):
+    """The lines a page of an experiment starts with: its title, what it shows, the
+    command that made it and the record of that run."""
+    return [
+        f"# {title}",
+        "",
+        paragraph(intro),
+        "",
+        "```sh",
+        command,
+        "```",
+        "",
+        paragraph(record),
+        "",
+    ]
+
+
 def item(text):
     """One list item of the page, wrapped under its dash."""
     return textwrap.fill(
@@ -264,17 +281,9 @@ def write_page(data, path):
         "on the true word, and diagonal_at_swaps the weight on source word j at step j, "
         "where attention that ignores the swap would look."
     )
+    title = "The bottleneck, measured: seq2seq without and with attention, the Transformer, a GPT"
     lines = [
-        "# The bottleneck, measured: seq2seq without and with attention, the Transformer, a GPT",
-        "",
-        paragraph(intro),
-        "",
-        "```sh",
-        command,
-        "```",
-        "",
-        paragraph(record),
-        "",
+        *page_head(title, intro, command, record),
         "## The task and the models",
         "",
         paragraph(task_text),
