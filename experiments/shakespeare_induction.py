@@ -80,8 +80,11 @@ RUNS = {
     "bpe_recurring": ("bpe:1024", True, dict(max_iters=1500)),
     "char_recurring_no_qk_norm": ("char", True, dict(max_iters=1500, qk_norm=False)),
     "char_plain_no_qk_norm": ("char", False, dict(max_iters=1500, qk_norm=False)),
-    "char_plain_4_layers": ("char", False, dict(n_layer=4, max_iters=1000)),
-    "char_plain_512": ("char", False, dict(block_size=512, batch_size=16, max_iters=1500)),
+    "char_plain_512_no_qk_norm": (
+        "char",
+        False,
+        dict(block_size=512, batch_size=16, max_iters=1500, qk_norm=False),
+    ),
 }
 
 
