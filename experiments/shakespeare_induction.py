@@ -77,7 +77,6 @@ RUNS = {
     "char_plain": ("char", False, dict(max_iters=1500)),
     "char_recurring": ("char", True, dict(max_iters=1500)),
     "bpe_plain": ("bpe:1024", False, dict(max_iters=1500)),
-    "bpe_recurring": ("bpe:1024", True, dict(max_iters=1500)),
     "char_recurring_no_qk_norm": ("char", True, dict(max_iters=1500, qk_norm=False)),
     "char_plain_no_qk_norm": ("char", False, dict(max_iters=1500, qk_norm=False)),
     "char_plain_512_no_qk_norm": (
