@@ -32,6 +32,8 @@ out-shakespeare-induction/<run>/ (the runs) and docs/shakespeare_induction.json,
 one record per run, added to what is there; docs/heads.md quotes the table.
 """
 
+import support.before_torch  # bfloat16 tried in a child process, before torch loads
+
 import json
 import os
 import resource
