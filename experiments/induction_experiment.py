@@ -15,7 +15,8 @@ Induction heads forming through train.py, and the circuit they belong to.
    change (docs/induction_composition.png).
 4. Knocks the previous-token heads of the final model out on the induction
    probe, whole (head_measures.ablated) and path by path
-   (head_measures.path_ablated: only into the layer-1 queries, keys or values).
+   (head_measures.path_ablated: only into the layer-1 queries, keys or values;
+   cut_from_mlp: only into layer 0's MLP).
 5. Runs heads.py on the final checkpoint (docs/induction_heads.png).
 
 Everything measured goes to docs/induction.json; docs/heads.md discusses it.
@@ -90,20 +91,52 @@ def draw_composition(over_training, span, path):
     plt.close(fig)
 
 
+@contextlib.contextmanager
+def cut_from_mlp(model, writers):
+    """Inside, layer 0's MLP reads the residual stream less the writers' (layer-0 heads)
+    outputs: their path through that MLP is cut, every other path kept."""
+    hs = model.config.n_embd // model.config.n_head
+    keep = torch.zeros(model.config.n_embd)
+    for _, head in writers:
+        keep[head * hs : (head + 1) * hs] = 1
+    block = model.transformer.h[0]
+    seen = {}
+
+    def writers_output(module, args):
+        seen["out"] = (args[0] * keep) @ module.weight.T  # (B, T, C) the writers' part
+
+    def mlp_input(module, args):
+        return (args[0] - seen["out"],)  # what ln_2, and so the MLP, reads
+
+    handles = [
+        block.attn.c_proj.register_forward_pre_hook(writers_output),
+        block.ln_2.register_forward_pre_hook(mlp_input),
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 @torch.no_grad()
 def knockout_table(model, previous_heads):
     """The best layer-1 induction score and the probe's two losses (first copy, repeated
-    copy) with nothing removed, the previous-token heads removed whole, and their
-    direct path into the layer-1 queries, keys or values alone cut."""
+    copy) with nothing removed, the previous-token heads removed whole, their direct
+    path into the layer-1 queries, keys or values alone cut, and their path through
+    layer 0's MLP alone cut."""
     cases = {"nothing removed": None, "removed whole": "whole"}
     for paths in (("q",), ("k",), ("v",), ("q", "k", "v")):
         cases[f"cut from layer 1's {'+'.join(paths)} only"] = paths
+    cases["cut from layer 0's MLP only"] = "mlp"
     table = {}
     for name, paths in cases.items():
         if paths is None:
             context = contextlib.nullcontext()
         elif paths == "whole":
             context = head_measures.ablated(model, previous_heads)
+        elif paths == "mlp":
+            context = cut_from_mlp(model, previous_heads)
         else:
             context = head_measures.path_ablated(model, previous_heads, 1, paths)
         with context:

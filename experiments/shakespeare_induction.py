@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from experiments.head_timeline import phase_change, read_losses, read_timeline
 from support import cli, timeline
 from support.configurator import ConfigError
+from support.head_measures import INDUCTION
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "out-shakespeare-induction")
@@ -83,11 +84,13 @@ RUNS = {
     "char_plain": ("char", False, dict(max_iters=1500)),
     "char_recurring": ("char", True, dict(max_iters=1500)),
     "bpe_plain": ("bpe:1024", False, dict(max_iters=1500)),
-    "bpe_recurring": ("bpe:1024", True, dict(max_iters=1500)),
     "char_recurring_no_qk_norm": ("char", True, dict(max_iters=1500, qk_norm=False)),
     "char_plain_no_qk_norm": ("char", False, dict(max_iters=1500, qk_norm=False)),
-    "char_plain_4_layers": ("char", False, dict(n_layer=4, max_iters=1000)),
-    "char_plain_512": ("char", False, dict(block_size=512, batch_size=16, max_iters=1500)),
+    "char_plain_512_no_qk_norm": (
+        "char",
+        False,
+        dict(block_size=512, batch_size=16, max_iters=1500, qk_norm=False),
+    ),
 }
 
 
@@ -182,6 +185,30 @@ def passages(out_dir):
 
 
 @torch.no_grad()
+def passage_knockouts(out_dir):
+    """For a 2-layer model: each layer-0 head removed whole, and only its direct path into
+    layer 1's keys cut: [head, how, best layer-1 induction score on the passages, the
+    second copy's loss]."""
+    from support.head_measures import ablated, path_ablated, probe_scores, repeat_losses
+    from support.loading import load_model
+
+    idx, L, _ = passage_tokens(out_dir)
+    model, _, _ = load_model({"init_from": out_dir, "out_dir": out_dir})
+    model.eval()
+    found = []
+    for head in range(model.config.n_head):
+        cuts = {"whole": ablated(model, [(0, head)])}
+        cuts["keys only"] = path_ablated(model, [(0, head)], 1, ("k",))
+        for how, context in cuts.items():
+            with context:
+                _, maps = model.attention_maps(idx)
+                _, second = repeat_losses(model, idx, L)
+            best = float(probe_scores(maps, L)["induction"][1].max())
+            found.append([head, how, round(best, 4), round(second, 4)])
+    return found
+
+
+@torch.no_grad()
 def icl_error(model, val):
     """The standard error of the logged in-context learning score of the final model:
     the spread of the late-minus-early loss over the windows it averages."""
@@ -208,7 +235,7 @@ def summary(out_dir):
     where = np.unravel_index(np.argmax(induction[top]), induction[top].shape)
     span = phase_change(iters, induction)
     first, second, passage_induction, icl_se, over_training = passages(out_dir)
-    return dict(
+    found = dict(
         best_induction_start=round(float(best[0]), 4),
         best_induction_max=round(float(best[top]), 4),
         best_induction_max_iter=int(iters[top]),
@@ -224,6 +251,10 @@ def summary(out_dir):
         passage_best_induction=round(passage_induction, 4),
         passage_by_snapshot=over_training,
     )
+    # the induction head on the model's own text: what feeds it
+    if passage_induction >= INDUCTION and induction.shape[1] == 2:  # 2 layers
+        found["passage_knockouts"] = passage_knockouts(out_dir)
+    return found
 
 
 def main(cfg):

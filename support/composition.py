@@ -88,8 +88,13 @@ def scores(writer, reader):
     b_out = triangular(b_right.transpose(-2, -1)).transpose(-2, -1)
     a_norm = torch.linalg.matrix_norm(a_in @ a_out)  # (LH,) |A|
     b_norm = torch.linalg.matrix_norm(b_in @ b_out)  # (LH,) |B|
-    middle = a_right[:, None] @ b_left[None, :]  # (LH, LH, hs, hs): A's right, then B's left
-    both = torch.linalg.matrix_norm(a_in[:, None] @ middle @ b_out[None, :])  # (LH, LH) |A B|
+    # one writer at a time: all pairs at once would hold (LH, LH, hs, hs), 0.3 GB for GPT-2
+    both = torch.stack(
+        [
+            torch.linalg.matrix_norm(a_in[w] @ (a_right[w] @ b_left) @ b_out)  # (LH,) |A B|
+            for w in range(len(a_in))
+        ]
+    )  # (LH, LH)
     ratio = both / (a_norm[:, None] * b_norm[None, :])
     return ratio.view(n_layer, n_head, n_layer, n_head)
 

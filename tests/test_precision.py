@@ -629,6 +629,7 @@ ENTRY_POINTS = [
     "bench/smoke_gpu.py",
     "bench/explore.py",
     "experiments/induction_experiment.py",
+    "experiments/shakespeare_induction.py",
     "experiments/linear_attention.py",
     "experiments/ring_attention_measure.py",
     "experiments/long_context.py",
