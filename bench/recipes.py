@@ -5,7 +5,13 @@ on this CPU as it is and capped at AVX2 (no AVX-512, no native bfloat16, like mo
 laptops): whole-val loss and wall time. With --nanogpt=PATH, a nanoGPT checkout
 (its data prepared) whose own train.py runs beside ours.
 
+With --minutes=15, the good model instead: config/shakespeare_cpu_15min.py against
+nanoGPT's baby GPT settings (config/shakespeare_classic.py), both in float32 through
+train.py, each given the same minutes of training: their val loss against training
+time (the curve, drawn into --png) and their last val loss over the whole split.
+
     python -m bench.recipes [--nanogpt=PATH] [--threads=N] [--out=bench.json]
+    python -m bench.recipes --minutes=15 --png=docs/recipes_15min.png
 """
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
@@ -27,6 +33,9 @@ from support.run_log import read_evaluations
 @dataclasses.dataclass
 class Settings(common.Settings):
     nanogpt: str = ""  # a nanoGPT checkout (its data prepared) whose own train.py runs beside ours
+    # > 0: the good model against the baby GPT for this many minutes of training each
+    minutes: float = 0.0
+    png: str = ""  # with --minutes: where to draw the two val-loss curves
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -260,7 +269,139 @@ def section(args, log):
     return dict(recipes=rows), [table], recipe_targets(rows)
 
 
+# The good model ----------
+# nanoGPT's baby GPT settings against the recipe that spends 15 minutes of two cores
+# well, each given the same minutes of training, both in float32 (a CPU without native
+# bfloat16). The baby GPT evaluates every 10 of its slow iters so that its curve has
+# points; train.py keeps evaluations off the training clock, so they cost neither run
+# training time.
+BUDGET_RECIPES = [
+    ("nanoGPT's baby GPT settings", "config/shakespeare_classic.py", ["--eval_interval=10"]),
+    ("ours", "config/shakespeare_cpu_15min.py", []),
+]
+BUDGET_ARGS = ["--device=cpu", "--dtype=float32", "--eval_iters=4"]
+BUDGET_MARKS = (5, 10, 15)  # minutes of training at which the table reads each curve
+GPU_RESULT = 1.4697  # the baby GPT's val loss in nanoGPT's README, on an A100
+
+
+def budget_run(config, minutes, out_dir, data_root=None, args=()):
+    """One recipe given `minutes` of training (train.py's max_time): its val-loss
+    curve against training seconds, and its last evaluation over the whole split."""
+    args = [*BUDGET_ARGS, f"--max_time={60 * minutes}", *args]
+    wall, last, device, phases = train_run(config, {}, out_dir, data_root, args)
+    curve = [[r["elapsed_s"], r["val_loss"]] for r in read_evaluations(out_dir)]
+    return dict(
+        config=config,
+        device=device,
+        iters=last["iter"],
+        val_loss_full=last["val_loss_full"],
+        curve=curve,
+        wall_s=wall,
+        **phases,
+    )
+
+
+def loss_at(curve, seconds):
+    """The curve's last evaluation at or before `seconds` of training; None before its
+    first. Read, not interpolated: the figure a run would have stopped with."""
+    earlier = [loss for t, loss in curve if t <= seconds]
+    if not earlier:
+        return None
+    return earlier[-1]
+
+
+def bench_budget(log, minutes, recipes=BUDGET_RECIPES, data_root=None):
+    """Each recipe for the same minutes of training, one after the other."""
+    from data.dataset import ensure_dataset
+
+    ensure_dataset("shakespeare_char", data_root)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, config, args in recipes:
+            log(f"recipes: {config} for {minutes:g} minutes of training ...")
+            out_dir = os.path.join(tmp, f"{len(rows)}")
+            row = budget_run(config, minutes, out_dir, data_root, args)
+            rows.append(dict(recipe=name, **row))
+    return rows
+
+
+def budget_table(rows, minutes):
+    marks = [m for m in BUDGET_MARKS if m <= minutes] or [minutes]
+    head = [
+        "recipe",
+        "precision",
+        "iters",
+        *[f"val at {m:g} min" for m in marks],
+        "val at the end (whole split)",
+        "training s",
+        "wall s",
+    ]
+    lines = [head]
+    for r in rows:
+        at = [loss_at(r["curve"], 60 * m) for m in marks]
+        lines.append(
+            [
+                f"{r['recipe']} (`{r['config']}`)",
+                r["device"],
+                str(r["iters"]),
+                *["-" if x is None else f"{x:.4f}" for x in at],
+                f"**{r['val_loss_full']:.4f}**",
+                f"{r['training_s']:.0f}",
+                f"{r['wall_s']:.0f}",
+            ]
+        )
+    return (
+        f"## {minutes:g} minutes of training each\n\n"
+        + common.markdown(lines)
+        + "\n\n(val at N min: the last evaluation by then, an estimate from "
+        + f"{BUDGET_ARGS[-1].split('=')[1]} batches; nanoGPT's GPU result is {GPU_RESULT})"
+    )
+
+
+def plot_budget(rows, png):
+    """Val loss against minutes of training, one curve per recipe."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for r in rows:
+        minutes = [t / 60 for t, _ in r["curve"]]
+        losses = [loss for _, loss in r["curve"]]
+        ax.plot(minutes, losses, marker=".", label=f"{r['recipe']} ({r['val_loss_full']:.3f})")
+    ax.axhline(GPU_RESULT, color="gray", linestyle="--", linewidth=1)
+    ax.text(0.2, GPU_RESULT - 0.06, f"nanoGPT's A100 result, {GPU_RESULT}", color="gray")
+    ax.set_ylim(1.3, 3.0)
+    ax.set_xlabel("minutes of training (evaluations not counted)")
+    ax.set_ylabel("val loss")
+    ax.set_title(
+        "Tiny Shakespeare, characters, float32, " + common.cpu_class().split(";")[0], fontsize=9
+    )
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def budget_section(args, log):
+    if args.device == "cuda":
+        raise common.BenchError("--minutes compares CPU training recipes; drop --device=cuda")
+    folder = os.path.dirname(os.path.abspath(args.png or "."))
+    if not os.access(folder, os.W_OK):
+        raise common.BenchError(f"cannot write --png={args.png}: pass a path in a writable folder")
+    rows = bench_budget(log, args.minutes)
+    if args.png:
+        plot_budget(rows, args.png)
+    return dict(budget=rows), [budget_table(rows, args.minutes)], []
+
+
 def sections(args):
+    if args.minutes < 0:
+        raise common.BenchError(f"--minutes must be 0 or more, got {args.minutes}")
+    if args.minutes > 0:
+        return [budget_section]
     return [section]
 
 

@@ -1,5 +1,6 @@
 """The experiments that write the figures and tables in docs/: python -m experiments.NAME."""
 
+import json
 import os
 import time
 
@@ -21,3 +22,11 @@ def measured(work):
     cpu_seconds = time.process_time() - cpu + children.children_user + children.children_system
     loads.append(round(os.getloadavg()[0], 2))
     return result, cpu_seconds, time.perf_counter() - wall, loads
+
+
+def write_results(data, out_dir, name):
+    """data as out_dir/name, its settings' out_dir given from the repository's root
+    (the JSON then reads the same on every machine)."""
+    data["settings"]["out_dir"] = os.path.relpath(out_dir, ROOT)
+    with open(os.path.join(out_dir, name), "w") as f:
+        json.dump(data, f, indent=1)

@@ -30,7 +30,6 @@ data/shakespeare_char/input.txt, as train.py finds it.
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import dataclasses
-import json
 import multiprocessing
 import os
 import sys
@@ -42,7 +41,7 @@ import torch.nn.functional as F
 
 from bench.common import cpu_class
 from data.tiny_shakespeare import shakespeare_dir, shakespeare_text
-from experiments import measured
+from experiments import measured, write_results
 from experiments.bottleneck import curve, learning_rate
 from experiments.bottleneck_report import page_head, paragraph
 from experiments.transformer import look_ahead
@@ -572,10 +571,8 @@ def main(cfg):
     text = corpus(cfg)  # read here first, so that a missing corpus is one line before any work
     results, cpu_seconds, wall_seconds, loads = measured(lambda: train_both(cfg))
     data = summary(cfg, results, text["chars"], cpu_seconds, wall_seconds, loads)
-    data["settings"]["out_dir"] = os.path.relpath(cfg.out_dir, ROOT)
     out = cfg.out_dir
-    with open(os.path.join(out, "bidirectional.json"), "w") as f:
-        json.dump(data, f, indent=1)
+    write_results(data, out, "bidirectional.json")
     plot(data, os.path.join(out, "bidirectional.png"))
     write_page(data, os.path.join(out, "bidirectional.md"))
     for kind, m in data["models"].items():

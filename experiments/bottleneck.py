@@ -33,7 +33,6 @@ models train at once, one thread each.
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import dataclasses
-import json
 import math
 import multiprocessing
 import os
@@ -46,7 +45,7 @@ import torch.nn.functional as F
 
 from bench.common import cpu_class
 from experiments import bottleneck_report as report
-from experiments import measured
+from experiments import measured, write_results
 from experiments import toy_translation as task
 from experiments.explicit_attention import explicit_attention
 from experiments.seq2seq import EOS, PAD, Seq2Seq, Seq2SeqConfig
@@ -238,10 +237,8 @@ def decode(model, name, src, lengths, steps, s_max):
             return tokens, None
         return tokens, weights[:, None]  # (B, 1, steps, S)
     S = src.size(1)
-    idx = task.gpt_prompt(src, s_max)  # (B, s_max + 1)
-    for _ in range(steps):
-        logits, _ = model(idx)
-        idx = torch.cat([idx, logits[:, -1:].argmax(-1)], dim=1)
+    prompt = task.gpt_prompt(src, s_max)  # (B, s_max + 1)
+    idx = model.generate(prompt, steps, temperature=0)  # greedy, through the KV cache
     # the attention once more, in the open, over everything but the last word: the query at
     # s_max + j (SEP, then target word j - 1) predicts target word j
     hooks = explicit_attention(model)
@@ -499,10 +496,8 @@ def main(cfg):
     cli.output_folder(cfg.out_dir)
     results, cpu_seconds, wall_seconds, loads = measured(lambda: train_all(cfg))
     data = summary(cfg, results, cpu_seconds, wall_seconds, loads)
-    data["settings"]["out_dir"] = os.path.relpath(cfg.out_dir, ROOT)
     out = cfg.out_dir
-    with open(os.path.join(out, "bottleneck.json"), "w") as f:
-        json.dump(data, f, indent=1)
+    write_results(data, out, "bottleneck.json")
     report.plot_accuracy(data, os.path.join(out, "bottleneck.png"))
     if data["examples"]:
         report.plot_alignment(data, os.path.join(out, "bottleneck_alignment.png"))

@@ -1,0 +1,93 @@
+"""The 15-minute recipe and its benchmark at a tiny size: the config trains through
+train.py, and `python -m bench.recipes --minutes` gives each recipe the same training
+time, reads its curve and draws it."""
+
+import os
+import subprocess
+import sys
+
+import matplotlib.image
+import pytest
+
+from bench import recipes
+from support.configurator import parse_settings
+from support.settings import Settings
+
+TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=32", "--batch_size=64"]
+
+
+def test_the_recipe_trains_at_a_tiny_size(repo_root, data_root, tmp_path):
+    """Every key of the config is one train.py knows; scaled down, it trains and logs
+    the whole-split val loss its benchmark reads."""
+    config = os.path.join(repo_root, "config", "shakespeare_cpu_15min.py")
+    cfg = parse_settings(Settings, [config], allow_files=True)
+    assert cfg.block_size == 256 and cfg.dtype == "auto" and cfg.eval_full_val
+    out = tmp_path / "run"
+    args = ["--max_iters=4", "--lr_decay_iters=4", "--eval_interval=4", "--eval_iters=1"]
+    proc = subprocess.run(
+        [sys.executable, "train.py", "config/shakespeare_cpu_15min.py", *TINY, *args]
+        + [f"--out_dir={out}", f"--data_root={data_root}", "--dtype=float32"],
+        cwd=repo_root,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    last = recipes.read_evaluations(str(out))[-1]
+    assert last["iter"] == 4 and 0 < last["val_loss_full"] < 5
+
+
+def test_loss_at_reads_the_last_evaluation_by_then():
+    curve = [[0.0, 4.2], [60.0, 2.5], [125.5, 2.0]]
+    assert recipes.loss_at(curve, 59.9) == 4.2
+    assert recipes.loss_at(curve, 60.0) == 2.5
+    assert recipes.loss_at(curve, 900) == 2.0
+    assert recipes.loss_at(curve[1:], 30) is None
+
+
+def test_same_minutes_of_training_each(tmp_path, data_root):
+    """Two tiny recipes stopped by max_time alone (their max_iters out of reach): each
+    trains at least the minutes given, and its curve, table row and figure follow."""
+    tiny = "".join(f"{a[2:].replace('=', ' = ')}\n" for a in TINY)
+    configs = []
+    for name in ("slow", "fast"):
+        path = tmp_path / f"{name}.py"
+        path.write_text(
+            tiny + "max_iters = 1000000\neval_interval = 20\ngradient_accumulation_steps = 1\n"
+        )
+        configs.append((name, str(path), []))
+    minutes = 0.03  # 1.8 s
+    rows = recipes.bench_budget(lambda msg: None, minutes, configs, data_root)
+    assert [r["recipe"] for r in rows] == ["slow", "fast"]
+    for r in rows:
+        assert 0 < r["iters"] < 1000000
+        assert r["training_s"] >= 60 * minutes
+        times = [t for t, _ in r["curve"]]
+        assert times == sorted(times) and len(times) >= 2
+        assert r["device"].startswith("cpu, float32")
+        assert recipes.loss_at(r["curve"], r["training_s"]) == r["curve"][-1][1]
+    table = recipes.budget_table(rows, minutes)
+    assert "val at 0.03 min" in table and f"**{rows[1]['val_loss_full']:.4f}**" in table
+    assert "val at 5 min | val at 10 min | val at 15 min" in recipes.budget_table(rows, 15)
+    png = tmp_path / "curves.png"
+    recipes.plot_budget(rows, str(png))
+    assert matplotlib.image.imread(png).shape[:2] == (462, 770)  # 7 x 4.2 in at 110 dpi
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--minutes=-1"], "--minutes must be 0 or more, got -1"),
+        (["--minutes=1", "--png=/nonexistent/c.png"], "cannot write --png=/nonexistent/c.png"),
+    ],
+)
+def test_bad_minutes_are_one_line(repo_root, args, message):
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.recipes", *args],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1
+    assert len(lines) == 1 and lines[0].startswith(f"bench.recipes: {message}")
