@@ -1,4 +1,5 @@
 import atexit
+import hashlib
 import os
 import shutil
 import signal
@@ -168,6 +169,26 @@ def tiny_run(data_root, out_dir, *extra, dataset="shakespeare_char", **keys):
         *[f"--{key}={value}" for key, value in settings.items()],
         *extra,
     ]
+
+
+def run_in_process(argv):
+    """train.py in this process: faster than a new one, as torch is imported once."""
+    import train
+
+    train.main(argv)
+
+
+def losses(log):
+    """Each evaluation's figures in a log, for comparing two runs exactly."""
+    return [
+        (rec["iter"], rec["train_loss"], rec["val_loss"], rec["lr"], rec["tokens"]) for rec in log
+    ]
+
+
+def file_hash(path):
+    """The file's SHA-256: whether a checkpoint was left byte for byte as it was."""
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def ctrl_c_reaches_it():
