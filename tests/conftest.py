@@ -1,6 +1,7 @@
 import atexit
 import hashlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -29,6 +30,7 @@ BF16 = hardware.check_bf16()
 
 import pytest
 import torch
+from forker import Forker
 
 from support.resume import rng_state
 from support.run_log import read_evaluations
@@ -270,3 +272,82 @@ def signal_when_training(child, out_dir, signum):
         return child.communicate(timeout=60)
     finally:
         child.kill()
+
+
+# -----------------------------------------------------------------------------
+# The fault, damaged-file and bad-input tests: their inputs, their command lines,
+# and the one line a failed command prints
+
+# tqdm's progress bar shares stderr with the error line; its updates are not messages
+PROGRESS = re.compile(r"\d+%\||it/s|\d+it \[")
+# the tiny run, smaller still: one layer, a context of 16
+SMALL_RUN = dict(n_layer=1, block_size=16, batch_size=4, eval_iters=1, min_lr=6e-5, seed=11)
+
+
+def messages(stderr):
+    """stderr's lines less the progress bars (and the blank lines that clear a nested bar)."""
+    lines = (line.replace("\x1b[A", "") for line in stderr.splitlines())
+    return [line for line in lines if line.strip() and not PROGRESS.search(line)]
+
+
+def error_line(proc):
+    """The single line a failed command printed, after checking that is all it printed."""
+    assert proc.returncode not in (0, None), proc.stdout[-2000:]
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
+    lines = messages(proc.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
+    return lines[0]
+
+
+def own_data_env():
+    """child_env, less the path that lets a child prepare tiny Shakespeare from
+    elsewhere: no dataset may come from outside the inputs."""
+    env = child_env()
+    env.pop("TINYSHAKESPEARE_PATH", None)
+    return env
+
+
+@pytest.fixture(scope="session")
+def inputs(tmp_path_factory, corpus_path):
+    """Small datasets, a checkpoint trained on one and a Hugging Face GPT-2 folder,
+    made once: the tests copy and damage them, or hand them to the command lines."""
+    from data.text import prepare_text
+
+    root = tmp_path_factory.mktemp("reliability")
+    data = str(root / "data")
+    with open(corpus_path, encoding="utf-8") as f:
+        text = f.read()
+    prepare_text(
+        text[:20_000], os.path.join(data, "small"), "char"
+    )  # small enough to copy and damage
+    prepare_text(text[:4_000], os.path.join(data, "small_gpt2"), "gpt2")
+    prepare_text(
+        "hello there, general kenobi\n", os.path.join(data, "tiny"), "char"
+    )  # val: 3 tokens
+
+    transformers = pytest.importorskip("transformers")
+    hf = root / "gpt2-tiny"
+    config = transformers.GPT2Config(n_positions=32, n_embd=16, n_layer=1, n_head=2)
+    transformers.GPT2LMHeadModel(config).save_pretrained(hf)
+
+    ckpt_dir = str(root / "trained")
+    run_in_process(
+        tiny_run(data, ckpt_dir, dataset="small", max_iters=2, eval_interval=2, **SMALL_RUN)
+    )
+    return {"root": str(root), "data": data, "hf": str(hf), "ckpt": ckpt_dir}
+
+
+def small_run(inputs, out_dir, *extra, dataset="small"):
+    """train.py's arguments for two iters of SMALL_RUN on one of the inputs' datasets."""
+    return tiny_run(
+        inputs["data"], out_dir, *extra, dataset=dataset, max_iters=2, eval_interval=1, **SMALL_RUN
+    )
+
+
+@pytest.fixture(scope="session")
+def forker(tmp_path_factory):
+    """The process that runs the command lines many times, fast (forker.py)."""
+    # a test asks for it before the inputs: it imports torch while they are made
+    f = Forker(str(tmp_path_factory.mktemp("forker")), own_data_env())
+    yield f
+    f.close()
