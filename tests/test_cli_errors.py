@@ -21,113 +21,74 @@ from support.configurator import ConfigError
 
 NO_GPU = "this machine has a GPU" if torch.cuda.is_available() else None
 
-# name -> (script, argv, exit code, what the line must say); {hf} is the GPT-2
-# folder, {scratch} a folder for this table. train.py gets a tiny valid setup
-# first and sample.py a trained checkpoint, so each row tests one thing.
+# script -> {name: (argv, what the line must say)}; {hf} is the GPT-2 folder,
+# {scratch} a folder for this table. train.py gets a tiny valid setup first and
+# sample.py a trained checkpoint, so each row tests one thing.
 BAD_INPUT = {
-    "unknown key": ("train.py", ["--batch_sze=3"], 2, ["unknown config key", "'batch_size'"]),
-    "wrong type": ("train.py", ["--batch_size=abc"], 2, ["batch_size expects int", "abc"]),
-    "not a boolean": ("train.py", ["--bias=maybe"], 2, ["bias expects bool"]),
-    "n_layer=0": ("train.py", ["--n_layer=0"], 2, ["n_layer must be a positive integer"]),
-    "batch_size=0": ("train.py", ["--batch_size=0"], 2, ["batch_size must be a positive integer"]),
-    "block_size=-1": (
-        "train.py",
-        ["--block_size=-1"],
-        2,
-        ["block_size must be a positive integer"],
-    ),
-    "max_iters=-5": ("train.py", ["--max_iters=-5"], 2, ["max_iters must be", ">= 0"]),
-    "negative learning_rate": ("train.py", ["--learning_rate=-1e-3"], 2, ["learning_rate must be"]),
-    "infinite learning_rate": (
-        "train.py",
-        ["--learning_rate=1e999"],
-        2,
-        ["learning_rate must be a finite"],
-    ),
-    "beta2=1": ("train.py", ["--beta2=1.0"], 2, ["beta2 must be in [0, 1)"]),
-    "dropout=1.5": ("train.py", ["--dropout=1.5"], 2, ["dropout must be in [0, 1)"]),
-    "n_embd not divisible by n_head": (
-        "train.py",
-        ["--n_embd=30", "--n_head=4"],
-        2,
-        ["n_embd (30) must be divisible by n_head (4)"],
-    ),
-    "seed past 64 bits": ("train.py", [f"--seed={2**64}"], 2, ["seed must fit"]),
-    "block_size above the pretrained model's": (
-        "train.py",
-        ["--dataset=small_gpt2", "--init_from={hf}", "--block_size=64"],
-        2,
-        ["block_size 64 is larger than the pretrained model's 32"],
-    ),
-    "unknown dataset": (
-        "train.py",
-        ["--dataset=no_such_data"],
-        2,
-        ["unknown dataset 'no_such_data'", "data/prepare.py"],
-    ),
-    "dataset smaller than one block": (
-        "train.py",
-        ["--dataset=tiny"],
-        2,
-        ["val split", "has 3 tokens", "block_size + 1 = 17"],
-    ),
-    "float16 on a CPU": ("train.py", ["--dtype=float16"], 2, ["float16 training needs CUDA"]),
-    "--device=cuda without a GPU": ("train.py", ["--device=cuda"], 2, ["no CUDA GPU is available"]),
-    "out_dir is a file": (
-        "train.py",
-        ["--out_dir={scratch}/a_file"],
-        2,
-        ["cannot write into out_dir"],
-    ),
-    "config file that raises": (
-        "train.py",
-        ["{scratch}/raises.py"],
-        2,
-        ["error in config file", "ZeroDivisionError"],
-    ),
-    "missing config file": ("train.py", ["config/no_such_file.py"], 2, ["config file not found"]),
-    "resume without a checkpoint": ("train.py", ["--init_from=resume"], 2, ["no checkpoint at"]),
-    "sample: unknown option": (
-        "sample.py",
-        ["--temprature=0.5"],
-        2,
-        ["did you mean 'temperature'"],
-    ),
-    "sample: wrong type": (
-        "sample.py",
-        ["--max_new_tokens=many"],
-        2,
-        ["max_new_tokens expects int"],
-    ),
-    "sample: max_new_tokens=0": (
-        "sample.py",
-        ["--max_new_tokens=0"],
-        2,
-        ["--max_new_tokens must be"],
-    ),
-    "sample: num_samples=-1": ("sample.py", ["--num_samples=-1"], 2, ["--num_samples must be"]),
-    "sample: top_p=1.5": ("sample.py", ["--top_p=1.5"], 2, ["--top_p must be in (0, 1]"]),
-    "sample: character outside the vocabulary": (
-        "sample.py",
-        ["--prompt=ROMEO \u2603"],
-        2,
-        ["'\u2603'", "not in the vocabulary"],
-    ),
-    "sample: prompt file not UTF-8": ("sample.py", ["--prompt=FILE:{scratch}/bytes"], 2, ["UTF-8"]),
-    "sample: --device=cuda without a GPU": ("sample.py", ["--device=cuda"], 2, ["no CUDA GPU"]),
-    "sample: init_from nowhere": (
-        "sample.py",
-        ["--init_from=/no/such/folder"],
-        2,
-        ["no such file or folder"],
-    ),
-    "prepare: too little text": (
-        "data/prepare.py",
-        ["{scratch}/one.txt", "--data_root", "{scratch}"],
-        1,
-        ["too few to split"],
-    ),
+    "train.py": {
+        "unknown key": (["--batch_sze=3"], ["unknown config key", "'batch_size'"]),
+        "wrong type": (["--batch_size=abc"], ["batch_size expects int", "abc"]),
+        "not a boolean": (["--bias=maybe"], ["bias expects bool"]),
+        "n_layer=0": (["--n_layer=0"], ["n_layer must be a positive integer"]),
+        "batch_size=0": (["--batch_size=0"], ["batch_size must be a positive integer"]),
+        "block_size=-1": (["--block_size=-1"], ["block_size must be a positive integer"]),
+        "max_iters=-5": (["--max_iters=-5"], ["max_iters must be", ">= 0"]),
+        "negative learning_rate": (["--learning_rate=-1e-3"], ["learning_rate must be"]),
+        "infinite learning_rate": (["--learning_rate=1e999"], ["learning_rate must be a finite"]),
+        "beta2=1": (["--beta2=1.0"], ["beta2 must be in [0, 1)"]),
+        "dropout=1.5": (["--dropout=1.5"], ["dropout must be in [0, 1)"]),
+        "n_embd not divisible by n_head": (
+            ["--n_embd=30", "--n_head=4"],
+            ["n_embd (30) must be divisible by n_head (4)"],
+        ),
+        "seed past 64 bits": ([f"--seed={2**64}"], ["seed must fit"]),
+        "block_size above the pretrained model's": (
+            ["--dataset=small_gpt2", "--init_from={hf}", "--block_size=64"],
+            ["block_size 64 is larger than the pretrained model's 32"],
+        ),
+        "unknown dataset": (
+            ["--dataset=no_such_data"],
+            ["unknown dataset 'no_such_data'", "data/prepare.py"],
+        ),
+        "dataset smaller than one block": (
+            ["--dataset=tiny"],
+            ["val split", "has 3 tokens", "block_size + 1 = 17"],
+        ),
+        "float16 on a CPU": (["--dtype=float16"], ["float16 training needs CUDA"]),
+        "--device=cuda without a GPU": (["--device=cuda"], ["no CUDA GPU is available"]),
+        "out_dir is a file": (["--out_dir={scratch}/a_file"], ["cannot write into out_dir"]),
+        "config file that raises": (
+            ["{scratch}/raises.py"],
+            ["error in config file", "ZeroDivisionError"],
+        ),
+        "missing config file": (["config/no_such_file.py"], ["config file not found"]),
+        "resume without a checkpoint": (["--init_from=resume"], ["no checkpoint at"]),
+    },
+    "sample.py": {
+        "sample: unknown option": (["--temprature=0.5"], ["did you mean 'temperature'"]),
+        "sample: wrong type": (["--max_new_tokens=many"], ["max_new_tokens expects int"]),
+        "sample: max_new_tokens=0": (["--max_new_tokens=0"], ["--max_new_tokens must be"]),
+        "sample: num_samples=-1": (["--num_samples=-1"], ["--num_samples must be"]),
+        "sample: top_p=1.5": (["--top_p=1.5"], ["--top_p must be in (0, 1]"]),
+        "sample: character outside the vocabulary": (
+            ["--prompt=ROMEO \u2603"],
+            ["'\u2603'", "not in the vocabulary"],
+        ),
+        "sample: prompt file not UTF-8": (["--prompt=FILE:{scratch}/bytes"], ["UTF-8"]),
+        "sample: --device=cuda without a GPU": (["--device=cuda"], ["no CUDA GPU"]),
+        "sample: init_from nowhere": (["--init_from=/no/such/folder"], ["no such file or folder"]),
+    },
+    "data/prepare.py": {
+        "prepare: too little text": (
+            ["{scratch}/one.txt", "--data_root", "{scratch}"],
+            ["too few to split"],
+        ),
+    },
 }
+# bad input exits 2; prepare's row is a run that failed (a text too short to split), 1
+EXIT_CODE = {"train.py": 2, "sample.py": 2, "data/prepare.py": 1}
+# name -> the script of its row, in the table's order
+SCRIPT = {name: script for script, rows in BAD_INPUT.items() for name in rows}
 NEEDS_NO_GPU = {"--device=cuda without a GPU", "sample: --device=cuda without a GPU"}
 
 
@@ -144,7 +105,8 @@ def bad_runs(forker, inputs):
         with open(os.path.join(scratch, name), "wb") as f:
             f.write(data)
     jobs = {}
-    for k, (name, (script, argv, _, _)) in enumerate(BAD_INPUT.items()):
+    for k, (name, script) in enumerate(SCRIPT.items()):
+        argv, _ = BAD_INPUT[script][name]
         argv = [a.format(hf=inputs["hf"], scratch=scratch) for a in argv]
         if script == "train.py":
             argv = small_run(inputs, os.path.join(scratch, f"out{k}")) + argv
@@ -156,14 +118,15 @@ def bad_runs(forker, inputs):
     return {"results": results, "before": before, "after": sorted(os.listdir(scratch))}
 
 
-@pytest.mark.parametrize("name", list(BAD_INPUT))
+@pytest.mark.parametrize("name", list(SCRIPT))
 def test_bad_input_is_one_line(bad_runs, name):
     if name in NEEDS_NO_GPU and NO_GPU:
         pytest.skip(NO_GPU)
-    _, _, code, needles = BAD_INPUT[name]
+    script = SCRIPT[name]
+    _, needles = BAD_INPUT[script][name]
     proc = bad_runs["results"][name]
     line = error_line(proc)
-    assert proc.returncode == code, line
+    assert proc.returncode == EXIT_CODE[script], line
     for needle in needles:
         assert needle in line, line
     assert bad_runs["after"] == bad_runs["before"]  # no output folder, checkpoint or dataset made
