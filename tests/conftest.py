@@ -173,6 +173,14 @@ def tiny_run(data_root, out_dir, *extra, dataset="shakespeare_char", **keys):
     ]
 
 
+def tiny_settings(**keys):
+    """TINY_RUN as train.py's Settings, with keys changed: for a test that builds
+    a run's pieces itself rather than start train.py."""
+    from support.settings import Settings
+
+    return Settings(**dict(TINY_RUN, **keys))
+
+
 def run_in_process(argv):
     """train.py in this process: faster than a new one, as torch is imported once."""
     import train
