@@ -438,6 +438,19 @@ def test_the_page_is_served_and_fetches_nothing_from_outside(server):
     assert "://" not in html
 
 
+@pytest.mark.parametrize(
+    "path, kind",
+    [("/", "text/html"), ("/panels.js", "text/javascript"), ("/explorer.css", "text/css")],
+)
+def test_each_page_file_is_sent_with_its_type(server, path, kind):
+    conn = http.client.HTTPConnection("127.0.0.1", server.server_port, timeout=TIMEOUT)
+    conn.request("GET", path)
+    response = conn.getresponse()
+    response.read()
+    conn.close()
+    assert response.getheader("Content-Type") == f"{kind}; charset=utf-8"
+
+
 # -----------------------------------------------------------------------------
 # Several tabs at once
 
