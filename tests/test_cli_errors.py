@@ -22,8 +22,8 @@ from support.configurator import ConfigError
 NO_GPU = "this machine has a GPU" if torch.cuda.is_available() else None
 
 # script -> {name: (argv, what the line must say)}; {hf} is the GPT-2 folder,
-# {scratch} a folder for this table. train.py gets a tiny valid setup first and
-# sample.py a trained checkpoint, so each row tests one thing.
+# {scratch} a folder for this table. train.py gets a tiny valid setup first, and
+# sample.py, heads.py and explore.py a trained checkpoint, so each row tests one thing.
 BAD_INPUT = {
     "train.py": {
         "unknown key": (["--batch_sze=3"], ["unknown config key", "'batch_size'"]),
@@ -78,6 +78,16 @@ BAD_INPUT = {
         "sample: --device=cuda without a GPU": (["--device=cuda"], ["no CUDA GPU"]),
         "sample: init_from nowhere": (["--init_from=/no/such/folder"], ["no such file or folder"]),
     },
+    "heads.py": {
+        "heads: max_windows=-1": (["--max_windows=-1"], ["--max_windows"]),
+        "heads: misspelt option": (["--max_windos=3"], ["did you mean 'max_windows'"]),
+        "heads: unknown dataset": (["--dataset=nothing-here"], ["unknown dataset 'nothing-here'"]),
+    },
+    "explore.py": {
+        "explore: port=70000": (["--port=70000"], ["--port"]),
+        "explore: out_dir nowhere": (["--out_dir=/nonexistent/folder"], ["/nonexistent/folder"]),
+        "explore: misspelt option": (["--prot=8000"], ["did you mean 'port'"]),
+    },
     "data/prepare.py": {
         "prepare: too little text": (
             ["{scratch}/one.txt", "--data_root", "{scratch}"],
@@ -86,7 +96,7 @@ BAD_INPUT = {
     },
 }
 # bad input exits 2; prepare's row is a run that failed (a text too short to split), 1
-EXIT_CODE = {"train.py": 2, "sample.py": 2, "data/prepare.py": 1}
+EXIT_CODE = {"train.py": 2, "sample.py": 2, "heads.py": 2, "explore.py": 2, "data/prepare.py": 1}
 # name -> the script of its row, in the table's order
 SCRIPT = {name: script for script, rows in BAD_INPUT.items() for name in rows}
 NEEDS_NO_GPU = {"--device=cuda without a GPU", "sample: --device=cuda without a GPU"}
@@ -112,7 +122,10 @@ def bad_runs(forker, inputs):
             argv = small_run(inputs, os.path.join(scratch, f"out{k}")) + argv
         elif script == "sample.py":
             argv = [f"--out_dir={inputs['ckpt']}", "--attn_dir", "", "--max_new_tokens=3"] + argv
-        jobs[name] = (script, argv)
+        elif script in ("heads.py", "explore.py"):
+            argv = [f"--out_dir={inputs['ckpt']}"] + argv
+        # a command that does not stop (explore.py serving, say) is killed, and fails its row
+        jobs[name] = (script, argv, {"delay": 120})
     before = sorted(os.listdir(scratch))
     results = dict(zip(jobs, forker.run(list(jobs.values()), workers=3)))
     return {"results": results, "before": before, "after": sorted(os.listdir(scratch))}

@@ -479,20 +479,6 @@ def test_command_writes_the_report(ckpt_dir, tiny, capsys):
     assert "Pruning the" in out and f"{rep['pruned_loss']:.4f}" in out
 
 
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (["--max_windows=-1"], "--max_windows"),
-        (["--max_windos=3"], "did you mean 'max_windows'"),
-        (["--dataset=nothing-here"], "unknown dataset 'nothing-here'"),
-    ],
-)
-def test_bad_input_is_one_line(ckpt_dir, capsys, argv, message):
-    assert heads.run([f"--out_dir={ckpt_dir}", *argv]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and "\n" not in err and message in err, err
-
-
 def test_no_checkpoint_and_a_dataset_of_another_tokenizer(ckpt_dir, tiny, tmp_path, capsys):
     assert heads.run([f"--out_dir={tmp_path}/none"]) == 2
     assert "no checkpoint at" in capsys.readouterr().err
