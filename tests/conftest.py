@@ -1,4 +1,5 @@
 import atexit
+import copy
 import hashlib
 import os
 import re
@@ -133,6 +134,18 @@ def train_char_model(text, block_size, steps, batch_size, data_chars=None):
         loss.backward()
         opt.step()
     return dict(model=model, tok=tok, config=config, opt=opt, gen=gen, loss=loss.item())
+
+
+def heads_zeroed(model, heads):
+    """A copy of the model whose heads' columns of c_proj.weight are zero: the same as
+    zeroing their slice of the attention output before W_O, done another way, the
+    oracle of every ablation. heads: (layer, head) pairs."""
+    edited = copy.deepcopy(model)
+    hs = model.config.n_embd // model.config.n_head
+    with torch.no_grad():
+        for layer, head in heads:
+            edited.transformer.h[layer].attn.c_proj.weight[:, head * hs : (head + 1) * hs] = 0
+    return edited
 
 
 # -----------------------------------------------------------------------------
