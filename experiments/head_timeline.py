@@ -29,7 +29,7 @@ import numpy as np
 
 from support import cli
 from support.head_measures import INDUCTION
-from support.run_log import read_evaluations
+from support.run_log import read_evaluations_or_fail
 
 
 @dataclasses.dataclass
@@ -63,12 +63,9 @@ def kinds_of(labels):
 def read_records(out_dir):
     """The evaluations of out_dir/log.jsonl that logged the heads."""
     path = os.path.join(out_dir, "log.jsonl")
-    try:
-        records = read_evaluations(out_dir)
-    except (OSError, ValueError) as e:
-        raise TimelineError(
-            f"cannot read {path} ({type(e).__name__}); point --out_dir at a training run's folder"
-        ) from None
+    records = read_evaluations_or_fail(
+        out_dir, TimelineError, "point --out_dir at a training run's folder"
+    )
     records = [r for r in records if "heads" in r]
     if not records:
         raise TimelineError(

@@ -16,7 +16,7 @@ matplotlib.use("Agg")  # write files; no display needed
 import matplotlib.pyplot as plt
 
 from support import cli
-from support.run_log import read_evaluations
+from support.run_log import read_evaluations_or_fail
 
 
 @dataclasses.dataclass
@@ -32,12 +32,7 @@ class PlotError(Exception):
 
 
 def read_log(out_dir):
-    try:
-        rows = read_evaluations(out_dir)
-    except (OSError, ValueError) as e:
-        raise PlotError(
-            f"cannot read {out_dir}/log.jsonl ({type(e).__name__}); train with train.py to make one"
-        ) from None
+    rows = read_evaluations_or_fail(out_dir, PlotError, "train with train.py to make one")
     if not rows:
         raise PlotError(f"{out_dir}/log.jsonl holds no evaluations yet")
     return rows

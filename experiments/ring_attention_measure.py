@@ -16,7 +16,6 @@ counts every tensor the call allocates, PyTorch's and the allocator's alike.
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import ctypes
-import datetime
 import os
 import sys
 import tempfile
@@ -27,6 +26,7 @@ import torch.multiprocessing as mp
 
 from model import GPT, GPTConfig, attention, causal_mask
 from support.context_parallel import ContextParallel
+from support.distributed import join_forked
 from support.ring_attention import Ring, blockwise_attention, ring_attention, split_sequence
 
 MiB = 2**20
@@ -81,19 +81,8 @@ def memory():
         )
 
 
-def join(rank, size, init):
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init}",
-        rank=rank,
-        world_size=size,
-        timeout=datetime.timedelta(seconds=300),
-    )
-
-
 def idle_worker(rank, size, init, T, out):
-    join(rank, size, init)
+    join_forked(rank, size, init, timeout_s=300)
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 4, T, 64, generator=gen) for _ in range(3))
     times = {}
@@ -154,7 +143,7 @@ def idle(size=4, T=4096):
 
 
 def ranks_worker(rank, size, init, T, out):
-    join(rank, size, init)
+    join_forked(rank, size, init, timeout_s=300)
     torch.manual_seed(0)
     config = GPTConfig(block_size=T, vocab_size=65, n_layer=4, n_head=4, n_embd=128, rope=True)
     idx = torch.randint(0, 65, (1, T + 1), generator=torch.Generator().manual_seed(1))

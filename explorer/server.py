@@ -44,12 +44,13 @@ from support.loading import LoadError, load_model
 PAGE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "page")
 # the only files the server reads after it starts, by the path the page asks for
 PAGE_FILES = {
-    "/": ("index.html", "text/html; charset=utf-8"),
-    "/explorer.js": ("explorer.js", "text/javascript; charset=utf-8"),
-    "/panels.js": ("panels.js", "text/javascript; charset=utf-8"),
-    "/timeline.js": ("timeline.js", "text/javascript; charset=utf-8"),
-    "/explorer.css": ("explorer.css", "text/css; charset=utf-8"),
+    "/": "index.html",
+    "/explorer.js": "explorer.js",
+    "/panels.js": "panels.js",
+    "/timeline.js": "timeline.js",
+    "/explorer.css": "explorer.css",
 }
+PAGE_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}  # all UTF-8
 MAX_BODY = 1 << 20  # bytes: a request body larger than this is refused before it is read
 TOP = 10  # next-token candidates shown
 CONTINUATION = 20  # tokens of the greedy continuation beside each analysis
@@ -564,10 +565,11 @@ class Handler(BaseHTTPRequestHandler):
             except OSError as e:  # the run's folder unreadable: one line, the server goes on
                 self.reply(500, {"error": f"cannot read the run's folder: {e}"})
         elif path in PAGE_FILES:
-            name, kind = PAGE_FILES[path]
+            name = PAGE_FILES[path]
             with open(os.path.join(PAGE_DIR, name), "rb") as f:
                 data = f.read()
-            self.send(200, data, kind)
+            kind = PAGE_TYPES[os.path.splitext(name)[1]]
+            self.send(200, data, f"{kind}; charset=utf-8")
         else:
             self.reply(404, {"error": f"no page {path!r}; open / for the explorer"})
 

@@ -1,9 +1,11 @@
 """
 Training in several processes (torchrun): joining them, wrapping the model in
 DistributedDataParallel, summing across them, and telling a lost process from
-other failures.
+other failures. Also the joining of processes forked on one machine, which the
+ring attention's tests and measurements use.
 """
 
+import datetime
 import os
 
 import torch
@@ -27,6 +29,20 @@ def join_processes(device, timeout):
     # device_id: this process's GPU, so NCCL connects now rather than at the
     # first collective, and barrier() need not guess the device from the rank
     dist.init_process_group("nccl", timeout=timeout, device_id=device)
+
+
+def join_forked(rank, size, init_file, timeout_s):
+    """Join size processes forked on this machine rather than started by torchrun
+    (the ring's tests and measurements): gloo, meeting through init_file. Each takes
+    one thread, as they share the CPU."""
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
 
 
 def wrap_model(raw, device, world, use_compile):

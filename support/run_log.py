@@ -115,3 +115,13 @@ def read_evaluations(out_dir):
     """The evaluations in out_dir/log.jsonl, first to last. OSError if there is no log."""
     records, _ = read_log(out_dir)
     return [record for record in records if is_evaluation(record)]
+
+
+def read_evaluations_or_fail(out_dir, error, advice):
+    """read_evaluations for a command that reads another run's log: a log that is
+    missing or cannot be read raises error, one line that names it, then advice."""
+    try:
+        return read_evaluations(out_dir)
+    except (OSError, ValueError) as e:
+        path = os.path.join(out_dir, "log.jsonl")
+        raise error(f"cannot read {path} ({type(e).__name__}); {advice}") from None

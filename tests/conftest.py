@@ -1,5 +1,8 @@
 import atexit
+import copy
+import hashlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,6 +31,7 @@ BF16 = hardware.check_bf16()
 
 import pytest
 import torch
+from forker import Forker
 
 from support.resume import rng_state
 from support.run_log import read_evaluations
@@ -132,6 +136,18 @@ def train_char_model(text, block_size, steps, batch_size, data_chars=None):
     return dict(model=model, tok=tok, config=config, opt=opt, gen=gen, loss=loss.item())
 
 
+def heads_zeroed(model, heads):
+    """A copy of the model whose heads' columns of c_proj.weight are zero: the same as
+    zeroing their slice of the attention output before W_O, done another way, the
+    oracle of every ablation. heads: (layer, head) pairs."""
+    edited = copy.deepcopy(model)
+    hs = model.config.n_embd // model.config.n_head
+    with torch.no_grad():
+        for layer, head in heads:
+            edited.transformer.h[layer].attn.c_proj.weight[:, head * hs : (head + 1) * hs] = 0
+    return edited
+
+
 # -----------------------------------------------------------------------------
 # The tiny training run of the tests that run train.py
 
@@ -168,6 +184,34 @@ def tiny_run(data_root, out_dir, *extra, dataset="shakespeare_char", **keys):
         *[f"--{key}={value}" for key, value in settings.items()],
         *extra,
     ]
+
+
+def tiny_settings(**keys):
+    """TINY_RUN as train.py's Settings, with keys changed: for a test that builds
+    a run's pieces itself rather than start train.py."""
+    from support.settings import Settings
+
+    return Settings(**dict(TINY_RUN, **keys))
+
+
+def run_in_process(argv):
+    """train.py in this process: faster than a new one, as torch is imported once."""
+    import train
+
+    train.main(argv)
+
+
+def losses(log):
+    """Each evaluation's figures in a log, for comparing two runs exactly."""
+    return [
+        (rec["iter"], rec["train_loss"], rec["val_loss"], rec["lr"], rec["tokens"]) for rec in log
+    ]
+
+
+def file_hash(path):
+    """The file's SHA-256: whether a checkpoint was left byte for byte as it was."""
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def ctrl_c_reaches_it():
@@ -249,3 +293,82 @@ def signal_when_training(child, out_dir, signum):
         return child.communicate(timeout=60)
     finally:
         child.kill()
+
+
+# -----------------------------------------------------------------------------
+# The fault, damaged-file and bad-input tests: their inputs, their command lines,
+# and the one line a failed command prints
+
+# tqdm's progress bar shares stderr with the error line; its updates are not messages
+PROGRESS = re.compile(r"\d+%\||it/s|\d+it \[")
+# the tiny run, smaller still: one layer, a context of 16
+SMALL_RUN = dict(n_layer=1, block_size=16, batch_size=4, eval_iters=1, min_lr=6e-5, seed=11)
+
+
+def messages(stderr):
+    """stderr's lines less the progress bars (and the blank lines that clear a nested bar)."""
+    lines = (line.replace("\x1b[A", "") for line in stderr.splitlines())
+    return [line for line in lines if line.strip() and not PROGRESS.search(line)]
+
+
+def error_line(proc):
+    """The single line a failed command printed, after checking that is all it printed."""
+    assert proc.returncode not in (0, None), proc.stdout[-2000:]
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
+    lines = messages(proc.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
+    return lines[0]
+
+
+def own_data_env():
+    """child_env, less the path that lets a child prepare tiny Shakespeare from
+    elsewhere: no dataset may come from outside the inputs."""
+    env = child_env()
+    env.pop("TINYSHAKESPEARE_PATH", None)
+    return env
+
+
+@pytest.fixture(scope="session")
+def inputs(tmp_path_factory, corpus_path):
+    """Small datasets, a checkpoint trained on one and a Hugging Face GPT-2 folder,
+    made once: the tests copy and damage them, or hand them to the command lines."""
+    from data.text import prepare_text
+
+    root = tmp_path_factory.mktemp("reliability")
+    data = str(root / "data")
+    with open(corpus_path, encoding="utf-8") as f:
+        text = f.read()
+    prepare_text(
+        text[:20_000], os.path.join(data, "small"), "char"
+    )  # small enough to copy and damage
+    prepare_text(text[:4_000], os.path.join(data, "small_gpt2"), "gpt2")
+    prepare_text(
+        "hello there, general kenobi\n", os.path.join(data, "tiny"), "char"
+    )  # val: 3 tokens
+
+    transformers = pytest.importorskip("transformers")
+    hf = root / "gpt2-tiny"
+    config = transformers.GPT2Config(n_positions=32, n_embd=16, n_layer=1, n_head=2)
+    transformers.GPT2LMHeadModel(config).save_pretrained(hf)
+
+    ckpt_dir = str(root / "trained")
+    run_in_process(
+        tiny_run(data, ckpt_dir, dataset="small", max_iters=2, eval_interval=2, **SMALL_RUN)
+    )
+    return {"root": str(root), "data": data, "hf": str(hf), "ckpt": ckpt_dir}
+
+
+def small_run(inputs, out_dir, *extra, dataset="small"):
+    """train.py's arguments for two iters of SMALL_RUN on one of the inputs' datasets."""
+    return tiny_run(
+        inputs["data"], out_dir, *extra, dataset=dataset, max_iters=2, eval_interval=1, **SMALL_RUN
+    )
+
+
+@pytest.fixture(scope="session")
+def forker(tmp_path_factory):
+    """The process that runs the command lines many times, fast (forker.py)."""
+    # a test asks for it before the inputs: it imports torch while they are made
+    f = Forker(str(tmp_path_factory.mktemp("forker")), own_data_env())
+    yield f
+    f.close()

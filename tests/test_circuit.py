@@ -8,13 +8,13 @@ but a span's ignored, and a model whose MLP is zeroed, where the direct path is
 the only path and cutting it into all three inputs is removing the head.
 """
 
-import copy
 import dataclasses
 import json
 
 import numpy as np
 import pytest
 import torch
+from conftest import heads_zeroed
 
 import heads
 from data.text import prepare_text
@@ -39,15 +39,6 @@ def tiny_model(**overrides):
     return model.eval()
 
 
-def without_head(model, layer, head):
-    """A copy of the model with the head's columns of c_proj's weight zeroed."""
-    edited = copy.deepcopy(model)
-    hs = model.config.n_embd // model.config.n_head
-    with torch.no_grad():
-        edited.transformer.h[layer].attn.c_proj.weight[:, head * hs : (head + 1) * hs] = 0
-    return edited
-
-
 def test_copy_losses_are_the_model_losses_on_each_half():
     model = tiny_model()
     idx, L = head_measures.probe_tokens(model.config, SEED)
@@ -69,7 +60,7 @@ def test_knockouts_equal_the_head_removed_by_editing_weights():
     base = head_measures.induction_scores(model, SEED)["induction"]
     np.testing.assert_allclose(found["baseline"]["induction"], base)
     for layer, head in [(0, 1), (1, 3)]:
-        edited = without_head(model, layer, head)
+        edited = heads_zeroed(model, [(layer, head)])
         scores = head_measures.induction_scores(edited, SEED)["induction"]
         np.testing.assert_allclose(found["induction"][layer, head], scores, atol=1e-6)
         repeated = head_measures.copy_losses(edited, SEED)[1]

@@ -17,9 +17,8 @@ import pytest
 import torch
 
 # pytest puts tests/ on the path: train.py's tiny settings, the server helpers
-from conftest import read_log, tiny_run
+from conftest import read_log, run_in_process, tiny_run
 from test_explore import request, serve
-from test_train import run_in_process
 
 from experiments import head_timeline
 from explorer.live import open_model

@@ -15,7 +15,7 @@ import types
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import child_env, read_log, tiny_run, torchrun, train_step
+from conftest import child_env, read_log, tiny_run, tiny_settings, torchrun, train_step
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -33,7 +33,7 @@ from support.configurator import parse_settings
 from support.engine import compiled_decoder, generate_compiled
 from support.mfu import estimate_mfu, flops_per_token
 from support.optim import get_lr, make_optimizers
-from support.settings import Settings, model_args
+from support.settings import model_args
 
 REPO = os.path.dirname(os.path.abspath(train.__file__))
 META = torch.device("meta")
@@ -652,15 +652,8 @@ def test_compiled_decoder_records_a_cuda_graph():
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_a_training_step_on_cuda_matches_the_cpu(optimizer, float32_cuda_matmuls):
     def run(device):
-        cfg = Settings(
-            n_layer=2,
-            n_head=2,
-            n_embd=32,
-            block_size=16,
-            batch_size=4,
-            gradient_accumulation_steps=2,
-            dropout=0.0,
-            optimizer=optimizer,
+        cfg = tiny_settings(
+            block_size=16, batch_size=4, gradient_accumulation_steps=2, optimizer=optimizer
         )
         torch.manual_seed(0)
         raw = GPT(GPTConfig(**model_args(cfg, 37))).to(device)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import heads_zeroed
 
 import heads
 import train
@@ -352,16 +353,6 @@ def test_val_loss_is_the_loss_of_record(tiny):
     assert got == pytest.approx(train.full_val_loss(r), abs=1e-5)
 
 
-def without_columns(model, heads_to_zero):
-    """A copy of the model whose c_proj ignores those heads: their input columns zeroed."""
-    copy_ = copy.deepcopy(model)
-    hs = model.config.n_embd // model.config.n_head
-    with torch.no_grad():
-        for layer, head in heads_to_zero:
-            copy_.transformer.h[layer].attn.c_proj.weight[:, head * hs : (head + 1) * hs] = 0
-    return copy_
-
-
 def test_ablation_equals_zeroed_weight_columns(tiny):
     model, data, B = tiny["model"], tiny["data"], tiny["config"].block_size
     spans = head_measures.windows(len(data), B)
@@ -369,14 +360,14 @@ def test_ablation_equals_zeroed_weight_columns(tiny):
     base = loss_by_window(model, data, B)
     assert result["baseline_loss"] == pytest.approx(base, abs=1e-5)
     for layer, head in [(0, 1), (1, 3)]:
-        by_hand = loss_by_window(without_columns(model, [(layer, head)]), data, B) - base
+        by_hand = loss_by_window(heads_zeroed(model, [(layer, head)]), data, B) - base
         assert abs(by_hand) > 1e-3  # the head matters, so the comparison means something
         assert result["head_nats"][layer, head] == pytest.approx(by_hand, abs=1e-5)
-    whole = loss_by_window(without_columns(model, [(1, h) for h in range(4)]), data, B) - base
+    whole = loss_by_window(heads_zeroed(model, [(1, h) for h in range(4)]), data, B) - base
     assert result["layer_nats"][1] == pytest.approx(whole, abs=1e-5)
     # the pruning candidates, removed together
     assert result["pruned"] == [lh for lh in np.ndindex(2, 4) if result["head_nats"][lh] < 0.05]
-    together = loss_by_window(without_columns(model, result["pruned"]), data, B)
+    together = loss_by_window(heads_zeroed(model, result["pruned"]), data, B)
     assert result["pruned_loss"] == pytest.approx(together, abs=1e-5)
     # the hooks are gone afterwards
     assert head_measures.val_loss(model, data, spans, 16) == pytest.approx(base, abs=1e-5)
@@ -393,7 +384,7 @@ def test_ablation_with_grouped_query_heads(tiny):
     base = head_measures.val_loss(model, data, spans, 8)
     with head_measures.ablated(model, [(0, 3)]):
         got = head_measures.val_loss(model, data, spans, 8) - base
-    expected = head_measures.val_loss(without_columns(model, [(0, 3)]), data, spans, 8) - base
+    expected = head_measures.val_loss(heads_zeroed(model, [(0, 3)]), data, spans, 8) - base
     assert abs(expected) > 1e-4 and got == pytest.approx(expected, abs=1e-5)
 
 
@@ -477,20 +468,6 @@ def test_command_writes_the_report(ckpt_dir, tiny, capsys):
     assert [h["rank"] for h in ranked] == list(range(1, 9))
     assert all(a["ablation_nats"] >= b["ablation_nats"] for a, b in zip(ranked, ranked[1:]))
     assert "Pruning the" in out and f"{rep['pruned_loss']:.4f}" in out
-
-
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (["--max_windows=-1"], "--max_windows"),
-        (["--max_windos=3"], "did you mean 'max_windows'"),
-        (["--dataset=nothing-here"], "unknown dataset 'nothing-here'"),
-    ],
-)
-def test_bad_input_is_one_line(ckpt_dir, capsys, argv, message):
-    assert heads.run([f"--out_dir={ckpt_dir}", *argv]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and "\n" not in err and message in err, err
 
 
 def test_no_checkpoint_and_a_dataset_of_another_tokenizer(ckpt_dir, tiny, tmp_path, capsys):

@@ -3,7 +3,6 @@ blockwise on one device, and the ring over 2 and 4 CPU processes joined by gloo,
 forward and backward, with and without grouped-query attention, contiguous and
 zigzag, pieces that are not a multiple of the block."""
 
-import datetime
 import os
 import time
 
@@ -13,6 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from model import attention, causal_mask
+from support.distributed import join_forked
 from support.ring_attention import (
     Ring,
     blockwise_attention,
@@ -111,14 +111,7 @@ def test_causal_skipping_and_balance(zigzag):
 
 
 def worker(rank, size, init_file, cases, out_dir):
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=size,
-        timeout=datetime.timedelta(seconds=60),
-    )
+    join_forked(rank, size, init_file, timeout_s=60)
     try:
         results = {}
         pairs_of_two = [dist.new_group([0, 1]), dist.new_group([2, 3])] if size == 4 else None

@@ -19,8 +19,7 @@ import pytest
 import torch
 
 # pytest puts tests/ on the path: train.py's tiny settings and its helpers
-from conftest import ctrl_c_reaches_it, read_log, tiny_run
-from test_train import run_in_process
+from conftest import ctrl_c_reaches_it, read_log, run_in_process, tiny_run
 
 from experiments import head_timeline
 from support import head_measures, timeline

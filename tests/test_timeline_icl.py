@@ -14,8 +14,7 @@ import pytest
 import torch
 
 # pytest puts tests/ on the path: train.py's tiny settings and its helpers
-from conftest import read_log, tiny_run
-from test_train import run_in_process
+from conftest import read_log, run_in_process, tiny_run
 
 from data.dataset import ensure_dataset, load_meta, load_tokens
 from data.induction import LETTERS, LINE, LONGEST, induction_text

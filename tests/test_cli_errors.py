@@ -1,0 +1,194 @@
+"""Bad input through the command lines (train.py, sample.py, data/prepare.py): one
+line each, with its exit code, and nothing written; and train.py's settings on
+random command lines raise only its own one-line errors. docs/reliability.md
+lists what each test proves.
+"""
+
+import dataclasses
+import os
+
+import pytest
+import torch
+from conftest import error_line, small_run
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import train
+from support.configurator import ConfigError
+
+# -----------------------------------------------------------------------------
+# Bad input through the command lines: one line each, and nothing written
+
+NO_GPU = "this machine has a GPU" if torch.cuda.is_available() else None
+
+# script -> {name: (argv, what the line must say)}; {hf} is the GPT-2 folder,
+# {scratch} a folder for this table. train.py gets a tiny valid setup first, and
+# sample.py, heads.py and explore.py a trained checkpoint, so each row tests one thing.
+BAD_INPUT = {
+    "train.py": {
+        "unknown key": (["--batch_sze=3"], ["unknown config key", "'batch_size'"]),
+        "wrong type": (["--batch_size=abc"], ["batch_size expects int", "abc"]),
+        "not a boolean": (["--bias=maybe"], ["bias expects bool"]),
+        "n_layer=0": (["--n_layer=0"], ["n_layer must be a positive integer"]),
+        "batch_size=0": (["--batch_size=0"], ["batch_size must be a positive integer"]),
+        "block_size=-1": (["--block_size=-1"], ["block_size must be a positive integer"]),
+        "max_iters=-5": (["--max_iters=-5"], ["max_iters must be", ">= 0"]),
+        "negative learning_rate": (["--learning_rate=-1e-3"], ["learning_rate must be"]),
+        "infinite learning_rate": (["--learning_rate=1e999"], ["learning_rate must be a finite"]),
+        "beta2=1": (["--beta2=1.0"], ["beta2 must be in [0, 1)"]),
+        "dropout=1.5": (["--dropout=1.5"], ["dropout must be in [0, 1)"]),
+        "n_embd not divisible by n_head": (
+            ["--n_embd=30", "--n_head=4"],
+            ["n_embd (30) must be divisible by n_head (4)"],
+        ),
+        "seed past 64 bits": ([f"--seed={2**64}"], ["seed must fit"]),
+        "block_size above the pretrained model's": (
+            ["--dataset=small_gpt2", "--init_from={hf}", "--block_size=64"],
+            ["block_size 64 is larger than the pretrained model's 32"],
+        ),
+        "unknown dataset": (
+            ["--dataset=no_such_data"],
+            ["unknown dataset 'no_such_data'", "data/prepare.py"],
+        ),
+        "dataset smaller than one block": (
+            ["--dataset=tiny"],
+            ["val split", "has 3 tokens", "block_size + 1 = 17"],
+        ),
+        "float16 on a CPU": (["--dtype=float16"], ["float16 training needs CUDA"]),
+        "--device=cuda without a GPU": (["--device=cuda"], ["no CUDA GPU is available"]),
+        "out_dir is a file": (["--out_dir={scratch}/a_file"], ["cannot write into out_dir"]),
+        "config file that raises": (
+            ["{scratch}/raises.py"],
+            ["error in config file", "ZeroDivisionError"],
+        ),
+        "missing config file": (["config/no_such_file.py"], ["config file not found"]),
+        "resume without a checkpoint": (["--init_from=resume"], ["no checkpoint at"]),
+    },
+    "sample.py": {
+        "sample: unknown option": (["--temprature=0.5"], ["did you mean 'temperature'"]),
+        "sample: wrong type": (["--max_new_tokens=many"], ["max_new_tokens expects int"]),
+        "sample: max_new_tokens=0": (["--max_new_tokens=0"], ["--max_new_tokens must be"]),
+        "sample: num_samples=-1": (["--num_samples=-1"], ["--num_samples must be"]),
+        "sample: top_p=1.5": (["--top_p=1.5"], ["--top_p must be in (0, 1]"]),
+        "sample: character outside the vocabulary": (
+            ["--prompt=ROMEO \u2603"],
+            ["'\u2603'", "not in the vocabulary"],
+        ),
+        "sample: prompt file not UTF-8": (["--prompt=FILE:{scratch}/bytes"], ["UTF-8"]),
+        "sample: --device=cuda without a GPU": (["--device=cuda"], ["no CUDA GPU"]),
+        "sample: init_from nowhere": (["--init_from=/no/such/folder"], ["no such file or folder"]),
+    },
+    "heads.py": {
+        "heads: max_windows=-1": (["--max_windows=-1"], ["--max_windows"]),
+        "heads: misspelt option": (["--max_windos=3"], ["did you mean 'max_windows'"]),
+        "heads: unknown dataset": (["--dataset=nothing-here"], ["unknown dataset 'nothing-here'"]),
+    },
+    "explore.py": {
+        "explore: port=70000": (["--port=70000"], ["--port"]),
+        "explore: out_dir nowhere": (["--out_dir=/nonexistent/folder"], ["/nonexistent/folder"]),
+        "explore: misspelt option": (["--prot=8000"], ["did you mean 'port'"]),
+    },
+    "data/prepare.py": {
+        "prepare: too little text": (
+            ["{scratch}/one.txt", "--data_root", "{scratch}"],
+            ["too few to split"],
+        ),
+    },
+}
+# bad input exits 2; prepare's row is a run that failed (a text too short to split), 1
+EXIT_CODE = {"train.py": 2, "sample.py": 2, "heads.py": 2, "explore.py": 2, "data/prepare.py": 1}
+# name -> the script of its row, in the table's order
+SCRIPT = {name: script for script, rows in BAD_INPUT.items() for name in rows}
+NEEDS_NO_GPU = {"--device=cuda without a GPU", "sample: --device=cuda without a GPU"}
+
+
+@pytest.fixture(scope="module")
+def bad_runs(forker, inputs):
+    scratch = os.path.join(inputs["root"], "bad-input")
+    os.makedirs(scratch)
+    for name, data in (
+        ("a_file", b"not a folder"),
+        ("raises.py", b"batch_size = 1 // 0\n"),
+        ("bytes", b"\xff\xfe\x00 not text"),
+        ("one.txt", b"x"),
+    ):
+        with open(os.path.join(scratch, name), "wb") as f:
+            f.write(data)
+    jobs = {}
+    for k, (name, script) in enumerate(SCRIPT.items()):
+        argv, _ = BAD_INPUT[script][name]
+        argv = [a.format(hf=inputs["hf"], scratch=scratch) for a in argv]
+        if script == "train.py":
+            argv = small_run(inputs, os.path.join(scratch, f"out{k}")) + argv
+        elif script == "sample.py":
+            argv = [f"--out_dir={inputs['ckpt']}", "--attn_dir", "", "--max_new_tokens=3"] + argv
+        elif script in ("heads.py", "explore.py"):
+            argv = [f"--out_dir={inputs['ckpt']}"] + argv
+        # a command that does not stop (explore.py serving, say) is killed, and fails its row
+        jobs[name] = (script, argv, {"delay": 120})
+    before = sorted(os.listdir(scratch))
+    results = dict(zip(jobs, forker.run(list(jobs.values()), workers=3)))
+    return {"results": results, "before": before, "after": sorted(os.listdir(scratch))}
+
+
+@pytest.mark.parametrize("name", list(SCRIPT))
+def test_bad_input_is_one_line(bad_runs, name):
+    if name in NEEDS_NO_GPU and NO_GPU:
+        pytest.skip(NO_GPU)
+    script = SCRIPT[name]
+    _, needles = BAD_INPUT[script][name]
+    proc = bad_runs["results"][name]
+    line = error_line(proc)
+    assert proc.returncode == EXIT_CODE[script], line
+    for needle in needles:
+        assert needle in line, line
+    assert bad_runs["after"] == bad_runs["before"]  # no output folder, checkpoint or dataset made
+
+
+# -----------------------------------------------------------------------------
+# train.py's settings: random command lines give its own errors or a usable config
+
+KEYS = sorted(field.name for field in dataclasses.fields(train.Settings))
+VALUES = st.one_of(
+    st.integers(-3, 2**65),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=8),
+    st.sampled_from(
+        [
+            "[1]",
+            "(1, 2)",
+            "{}",
+            "1e999",
+            "-0",
+            "nan",
+            "'x'",
+            "None",
+            "__import__('os').getcwd()",
+            "gpt2",
+            "resume",
+            "cuda",
+        ]
+    ),
+)
+ARG = st.one_of(
+    st.builds(lambda k, v: f"--{k}={v}", st.sampled_from(KEYS), VALUES),
+    st.builds(lambda k: f"--{k}", st.sampled_from(KEYS)),
+    st.builds(lambda s: "--" + s, st.text(max_size=10)),
+    st.text(max_size=10),  # a config file path, almost surely missing
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(ARG, max_size=6))
+def test_train_settings_raise_only_user_errors(argv):
+    argv = [a for a in argv if a.startswith("--") or not os.path.exists(a)]  # never run a real file
+    try:
+        cfg = train.get_config(argv)
+    except (ConfigError, ValueError) as e:  # what train.py prints as one line
+        assert str(e) and "\n" not in str(e)
+        return
+    for field in dataclasses.fields(cfg):
+        if field.default is not None:
+            assert type(getattr(cfg, field.name)) is type(field.default), field.name

@@ -1,0 +1,298 @@
+"""train.py's checkpoints: what one holds, resuming that repeats the uninterrupted
+run exactly, a save or a run that fails leaving the last good one, and stopping by a
+signal or max_time at any moment, even inside an evaluation or between micro-steps."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import (
+    child_env,
+    file_hash,
+    losses,
+    read_log,
+    run_in_process,
+    signal_when_training,
+    start_training,
+    tiny_run,
+)
+
+import train
+from model import GPT
+from support.checkpoint import load_checkpoint
+
+REPO = os.path.dirname(os.path.abspath(train.__file__))
+
+
+# -----------------------------------------------------------------------------
+# Exact resume, and what a checkpoint holds
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_resume_repeats_the_uninterrupted_run(data_root, tmp_path, optimizer):
+    common = [
+        f"--optimizer={optimizer}",
+        "--eval_interval=4",
+        "--lr_decay_iters=16",
+        "--dropout=0.1",
+    ]
+    a, b = tmp_path / "a", tmp_path / "b"
+    run_in_process(tiny_run(data_root, a, *common, "--max_iters=16"))
+    run_in_process(tiny_run(data_root, b, *common, "--max_iters=8"))
+    assert load_checkpoint(str(b))["iter_num"] == 8
+    run_in_process(tiny_run(data_root, b, *common, "--max_iters=16", "--init_from=resume"))
+
+    log_a, log_b = read_log(a), read_log(b)
+    assert [r["iter"] for r in log_a] == [0, 4, 8, 12, 16]
+    assert losses(log_a) == losses(log_b)  # exact, not approximate
+    ca, cb = load_checkpoint(str(a)), load_checkpoint(str(b))
+    assert ca["iter_num"] == cb["iter_num"] == 16
+    for key in ca["model"]:
+        assert torch.equal(ca["model"][key], cb["model"][key]), key
+    assert torch.equal(ca["data"]["generator"], cb["data"]["generator"])
+    assert torch.equal(ca["rng"]["cpu"], cb["rng"]["cpu"])
+
+
+def test_checkpoint_holds_plain_data_only(data_root, tmp_path):
+    out = tmp_path / "out"
+    for _ in range(2):  # the second run from scratch starts the log afresh
+        run_in_process(tiny_run(data_root, out, "--max_iters=2", "--eval_interval=2"))
+    assert [rec["iter"] for rec in read_log(out)] == [0, 2]
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)  # refuses anything but plain data
+    assert {
+        "model",
+        "optimizer",
+        "model_args",
+        "iter_num",
+        "best_val_loss",
+        "config",
+        "tokenizer",
+        "dataset",
+        "rng",
+        "data",
+    } <= set(ckpt)
+    assert ckpt["tokenizer"]["kind"] == "char" and ckpt["dataset"] == "shakespeare_char"
+    assert ckpt["config"]["n_embd"] == 32 and ckpt["model_args"]["vocab_size"] == 65
+    assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
+
+    # --eval_only evaluates the checkpoint (here over the whole val split too) and leaves it alone
+    before = file_hash(out / "ckpt.pt")
+    run_in_process(
+        tiny_run(
+            data_root,
+            out,
+            "--max_iters=2",
+            "--init_from=resume",
+            "--eval_only=True",
+            "--eval_full_val=True",
+        )
+    )
+    last = read_log(out)[-1]
+    assert last["iter"] == 2 and last["val_loss_full"] > 0
+    assert file_hash(out / "ckpt.pt") == before
+
+
+# -----------------------------------------------------------------------------
+# A save cut short or failed, and divergence: the last checkpoint is kept
+
+
+KILLED_CHILD = """
+import os, sys, time
+import torch
+import train
+
+def stuck_save(obj, f, *args, **kwargs):
+    f.write(b"PK\\x03\\x04 a checkpoint that never gets finished")
+    f.flush()
+    open(sys.argv[1], "w").close()  # tell the parent we are inside the write
+    time.sleep(120)
+
+torch.save = stuck_save
+train.main(sys.argv[2:])
+"""
+
+
+def test_kill_during_save_keeps_previous_checkpoint(data_root, tmp_path):
+    out = tmp_path / "out"
+    base = tiny_run(data_root, out, "--eval_interval=2", "--always_save_checkpoint=True")
+    run_in_process(base + ["--max_iters=4"])
+    before = file_hash(out / "ckpt.pt")
+
+    marker = tmp_path / "writing"
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            KILLED_CHILD,
+            str(marker),
+            *base,
+            "--max_iters=8",
+            "--init_from=resume",
+        ],
+        cwd=REPO,
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + 90
+        while not marker.exists() and child.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), "the child never reached the checkpoint write"
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == -signal.SIGKILL
+    assert file_hash(out / "ckpt.pt") == before
+    assert load_checkpoint(str(out))["iter_num"] == 4
+
+
+def test_divergence_stops_without_touching_the_checkpoint(data_root, tmp_path, capsys):
+    out = tmp_path / "out"
+    run_in_process(tiny_run(data_root, out, "--max_iters=4", "--eval_interval=2"))
+    before = file_hash(out / "ckpt.pt")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        run_in_process(
+            tiny_run(
+                data_root,
+                out,
+                "--max_iters=200",
+                "--eval_interval=1000",
+                "--init_from=resume",
+                "--learning_rate=1e6",
+                "--decay_lr=False",
+                "--grad_clip=0",
+            )
+        )
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    line = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(line) == 1 and "diverged" in line[0] and "learning_rate" in line[0], err
+    assert file_hash(out / "ckpt.pt") == before
+
+
+def test_failed_save_stops_with_one_line(data_root, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    run_in_process(tiny_run(data_root, out, "--max_iters=2", "--eval_interval=2"))
+    before = file_hash(out / "ckpt.pt")
+
+    def disk_full(obj, f, *a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        run_in_process(
+            tiny_run(data_root, out, "--max_iters=4", "--eval_interval=2", "--init_from=resume")
+        )
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith("error: could not write checkpoint") and "No space left" in err
+    assert file_hash(out / "ckpt.pt") == before
+
+
+# -----------------------------------------------------------------------------
+# Stopping: signals and max_time, at any moment, and resuming exactly after
+
+
+def test_sigterm_saves_and_resume_continues_exactly(data_root, tmp_path):
+    out = tmp_path / "out"
+    base = tiny_run(data_root, out, "--eval_interval=1000", "--lr_decay_iters=1000")
+    child = start_training([*base, "--max_iters=100000"])
+    stdout, stderr = signal_when_training(child, out, signal.SIGTERM)
+    assert child.returncode == 0, stderr
+    stopped = load_checkpoint(str(out))["iter_num"]
+    assert stopped >= 1 and f"stopped by SIGTERM at iter {stopped}" in stdout
+
+    run_in_process(base + [f"--max_iters={stopped + 3}", "--init_from=resume"])
+    straight = tmp_path / "straight"
+    run_in_process(
+        tiny_run(
+            data_root,
+            straight,
+            "--eval_interval=1000",
+            "--lr_decay_iters=1000",
+            f"--max_iters={stopped + 3}",
+        )
+    )
+    resumed, reference = load_checkpoint(str(out)), load_checkpoint(str(straight))
+    assert resumed["iter_num"] == reference["iter_num"] == stopped + 3
+    for key in reference["model"]:
+        assert torch.equal(resumed["model"][key], reference["model"][key]), key
+
+
+def test_max_time_stops_evaluates_and_saves(data_root, tmp_path, capsys):
+    out = tmp_path / "out"
+    run_in_process(
+        tiny_run(data_root, out, "--max_iters=1000000", "--eval_interval=1000000", "--max_time=1.0")
+    )
+    last = read_log(out)[-1]
+    ckpt = load_checkpoint(str(out))
+    assert 0 < ckpt["iter_num"] == last["iter"] < 1000000
+    assert last["elapsed_s"] >= 1.0
+    assert "max_time" in capsys.readouterr().out
+
+
+def test_stop_during_a_later_evaluation_saves_and_resumes_exactly(
+    data_root, tmp_path, monkeypatch, capsys
+):
+    base = ["--eval_interval=5", "--lr_decay_iters=20", "--dropout=0.1"]
+    straight = tmp_path / "straight"
+    run_in_process(tiny_run(data_root, straight, *base, "--max_iters=15"))
+    evaluate = train.estimate_loss
+
+    def signal_in_the_evaluation_at_iter_10(r, seed):
+        if seed == r.cfg.seed + 10:
+            os.kill(os.getpid(), signal.SIGTERM)  # handled at once, in this main thread
+        return evaluate(r, seed)
+
+    monkeypatch.setattr(train, "estimate_loss", signal_in_the_evaluation_at_iter_10)
+    out = tmp_path / "out"
+    run_in_process(tiny_run(data_root, out, *base, "--max_iters=15"))
+    assert "stopped by SIGTERM at iter 10; saved" in capsys.readouterr().out
+    assert load_checkpoint(str(out))["iter_num"] == 10 and [r["iter"] for r in read_log(out)] == [
+        0,
+        5,
+    ]
+    monkeypatch.setattr(train, "estimate_loss", evaluate)
+    run_in_process(tiny_run(data_root, out, *base, "--max_iters=15", "--init_from=resume"))
+    assert losses(read_log(out)) == losses(read_log(straight))  # the iter-10 evaluation was redone
+    a, b = load_checkpoint(str(out)), load_checkpoint(str(straight))
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+
+
+def test_stop_between_micro_steps_undoes_the_step(data_root, tmp_path, monkeypatch, capsys):
+    base = [
+        "--gradient_accumulation_steps=4",
+        "--eval_interval=100",
+        "--lr_decay_iters=20",
+        "--dropout=0.1",
+    ]
+    straight = tmp_path / "straight"
+    run_in_process(tiny_run(data_root, straight, *base, "--max_iters=6"))
+    forward, calls = GPT.forward, []
+
+    def signal_in_the_second_micro_step_of_iter_3(model, *a, **kw):
+        if model.training:
+            calls.append(1)
+            if len(calls) == 3 * 4 + 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return forward(model, *a, **kw)
+
+    monkeypatch.setattr(GPT, "forward", signal_in_the_second_micro_step_of_iter_3)
+    out = tmp_path / "out"
+    run_in_process(tiny_run(data_root, out, *base, "--max_iters=6"))
+    assert "stopped by SIGTERM at iter 3; saved" in capsys.readouterr().out
+    monkeypatch.setattr(GPT, "forward", forward)
+    assert load_checkpoint(str(out))["iter_num"] == 3
+    run_in_process(tiny_run(data_root, out, *base, "--max_iters=6", "--init_from=resume"))
+    a, b = load_checkpoint(str(out)), load_checkpoint(str(straight))
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    assert torch.equal(a["data"]["generator"], b["data"]["generator"])
