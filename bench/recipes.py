@@ -36,6 +36,7 @@ class Settings(common.Settings):
     # > 0: the good model against the baby GPT for this many minutes of training each
     minutes: float = 0.0
     png: str = ""  # with --minutes: where to draw the two val-loss curves
+    keep: str = ""  # with --minutes: keep each run's folder (checkpoint, log) under this one
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -310,8 +311,9 @@ def loss_at(curve, seconds):
     return earlier[-1]
 
 
-def bench_budget(log, minutes, recipes=BUDGET_RECIPES, data_root=None):
-    """Each recipe for the same minutes of training, one after the other."""
+def bench_budget(log, minutes, recipes=BUDGET_RECIPES, data_root=None, keep=""):
+    """Each recipe for the same minutes of training, one after the other; their
+    folders under `keep`, or in a temporary one."""
     from data.dataset import ensure_dataset
 
     ensure_dataset("shakespeare_char", data_root)
@@ -319,9 +321,9 @@ def bench_budget(log, minutes, recipes=BUDGET_RECIPES, data_root=None):
     with tempfile.TemporaryDirectory() as tmp:
         for name, config, args in recipes:
             log(f"recipes: {config} for {minutes:g} minutes of training ...")
-            out_dir = os.path.join(tmp, f"{len(rows)}")
+            out_dir = os.path.join(keep or tmp, os.path.splitext(os.path.basename(config))[0])
             row = budget_run(config, minutes, out_dir, data_root, args)
-            rows.append(dict(recipe=name, **row))
+            rows.append(dict(recipe=name, out_dir=out_dir, **row))
     return rows
 
 
@@ -371,7 +373,15 @@ def plot_budget(rows, png):
         losses = [loss for _, loss in r["curve"]]
         ax.plot(minutes, losses, marker=".", label=f"{r['recipe']} ({r['val_loss_full']:.3f})")
     ax.axhline(GPU_RESULT, color="gray", linestyle="--", linewidth=1)
-    ax.text(0.2, GPU_RESULT - 0.06, f"nanoGPT's A100 result, {GPU_RESULT}", color="gray")
+    # x in axes fractions, y in losses: the label sits under the line whatever the minutes
+    where = ax.get_yaxis_transform()
+    ax.text(
+        0.02,
+        GPU_RESULT - 0.06,
+        f"nanoGPT's A100 result, {GPU_RESULT}",
+        color="gray",
+        transform=where,
+    )
     ax.set_ylim(1.3, 3.0)
     ax.set_xlabel("minutes of training (evaluations not counted)")
     ax.set_ylabel("val loss")
@@ -391,7 +401,13 @@ def budget_section(args, log):
     folder = os.path.dirname(os.path.abspath(args.png or "."))
     if not os.access(folder, os.W_OK):
         raise common.BenchError(f"cannot write --png={args.png}: pass a path in a writable folder")
-    rows = bench_budget(log, args.minutes)
+    try:
+        os.makedirs(args.keep or ".", exist_ok=True)
+    except OSError as e:
+        raise common.BenchError(
+            f"cannot make --keep={args.keep} ({e.strerror}); pass a writable path"
+        )
+    rows = bench_budget(log, args.minutes, keep=args.keep)
     if args.png:
         plot_budget(rows, args.png)
     return dict(budget=rows), [budget_table(rows, args.minutes)], []

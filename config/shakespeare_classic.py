@@ -23,6 +23,7 @@ n_layer = 6
 n_head = 6
 n_embd = 384
 dropout = 0.2
+bias = False  # nanoGPT's train.py default (our settings default to GPT-2's biases)
 
 learning_rate = 1e-3  # a small model tolerates a larger step
 max_iters = 5000

@@ -19,6 +19,7 @@ n_layer = 4
 n_head = 4
 n_embd = 128
 dropout = 0.0
+bias = False  # nanoGPT's train.py default (our settings default to GPT-2's biases)
 
 learning_rate = 1e-3
 max_iters = 2000

@@ -57,7 +57,8 @@ def test_same_minutes_of_training_each(tmp_path, data_root):
         )
         configs.append((name, str(path), []))
     minutes = 0.03  # 1.8 s
-    rows = recipes.bench_budget(lambda msg: None, minutes, configs, data_root)
+    keep = str(tmp_path / "runs")
+    rows = recipes.bench_budget(lambda msg: None, minutes, configs, data_root, keep)
     assert [r["recipe"] for r in rows] == ["slow", "fast"]
     for r in rows:
         assert 0 < r["iters"] < 1000000
@@ -65,6 +66,7 @@ def test_same_minutes_of_training_each(tmp_path, data_root):
         times = [t for t, _ in r["curve"]]
         assert times == sorted(times) and len(times) >= 2
         assert r["device"].startswith("cpu, float32")
+        assert os.path.isfile(os.path.join(keep, r["recipe"], "ckpt.pt"))  # kept, to sample from
         assert recipes.loss_at(r["curve"], r["training_s"]) == r["curve"][-1][1]
     table = recipes.budget_table(rows, minutes)
     assert "val at 0.03 min" in table and f"**{rows[1]['val_loss_full']:.4f}**" in table
@@ -79,6 +81,7 @@ def test_same_minutes_of_training_each(tmp_path, data_root):
     [
         (["--minutes=-1"], "--minutes must be 0 or more, got -1"),
         (["--minutes=1", "--png=/nonexistent/c.png"], "cannot write --png=/nonexistent/c.png"),
+        (["--minutes=1", "--keep=/proc/runs"], "cannot make --keep=/proc/runs"),
     ],
 )
 def test_bad_minutes_are_one_line(repo_root, args, message):
