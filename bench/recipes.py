@@ -400,17 +400,19 @@ def plot_budget(rows, png):
 
 
 def budget_section(args, log):
+    """The --minutes comparison, for common.run; --png and --keep checked before
+    half an hour of training, not after."""
     if args.device == "cuda":
         raise common.BenchError("--minutes compares CPU training recipes; drop --device=cuda")
-    folder = os.path.dirname(os.path.abspath(args.png or "."))
-    if not os.access(folder, os.W_OK):
+    if args.png and not os.access(os.path.dirname(os.path.abspath(args.png)), os.W_OK):
         raise common.BenchError(f"cannot write --png={args.png}: pass a path in a writable folder")
-    try:
-        os.makedirs(args.keep or ".", exist_ok=True)
-    except OSError as e:
-        raise common.BenchError(
-            f"cannot make --keep={args.keep} ({e.strerror}); pass a writable path"
-        )
+    if args.keep:
+        try:
+            os.makedirs(args.keep, exist_ok=True)
+        except OSError as e:
+            raise common.BenchError(
+                f"cannot make --keep={args.keep} ({e.strerror}); pass a writable path"
+            ) from None
     rows = bench_budget(log, args.minutes, keep=args.keep)
     if args.png:
         plot_budget(rows, args.png)
