@@ -42,8 +42,12 @@ def check(cfg, world):
     if p == 1:
         return
     check_length(cfg.block_size, p, layout == "zigzag")
-    if cfg.dropout > 0:
-        raise ValueError("context parallelism has no attention dropout; use --dropout=0")
+    attn_dropout = cfg.dropout if cfg.attn_dropout is None else cfg.attn_dropout
+    if attn_dropout > 0:
+        raise ValueError(
+            "context parallelism has no attention dropout; use --attn_dropout=0 "
+            "(--dropout on the residual stream alone is allowed)"
+        )
     if cfg.compile:
         raise ValueError(
             "context parallelism runs uncompiled (the ring's transfers are not traced); "

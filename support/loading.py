@@ -64,7 +64,7 @@ def training_model(cfg, meta):
     for train.py's init_from: 'scratch', 'resume' (out_dir's checkpoint), or
     GPT-2's weights."""
     init, ckpt = cfg.init_from, None
-    run_choices = dict(dropout=cfg.dropout, fused=cfg.fused)
+    run_choices = dict(dropout=cfg.dropout, attn_dropout=cfg.attn_dropout, fused=cfg.fused)
     if init == "scratch":
         model = GPT(GPTConfig(**model_args(cfg, meta["vocab_size"])))
     elif init == "resume":

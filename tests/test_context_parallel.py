@@ -69,7 +69,7 @@ def test_sequence_split_over_two_processes_trains_as_one(data_root, tmp_path, pr
             ["--context_parallel=2", "--block_size=31", "--context_parallel_layout=contiguous"],
             ["31 tokens", "2 equal"],
         ),
-        (2, ["--context_parallel=2", "--dropout=0.1"], ["dropout=0"]),
+        (2, ["--context_parallel=2", "--dropout=0.1"], ["--attn_dropout=0"]),
         (2, ["--context_parallel=2", "--compile=True"], ["compile=False"]),
         (
             2,

@@ -2,6 +2,7 @@
 literature, PyTorch's scaled_dot_product_attention, and Hugging Face GPT-2."""
 
 import ast
+import dataclasses
 import math
 import os
 import re
@@ -23,6 +24,7 @@ from model import (
 )
 from support import engine
 from support.engine import compiled_decoder, generate_compiled
+from support.loading import from_checkpoint
 from support.mfu import estimate_mfu
 from support.optim import configure_optimizers
 
@@ -355,12 +357,48 @@ def test_too_long_input_and_cache_overflow_raise():
         (dict(n_layer=0), "n_layer must be a positive integer"),
         (dict(block_size=-4), "block_size must be a positive integer"),
         (dict(dropout=1.5), "dropout"),
+        (dict(attn_dropout=-0.1), "attn_dropout must be in"),
+        (dict(attn_dropout="0.1"), "attn_dropout must be a number"),
         (dict(activation="swish"), "activation"),
     ],
 )
 def test_config_validation(bad, match):
     with pytest.raises(ValueError, match=match):
         tiny_config(**bad)
+
+
+def test_attention_dropout_apart_from_the_residual_dropout():
+    # nanoGPT's one dropout: the attention weights and the residual stream alike
+    model = tiny_model(dropout=0.2).train()
+    assert model.config.attn_dropout == 0.2
+    assert model.transformer.h[0].attn.dropout_p == 0.2
+    # attn_dropout=0: the attention itself is the plain causal softmax while training,
+    # against the fused kernel without dropout; the residual stream still drops
+    model = tiny_model(dropout=0.2, attn_dropout=0.0).train()
+    attn = model.transformer.h[0].attn
+    q, k, v = torch.randn(3, 2, 4, 16, 8).unbind(0)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(attn.attend(q, k, v, None, None, 0, None), expected)
+    assert attn.resid_dropout.p == 0.2
+    assert model.transformer.h[0].mlp.dropout.p == 0.2
+    # and the two dropouts' masks differ from one training forward to the next
+    x = torch.randint(0, 37, (2, 16))
+    assert not torch.equal(model(x)[0], model(x)[0])
+    model.eval()
+    torch.testing.assert_close(model(x)[0], model(x)[0], rtol=0, atol=0)
+
+
+def test_dropout_is_the_runs_choice_when_a_checkpoint_loads():
+    # a checkpoint's model_args hold the attention dropout it trained with; a run that
+    # loads it chooses both again (support/loading.py), None following --dropout
+    trained = tiny_model(dropout=0.2, attn_dropout=0.1)
+    ckpt = {"model_args": dataclasses.asdict(trained.config), "model": trained.state_dict()}
+    for attn_dropout, expected in ((None, 0.05), (0.0, 0.0)):
+        model = from_checkpoint(ckpt, "ckpt.pt", dropout=0.05, attn_dropout=attn_dropout)
+        assert model.config.attn_dropout == expected
+    # a checkpoint written before attn_dropout existed: the one dropout, as before
+    del ckpt["model_args"]["attn_dropout"]
+    assert from_checkpoint(ckpt, "ckpt.pt").config.attn_dropout == 0.2
 
 
 # ---------------------------------------------------------------------------
