@@ -7,9 +7,11 @@ import subprocess
 import sys
 
 import matplotlib.image
+import numpy as np
 import pytest
 
 from bench import recipes
+from data.dataset import load_meta
 from support.configurator import parse_settings
 from support.settings import Settings
 
@@ -94,3 +96,35 @@ def test_bad_minutes_are_one_line(repo_root, args, message):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1
     assert len(lines) == 1 and lines[0].startswith(f"bench.recipes: {message}")
+
+
+def test_the_holdout_split_is_cut_from_train_and_trains(repo_root, data_root, tmp_path):
+    """bench.holdout: the recipe's settings are chosen on the end of the train split;
+    its two files are exactly the train split cut in two, and train.py reads them."""
+    from bench import holdout
+
+    source = os.path.join(data_root, "shakespeare_char")
+    rc = holdout.main(["--out_root", str(tmp_path / "held"), "--dataset", "nope"])
+    assert rc == 1
+    out_dir = holdout.write_holdout(source, str(tmp_path / "held"))
+    assert os.path.basename(out_dir) == "shakespeare_char_holdout"
+    train = np.fromfile(os.path.join(source, "train.bin"), dtype=np.uint16)
+    held_train = np.fromfile(os.path.join(out_dir, "train.bin"), dtype=np.uint16)
+    held_val = np.fromfile(os.path.join(out_dir, "val.bin"), dtype=np.uint16)
+    assert np.array_equal(np.concatenate([held_train, held_val]), train)
+    assert len(held_val) == len(train) - int(len(train) * 0.9)
+    meta = load_meta(out_dir)
+    assert (meta["train_tokens"], meta["val_tokens"]) == (len(held_train), len(held_val))
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "train.py", "config/shakespeare_cpu_15min.py", *TINY]
+        + ["--max_iters=2", "--eval_interval=2", "--eval_iters=1", "--dtype=float32"]
+        + [f"--out_dir={out}", f"--data_root={tmp_path / 'held'}"]
+        + ["--dataset=shakespeare_char_holdout"],
+        cwd=repo_root,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "shakespeare_char_holdout" in proc.stdout
