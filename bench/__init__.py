@@ -7,7 +7,8 @@ machine in the same run? One benchmark per module, each runnable alone as
   generate      greedy decoding with the KV cache against HF generate and the no-cache path
   attention     explicit attention against F.scaled_dot_product_attention
   decode        CUDA only: GPT-2 124M decoding as a fraction of the memory-bandwidth limit
-  recipes       the CPU recipe against nanoGPT's CPU settings, trained to the end
+  recipes       the CPU recipes against nanoGPT's, trained to the end or for --minutes
+  holdout       not a benchmark: a split cut from train to choose a recipe's settings on
   long_context  sliding-window attention and the rolling KV cache against dense
   smoke_gpu     the first run on a GPU: every CUDA path, one line per step
   common        what they share: timing, Hugging Face conversion, tables, the command line
