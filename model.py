@@ -226,7 +226,7 @@ class MultiHeadAttention(nn.Module):
         self.attention = config.attention
         self.window = config.sliding_window
         self.sinks = config.sink_tokens
-        self.attn_dropout = config.attn_dropout
+        self.attn_dropout = config.dropout if config.attn_dropout is None else config.attn_dropout
         self.resid_dropout = nn.Dropout(config.dropout)
         # False: attention() itself on every path (section 1), slower and the same numbers
         self.use_fused = config.fused
@@ -370,9 +370,7 @@ class GPTConfig:
     n_head: int = 12
     n_embd: int = 768
     dropout: float = 0.0
-    # dropout on the attention weights; None: the same as dropout (nanoGPT, GPT-2). Where
-    # it is not 0 the fused kernel falls back to its slower path on the CPU (2x a step)
-    attn_dropout: float | None = None
+    attn_dropout: float | None = None  # on the attention weights; None: dropout's (nanoGPT)
     bias: bool = True  # biases in Linear and LayerNorm, as in GPT-2
     n_kv_head: int | None = None  # None: n_head (plain multi-head attention)
     # options for fast training runs; the defaults are GPT-2's own architecture
@@ -401,14 +399,8 @@ class GPTConfig:
             )
         if self.rope and (self.n_embd // self.n_head) % 2:
             raise ValueError("rope needs an even head size (n_embd / n_head)")
-        if self.attn_dropout is None:
-            self.attn_dropout = self.dropout
-        for name in ("dropout", "attn_dropout"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         for name, kinds in (
             ("activation", ("gelu", "relu2")),
             ("attention", ("softmax", "linear")),

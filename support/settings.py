@@ -145,6 +145,10 @@ def check(cfg):
         raise ValueError(f"seed must fit in a signed 64-bit integer, got {cfg.seed}")
     if cfg.ddp_timeout > 10**9:
         raise ValueError(f"ddp_timeout must be at most 1e9 seconds, got {cfg.ddp_timeout}")
+    attn_dropout = cfg.attn_dropout
+    numeric = isinstance(attn_dropout, (int, float)) and not isinstance(attn_dropout, bool)
+    if attn_dropout is not None and not (numeric and 0 <= attn_dropout < 1):
+        raise ValueError(f"attn_dropout must be None or in [0, 1), got {attn_dropout!r}")
     for key in ("beta1", "beta2"):
         value = getattr(cfg, key)
         if not 0 <= value < 1:

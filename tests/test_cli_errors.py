@@ -37,6 +37,8 @@ BAD_INPUT = {
         "infinite learning_rate": (["--learning_rate=1e999"], ["learning_rate must be a finite"]),
         "beta2=1": (["--beta2=1.0"], ["beta2 must be in [0, 1)"]),
         "dropout=1.5": (["--dropout=1.5"], ["dropout must be in [0, 1)"]),
+        "attn_dropout=2": (["--attn_dropout=2"], ["attn_dropout must be None or in [0, 1)"]),
+        "attn_dropout=abc": (["--attn_dropout=abc"], ["attn_dropout must be None or in"]),
         "n_embd not divisible by n_head": (
             ["--n_embd=30", "--n_head=4"],
             ["n_embd (30) must be divisible by n_head (4)"],
