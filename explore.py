@@ -16,6 +16,7 @@ folder gives the page a step slider. Ctrl-C stops it. Options are --key=value;
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import dataclasses
+import os
 import sys
 
 import torch
@@ -95,4 +96,11 @@ def run(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(run(sys.argv[1:]))
+    code = run(sys.argv[1:])
+    # A request's thread may still be inside torch (a generation, say). The
+    # interpreter's shutdown would stop that thread where it stands, and torch then
+    # aborts the process (pytorch#38228). The explorer has nothing to save, so the
+    # process ends here, its output flushed, without that shutdown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

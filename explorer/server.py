@@ -679,7 +679,8 @@ class Handler(BaseHTTPRequestHandler):
 
 class ExplorerServer(ThreadingHTTPServer):
     """A ThreadingHTTPServer that knows its Explorer. Its threads are daemons, so
-    Ctrl-C stops it at once, whatever a request is doing."""
+    Ctrl-C stops it at once, whatever a request is doing (explore.py then ends the
+    process without the interpreter's shutdown, which torch would abort)."""
 
     daemon_threads = True
     allow_reuse_address = True

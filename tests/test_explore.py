@@ -503,6 +503,29 @@ def test_command_serves_and_stops_at_ctrl_c(trained, repo_root):
         proc.communicate()
 
 
+def test_ctrl_c_during_a_generation_stops_cleanly(trained, repo_root):
+    """Ctrl-C while a request's thread is inside torch: the interpreter's shutdown
+    would stop that thread there, and torch would abort the process (SIGABRT,
+    "terminate called without an active exception"); the explorer exits 0."""
+    proc = start(repo_root, f"--out_dir={trained['dir']}", "--port=0")
+    try:
+        lines = [proc.stdout.readline() for _ in range(2)]
+        port = int(re.search(r"127\.0\.0\.1:(\d+)/", lines[1])[1])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT)
+        body = json.dumps({"prompt": PROMPT, "max_new_tokens": explorer.MAX_NEW_TOKENS})
+        conn.request("POST", "/api/generate", body, {"Content-Type": "application/json"})
+        answer = conn.getresponse()
+        first_tokens = [json.loads(answer.readline()) for _ in range(3)]
+        assert "id" in first_tokens[-1]  # the generation is under way
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 0
+        _, err = proc.communicate()
+        assert err.strip() == "stopped"
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
 def test_command_help_lists_the_options(repo_root):
     proc = start(repo_root, "--help")
     out, _ = proc.communicate(timeout=TIMEOUT)
