@@ -80,7 +80,7 @@ def evaluate(run, iter_num, elapsed, final):
         iter=iter_num,
         train_loss=losses["train"],
         val_loss=losses["val"],
-        lr=get_lr(iter_num, run.cfg),
+        lr=get_lr(iter_num, run.cfg, run.seconds),
         elapsed_s=round(elapsed, 3),
         tokens=iter_num * run.tokens_per_iter,
     )
@@ -213,6 +213,7 @@ def setup(cfg):
         start_iter=ckpt["iter_num"] if ckpt else 0,
         start_evaluated=ckpt.get("evaluated", True) if ckpt else not cfg.eval_at_start,
         best_val_loss=ckpt["best_val_loss"] if ckpt else float("inf"),
+        seconds=ckpt.get("seconds", 0.0) if ckpt else 0.0,
     )
 
 
@@ -232,6 +233,7 @@ def train(run):
     # a resumed run was usually evaluated just before its checkpoint was saved
     evaluated = run.start_evaluated
     clock = Clock(iter_num)
+    seconds_before = run.seconds  # of training before this run began
     out_of_time = False  # max_time reached: evaluate, save and stop
     final = False  # whether the final evaluation has begun
     done = False  # whether the final evaluation is done
@@ -259,7 +261,7 @@ def train(run):
                     break
 
                 # the learning rate of this iter
-                lr = get_lr(iter_num, cfg)
+                lr = get_lr(iter_num, cfg, run.seconds)
                 set_lr(run.optimizers, lr)
                 # the batch: gradient_accumulation_steps micro-batches of batch_size
                 # sequences; the random state before it undoes a step cut short
@@ -276,7 +278,8 @@ def train(run):
                 # as that waits for the device
                 wants_stop = signals.name is not None or 0 < cfg.max_time <= clock.seconds()
                 if iter_num % cfg.log_interval == 0 or iter_num == cfg.max_iters:
-                    loss, wants_stop = agree(run, loss_sum, wants_stop)
+                    loss, wants_stop, seconds = agree(run, loss_sum, wants_stop, clock.seconds())
+                    run.seconds = seconds_before + seconds
                     if not math.isfinite(loss):
                         raise diverged(loss, iter_num - 1)
                     dt = clock.per_iter(iter_num)  # seconds per iter since the last log step
@@ -402,14 +405,17 @@ def optimizer_step(run):
         opt.zero_grad(set_to_none=True)
 
 
-def agree(run, loss_sum, wants_stop):
-    """(mean loss of the step, whether any process wants to stop): the processes
-    agree on both (this waits for the device). Every micro-batch's loss is the
-    mean of its context_parallel ranks' losses."""
+def agree(run, loss_sum, wants_stop, seconds):
+    """(mean loss of the step, whether any process wants to stop, their mean seconds
+    of training): the processes agree on all three (this waits for the device), so
+    that an lr schedule by time is the same in every process. Every micro-batch's
+    loss is the mean of its context_parallel ranks' losses."""
     micro_batches = run.cfg.gradient_accumulation_steps * run.cfg.context_parallel
     stop = torch.tensor(float(wants_stop), device=run.device)
-    loss, stop = all_sum(torch.stack([loss_sum / micro_batches, stop]), run.world).tolist()
-    return loss, stop > 0
+    clock = torch.tensor(seconds / run.world, device=run.device)
+    measures = torch.stack([loss_sum / micro_batches, stop, clock])
+    loss, stop, seconds = all_sum(measures, run.world).tolist()
+    return loss, stop > 0, seconds
 
 
 def evaluate_only(run):
@@ -485,6 +491,7 @@ def save(run, iter_num, best_val_loss, evaluated=True):
         rng=rng_state(run.device),
         evaluated=evaluated,
         data={"generator": run.data_gen.get_state()},
+        seconds=run.seconds,
     )
     if run.scaler.is_enabled():
         ckpt["scaler"] = run.scaler.state_dict()

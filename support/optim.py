@@ -98,8 +98,10 @@ def make_optimizers(model, cfg, device_type, dtype):
     return [muon, adamw]
 
 
-def get_lr(it, cfg):
-    """Linear warmup, cosine decay to min_lr at lr_decay_iters, then min_lr."""
+def get_lr(it, cfg, seconds=0.0):
+    """Linear warmup, then cosine decay to min_lr at lr_decay_iters, then min_lr.
+    seconds: of training so far; with lr_decay_time the decay is also by time,
+    whichever of the two is further along."""
     lr, warmup, end, min_lr = (
         cfg.learning_rate,
         cfg.warmup_iters,
@@ -113,4 +115,6 @@ def get_lr(it, cfg):
     if it >= end:
         return min_lr
     progress = (it - warmup) / (end - warmup)  # 0 -> 1
+    if cfg.lr_decay_time > 0:
+        progress = max(progress, min(seconds / cfg.lr_decay_time, 1.0))
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)

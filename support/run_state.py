@@ -46,6 +46,10 @@ class Run:
     # eval_at_start=False counts a fresh run as evaluated
     start_evaluated: bool
     best_val_loss: float  # the best evaluation yet, in this run or the one it resumes
+    # seconds of training before the run started (a resumed run's checkpoint's); then,
+    # while training, those seconds as the processes last agreed on them: what the
+    # lr schedule by time (lr_decay_time) reads and what a checkpoint saves
+    seconds: float
     signals: StopSignals | None = None  # set while training, for evaluations and steps
 
     @property

@@ -77,6 +77,10 @@ class Settings(ModelSettings):
     decay_lr: bool = True
     warmup_iters: int = 2000
     lr_decay_iters: int = 600000
+    # seconds of training over which the lr also decays; the schedule goes by iters or
+    # by seconds, whichever is further along; 0: by iters only. With max_time, a run
+    # timed in minutes ends at min_lr on a slow machine and a fast one alike
+    lr_decay_time: float = 0.0
     min_lr: float = 6e-5
     max_time: float = 0.0  # seconds of training after which to evaluate, save and stop; 0: no limit
     # system
@@ -132,6 +136,7 @@ def check(cfg):
         "max_iters",
         "warmup_iters",
         "lr_decay_iters",
+        "lr_decay_time",
         "learning_rate",
         "min_lr",
         "weight_decay",

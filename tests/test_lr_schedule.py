@@ -1,0 +1,80 @@
+"""The learning-rate schedule by time (lr_decay_time): the cosine at the fraction of
+the seconds, whichever of iters and seconds is further along; a run timed in seconds
+ends at min_lr, and a resumed run goes on from the seconds its checkpoint holds."""
+
+import json
+
+import pytest
+from conftest import run_in_process, tiny_run, tiny_settings
+
+from support.checkpoint import load_checkpoint
+from support.optim import get_lr
+
+LR, MIN_LR = 1e-3, 1e-4
+
+
+def test_the_cosine_at_the_fraction_of_the_seconds():
+    cfg = tiny_settings(
+        learning_rate=LR, min_lr=MIN_LR, warmup_iters=0, lr_decay_iters=1000, lr_decay_time=10.0
+    )
+    # cos(pi / 2) = 0: halfway, the lr is halfway between its ends
+    assert get_lr(0, cfg, 5.0) == pytest.approx((LR + MIN_LR) / 2)
+    # cos(3 pi / 4) = -sqrt(2) / 2
+    assert get_lr(0, cfg, 7.5) == pytest.approx(MIN_LR + (LR - MIN_LR) * (1 - 0.5**0.5) / 2)
+    assert get_lr(0, cfg, 10.0) == pytest.approx(MIN_LR)
+    assert get_lr(0, cfg, 1e6) == pytest.approx(MIN_LR)
+    # iters further along than seconds: the iters decide
+    assert get_lr(500, cfg, 1.0) == pytest.approx((LR + MIN_LR) / 2)
+    assert get_lr(500, cfg, 7.5) == get_lr(0, cfg, 7.5)
+    # without lr_decay_time, seconds change nothing
+    by_iters = tiny_settings(learning_rate=LR, min_lr=MIN_LR, warmup_iters=0, lr_decay_iters=1000)
+    assert get_lr(0, by_iters, 1e6) == LR
+
+
+def test_warmup_comes_first():
+    cfg = tiny_settings(learning_rate=LR, warmup_iters=4, lr_decay_time=1.0)
+    assert get_lr(1, cfg, 100.0) == pytest.approx(LR * 2 / 5)
+
+
+def steps(out_dir):
+    """The training steps in out_dir/log.jsonl (the records with an lr and no val loss)."""
+    with open(out_dir / "log.jsonl") as f:
+        records = [json.loads(line) for line in f]
+    return [r for r in records if "loss" in r]
+
+
+def test_a_run_timed_in_seconds_ends_at_min_lr_and_resumes_from_its_seconds(data_root, tmp_path):
+    out = tmp_path / "out"
+    keys = dict(learning_rate=LR, min_lr=MIN_LR, warmup_iters=2, eval_interval=1000000)
+    base = tiny_run(
+        data_root, out, "--max_iters=1000000", "--lr_decay_iters=1000000", "--lr_decay_time=3.0"
+    )
+    base = [*base, *[f"--{key}={value}" for key, value in keys.items()]]
+    run_in_process([*base, "--max_time=1.5"])
+    first = load_checkpoint(str(out))
+    assert first["seconds"] >= 1.5
+    cfg = tiny_settings(**first["config"])
+    lrs = [s["lr"] for s in steps(out)]
+    # after warmup the lr only falls; stopped halfway through the seconds, it is about
+    # halfway (each step's lr is from the seconds of the step before it)
+    after_warmup = lrs[2:]
+    assert after_warmup == sorted(after_warmup, reverse=True)
+    assert (LR + MIN_LR) / 2 <= lrs[-1] < get_lr(2, cfg, 1.2)
+
+    # resumed: the lr goes on from the checkpoint's seconds, not from the top
+    n_before = len(lrs)
+    run_in_process([*base, "--max_time=3.0", "--init_from=resume"])
+    resumed = steps(out)[n_before:]
+    assert resumed[0]["lr"] == pytest.approx(get_lr(first["iter_num"], cfg, first["seconds"]))
+    last = load_checkpoint(str(out))
+    assert last["seconds"] >= first["seconds"] + 3.0
+    # past lr_decay_time, the last steps and the final evaluation are at min_lr
+    assert resumed[-1]["lr"] == pytest.approx(MIN_LR)
+    assert read_final_lr(out) == pytest.approx(MIN_LR)
+
+
+def read_final_lr(out_dir):
+    """The lr of the final evaluation in out_dir/log.jsonl."""
+    with open(out_dir / "log.jsonl") as f:
+        records = [json.loads(line) for line in f]
+    return [r for r in records if "val_loss" in r][-1]["lr"]
