@@ -27,7 +27,9 @@ import time
 import torch
 
 from bench import common
+from support.configurator import parse_settings
 from support.run_log import read_evaluations
+from support.settings import Settings as TrainSettings
 
 
 @dataclasses.dataclass
@@ -289,7 +291,7 @@ GPU_RESULT = 1.4697  # the baby GPT's val loss in nanoGPT's README, on an A100
 def budget_run(config, minutes, out_dir, data_root=None, args=()):
     """One recipe given `minutes` of training (train.py's max_time): its val-loss
     curve against training seconds, and its last evaluation over the whole split."""
-    args = [*BUDGET_ARGS, f"--max_time={60 * minutes}", *args]
+    args = [*BUDGET_ARGS, f"--max_time={60 * minutes}", *schedule_args(config, minutes), *args]
     wall, last, device, phases = train_run(config, {}, out_dir, data_root, args)
     evaluations = read_evaluations(out_dir)
     curve = [[r["elapsed_s"], r["val_loss"]] for r in evaluations]
@@ -304,6 +306,16 @@ def budget_run(config, minutes, out_dir, data_root=None, args=()):
         wall_s=wall,
         **phases,
     )
+
+
+def schedule_args(config, minutes):
+    """A recipe whose lr decays by seconds of training (lr_decay_time) decays over
+    the minutes given, not over those its config names; one that decays by iters
+    runs as its config says."""
+    cfg = parse_settings(TrainSettings, [os.path.join(REPO, config)], allow_files=True)
+    if cfg.lr_decay_time > 0:
+        return [f"--lr_decay_time={60 * minutes}"]
+    return []
 
 
 def loss_at(curve, seconds):

@@ -13,6 +13,7 @@ import pytest
 from bench import recipes
 from data.dataset import load_meta
 from support.configurator import parse_settings
+from support.run_log import read_evaluations
 from support.settings import Settings
 
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=32", "--batch_size=64"]
@@ -24,6 +25,10 @@ def test_the_recipe_trains_at_a_tiny_size(repo_root, data_root, tmp_path):
     config = os.path.join(repo_root, "config", "shakespeare_cpu_15min.py")
     cfg = parse_settings(Settings, [config], allow_files=True)
     assert cfg.block_size == 256 and cfg.dtype == "auto" and cfg.eval_full_val
+    # trained by the clock: the lr reaches its floor when the 15 minutes end
+    assert cfg.max_time == cfg.lr_decay_time == 900
+    assert recipes.schedule_args(config, 10) == ["--lr_decay_time=600"]
+    assert recipes.schedule_args("config/shakespeare_classic.py", 10) == []
     out = tmp_path / "run"
     args = ["--max_iters=4", "--lr_decay_iters=4", "--eval_interval=4", "--eval_iters=1"]
     proc = subprocess.run(
@@ -52,10 +57,12 @@ def test_same_minutes_of_training_each(tmp_path, data_root):
     trains at least the minutes given, and its curve, table row and figure follow."""
     tiny = "".join(f"{a[2:].replace('=', ' = ')}\n" for a in TINY)
     configs = []
-    for name in ("slow", "fast"):
+    for name, schedule in (("slow", ""), ("fast", "lr_decay_time = 60\nwarmup_iters = 0\n")):
         path = tmp_path / f"{name}.py"
         path.write_text(
-            tiny + "max_iters = 1000000\neval_interval = 20\ngradient_accumulation_steps = 1\n"
+            tiny
+            + schedule
+            + "max_iters = 1000000\neval_interval = 20\ngradient_accumulation_steps = 1\n"
         )
         configs.append((name, str(path), []))
     minutes = 0.03  # 1.8 s
@@ -70,6 +77,9 @@ def test_same_minutes_of_training_each(tmp_path, data_root):
         assert r["device"].startswith("cpu, float32")
         assert os.path.isfile(os.path.join(keep, r["recipe"], "ckpt.pt"))  # kept, to sample from
         assert recipes.loss_at(r["curve"], r["training_s"]) == r["curve"][-1][1]
+    # "fast" decays its lr by seconds: over the 1.8 s given, not the 60 s it names
+    final = read_evaluations(os.path.join(keep, "fast"))[-1]
+    assert final["lr"] == pytest.approx(Settings.min_lr)
     table = recipes.budget_table(rows, minutes)
     assert "val at 0.03 min" in table and f"**{rows[1]['val_loss_full']:.4f}**" in table
     assert "val at 5 min | val at 10 min | val at 15 min" in recipes.budget_table(rows, 15)
