@@ -35,6 +35,7 @@ BAD_INPUT = {
         "max_iters=-5": (["--max_iters=-5"], ["max_iters must be", ">= 0"]),
         "negative learning_rate": (["--learning_rate=-1e-3"], ["learning_rate must be"]),
         "infinite learning_rate": (["--learning_rate=1e999"], ["learning_rate must be a finite"]),
+        "lr_decay_time=-60": (["--lr_decay_time=-60"], ["lr_decay_time must be a finite number"]),
         "beta2=1": (["--beta2=1.0"], ["beta2 must be in [0, 1)"]),
         "dropout=1.5": (["--dropout=1.5"], ["dropout must be in [0, 1)"]),
         "attn_dropout=2": (["--attn_dropout=2"], ["attn_dropout must be None or in [0, 1)"]),
