@@ -412,8 +412,8 @@ def agree(run, loss_sum, wants_stop, seconds):
     loss is the mean of its context_parallel ranks' losses."""
     micro_batches = run.cfg.gradient_accumulation_steps * run.cfg.context_parallel
     stop = torch.tensor(float(wants_stop), device=run.device)
-    clock = torch.tensor(seconds / run.world, device=run.device)
-    measures = torch.stack([loss_sum / micro_batches, stop, clock])
+    seconds_share = torch.tensor(seconds / run.world, device=run.device)  # summed: the mean
+    measures = torch.stack([loss_sum / micro_batches, stop, seconds_share])
     loss, stop, seconds = all_sum(measures, run.world).tolist()
     return loss, stop > 0, seconds
 

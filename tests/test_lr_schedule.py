@@ -9,6 +9,7 @@ from conftest import run_in_process, tiny_run, tiny_settings
 
 from support.checkpoint import load_checkpoint
 from support.optim import get_lr
+from support.run_log import read_evaluations
 
 LR, MIN_LR = 1e-3, 1e-4
 
@@ -70,11 +71,4 @@ def test_a_run_timed_in_seconds_ends_at_min_lr_and_resumes_from_its_seconds(data
     assert last["seconds"] >= first["seconds"] + 3.0
     # past lr_decay_time, the last steps and the final evaluation are at min_lr
     assert resumed[-1]["lr"] == pytest.approx(MIN_LR)
-    assert read_final_lr(out) == pytest.approx(MIN_LR)
-
-
-def read_final_lr(out_dir):
-    """The lr of the final evaluation in out_dir/log.jsonl."""
-    with open(out_dir / "log.jsonl") as f:
-        records = [json.loads(line) for line in f]
-    return [r for r in records if "val_loss" in r][-1]["lr"]
+    assert read_evaluations(str(out))[-1]["lr"] == pytest.approx(MIN_LR)
