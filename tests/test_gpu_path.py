@@ -445,6 +445,9 @@ def test_ddp_splits_the_compiled_graph_at_its_buckets(tmp_path, monkeypatch):
         assert counter.frame_count - 1 >= 4  # 4 MB of weights in 1 MB buckets: several graphs
         assert all(p.grad is not None for p in raw.parameters())
     finally:
+        # DDP's reducer holds the process group: freed after the group is destroyed,
+        # gloo's destructor once waited for ever on its run-loop thread
+        model = ddp_model = None
         dist.destroy_process_group()
         torch._dynamo.reset()
 
