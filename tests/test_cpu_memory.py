@@ -4,11 +4,12 @@ the minor page faults of the same allocations in two fresh processes, with and w
 it (on the 15-minute recipe's training step: some 25,000 faults a step without, a few
 hundred with)."""
 
-import platform
 import subprocess
 import sys
 
 import pytest
+
+from support.device import glibc_malloc
 
 # A training step's pattern: activations allocated and touched, then all freed. Four of
 # 16 MiB, four times; prints the page faults of the last three rounds.
@@ -40,9 +41,7 @@ def faults(repo_root, mode):
     return float(done.stdout.split()[-1])
 
 
-@pytest.mark.skipif(
-    sys.platform != "linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc"
-)
+@pytest.mark.skipif(not glibc_malloc(), reason="glibc's malloc")
 def test_a_training_step_reuses_its_freed_memory(repo_root):
     default = faults(repo_root, "default")
     kept = faults(repo_root, "keep")
