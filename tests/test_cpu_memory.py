@@ -23,13 +23,13 @@ if sys.argv[1] == "keep":
     assert keep_freed_memory()
 faults = 0
 pages = 0
-for round in range(8):
+for step in range(8):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     activations = [torch.ones(4 << 20) for _ in range(4)]
     del activations
-    if round > 0:
+    if step > 0:
         faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-        pages += 4 * (16 << 20) // 4096
+        pages += 4 * (16 << 20) // resource.getpagesize()
 print(faults, pages)
 """
 
