@@ -240,7 +240,7 @@ def train(run):
     out_of_time = False  # max_time reached: evaluate, save and stop
     final = False  # whether the final evaluation has begun
     done = False  # whether the final evaluation is done
-    bar = tqdm(total=cfg.max_iters, initial=iter_num, dynamic_ncols=True, disable=not run.master)
+    bar = progress_bar(cfg, iter_num, run.master)
     with StopSignals() as signals, bar:
         run.signals = signals  # evaluations and steps look at it too (stop_requested)
         if run.master and run.world == 1 and cfg.device == "auto" and run.device.type == "cpu":
@@ -275,13 +275,14 @@ def train(run):
                 grad_norm = clip_gradients(run)
                 optimizer_step(run)
                 iter_num += 1
-                bar.update()
+                seconds = clock.seconds()
+                advance(bar, cfg, seconds)
 
                 # the processes agree on the loss and on stopping at log steps only,
                 # as that waits for the device
-                wants_stop = signals.name is not None or 0 < cfg.max_time <= clock.seconds()
+                wants_stop = signals.name is not None or 0 < cfg.max_time <= seconds
                 if iter_num % cfg.log_interval == 0 or iter_num == cfg.max_iters:
-                    loss, wants_stop, seconds = agree(run, loss_sum, wants_stop, clock.seconds())
+                    loss, wants_stop, seconds = agree(run, loss_sum, wants_stop, seconds)
                     run.seconds = seconds_before + seconds
                     if not math.isfinite(loss):
                         raise diverged(loss, iter_num - 1)
@@ -299,7 +300,7 @@ def train(run):
                     if run.device.type == "cuda" and mfu is not None:
                         step["mfu"] = mfu
                     if run.master:
-                        bar.set_postfix_str(progress(step))
+                        bar.set_postfix_str(progress(step, timed=cfg.max_time > 0))
                         log_step(step, cfg.out_dir, run.wandb)
                 elif run.world > 1:
                     wants_stop = False  # not before the processes agree, at the next log step
@@ -432,14 +433,41 @@ def evaluate_only(run):
                 print(f"stopped by {signals.name} during the evaluation; nothing was saved")
 
 
+# a timed run's bar counts the seconds of training (evaluations are off the clock)
+TIMED_BAR = "{l_bar}{bar}| {n:.0f}/{total:g}s of training [{elapsed}<{remaining}{postfix}]"
+
+
+def progress_bar(cfg, iter_num, master):
+    """The bar to what ends the run: max_iters, or the seconds of max_time where it is
+    set, since a timed run's max_iters is only a bound and an ETA for it would be
+    wrong. The timed bar's ETA is in wall time, evaluations included."""
+    if cfg.max_time > 0:
+        return tqdm(
+            total=cfg.max_time, bar_format=TIMED_BAR, dynamic_ncols=True, disable=not master
+        )
+    return tqdm(total=cfg.max_iters, initial=iter_num, dynamic_ncols=True, disable=not master)
+
+
+def advance(bar, cfg, seconds):
+    """The bar after one more iter: one iter, or up to this run's seconds of training."""
+    if cfg.max_time > 0:
+        bar.update(min(seconds, cfg.max_time) - bar.n)
+    else:
+        bar.update()
+
+
 # how the progress bar writes a measurement; any other shows 4 significant digits
 FORMATS = {"loss": ".4f", "lr": ".2e", "grad_norm": ".2f", "tok_per_s": ",.0f", "mfu": ".1%"}
 
 
-def progress(step):
-    """The progress bar's text: every measurement of the step but its iter."""
+def progress(step, timed=False):
+    """The progress bar's text: every measurement of the step but its iter, which the
+    bar counts; a timed bar counts seconds, so its text begins with the iter."""
     measured = {key: value for key, value in step.items() if key != "iter"}
-    return ", ".join(f"{key} {value:{FORMATS.get(key, '.4g')}}" for key, value in measured.items())
+    text = ", ".join(f"{key} {value:{FORMATS.get(key, '.4g')}}" for key, value in measured.items())
+    if timed:
+        return f"iter {step['iter']}, {text}"
+    return text
 
 
 def finished(run, iter_num, best, seconds, max_time):

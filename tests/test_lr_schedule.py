@@ -44,7 +44,9 @@ def steps(out_dir):
     return [r for r in records if "loss" in r]
 
 
-def test_a_run_timed_in_seconds_ends_at_min_lr_and_resumes_from_its_seconds(data_root, tmp_path):
+def test_a_run_timed_in_seconds_ends_at_min_lr_and_resumes_from_its_seconds(
+    data_root, tmp_path, capsys
+):
     out = tmp_path / "out"
     keys = dict(learning_rate=LR, min_lr=MIN_LR, warmup_iters=2, eval_interval=1000000)
     base = tiny_run(
@@ -52,6 +54,9 @@ def test_a_run_timed_in_seconds_ends_at_min_lr_and_resumes_from_its_seconds(data
     )
     base = [*base, *[f"--{key}={value}" for key, value in keys.items()]]
     run_in_process([*base, "--max_time=1.5"])
+    # its progress bar counts to the seconds that end it, not to the million iters
+    bar = capsys.readouterr().err
+    assert "/1.5s of training" in bar and "iter " in bar and "/1000000" not in bar
     first = load_checkpoint(str(out))
     assert first["seconds"] >= 1.5
     cfg = tiny_settings(**first["config"])
