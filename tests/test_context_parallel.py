@@ -118,7 +118,7 @@ def join_alone(tmp_path, device):
     [
         "cpu",
         pytest.param(
-            "cuda",
+            "cuda:0",  # NCCL's device_id needs an index
             marks=[
                 pytest.mark.cuda,
                 pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),

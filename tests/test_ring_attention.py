@@ -27,7 +27,9 @@ def explicit(q, k, v):
     """The oracle: model.attention with the causal mask, key/value heads repeated for GQA."""
     g = q.size(1) // k.size(1)
     T = q.size(2)
-    return attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), causal_mask(T, T))[0]
+    return attention(
+        q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), causal_mask(T, T, device=q.device)
+    )[0]
 
 
 def inputs(B, nh, nkv, T, hs, seed=0):
