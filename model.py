@@ -240,6 +240,11 @@ class MultiHeadAttention(nn.Module):
         self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * kv_width, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # W_O
         self.qk_norm = config.qk_norm
+        # queries and keys of RMS 1 cap a logit at sqrt(head_size), 5.7 for 32; qk_gain
+        # learns a gain per dimension after the norm (OLMo 2, Qwen3) to lift that cap
+        if config.qk_norm:
+            self.q_norm = nn.RMSNorm(self.head_size, elementwise_affine=config.qk_gain)
+            self.k_norm = nn.RMSNorm(self.head_size, elementwise_affine=config.qk_gain)
         self.attention = config.attention
         self.window = config.sliding_window
         self.sinks = config.sink_tokens
@@ -267,8 +272,8 @@ class MultiHeadAttention(nn.Module):
         v = v.view(B, T, self.n_kv_head, hs).transpose(1, 2)  # (B, nkv, T, hs)
         # normalise: bounded attention logits let fast recipes use large learning rates
         if self.qk_norm:
-            q = F.rms_norm(q, (hs,))
-            k = F.rms_norm(k, (hs,))
+            q = self.q_norm(q)
+            k = self.k_norm(k)
         # rotate: a cache that turns its keys itself when they are read (StreamingLLM's,
         # section 15) stores them unturned
         if rotary is not None:
@@ -393,6 +398,7 @@ class GPTConfig:
     # options for fast training runs; the defaults are GPT-2's own architecture
     rope: bool = False  # rotary embeddings instead of learned positions
     qk_norm: bool = False  # RMS-normalise queries and keys per head
+    qk_gain: bool = False  # and a learned gain per dimension after that norm
     activation: str = "gelu"  # "gelu" (tanh approximation) or "relu2"
     attention: str = "softmax"  # or "linear": linear_attention, O(T) and a fixed-size state
     sliding_window: int | None = None  # each query sees its last W positions (itself included)
@@ -416,6 +422,8 @@ class GPTConfig:
             )
         if self.rope and (self.n_embd // self.n_head) % 2:
             raise ValueError("rope needs an even head size (n_embd / n_head)")
+        if self.qk_gain and not self.qk_norm:
+            raise ValueError("qk_gain is the gain after QK-norm: set qk_norm=True too")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         for name, kinds in (

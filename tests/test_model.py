@@ -358,6 +358,7 @@ def test_too_long_input_and_cache_overflow_raise():
         (dict(block_size=-4), "block_size must be a positive integer"),
         (dict(dropout=1.5), "dropout"),
         (dict(activation="swish"), "activation"),
+        (dict(qk_gain=True), "set qk_norm=True too"),
     ],
 )
 def test_config_validation(bad, match):
@@ -398,6 +399,29 @@ def test_dropout_is_the_runs_choice_when_a_checkpoint_loads():
     del ckpt["model_args"]["attn_dropout"]
     model = from_checkpoint(ckpt, "ckpt.pt").train()
     assert model.transformer.h[0].attn.dropout_p == 0.2
+
+
+def test_qk_gain_starts_as_plain_qk_norm_and_raises_the_logits_cap():
+    """QK-norm's gains start at 1, where the model is the one without them; a gain of a
+    on every query dimension and b on every key dimension multiplies each logit by a b,
+    so each attention row becomes p ** (a b), renormalised, of the row p without gains."""
+    plain = tiny_model(rope=True, qk_norm=True)
+    gained = tiny_model(rope=True, qk_norm=True, qk_gain=True)
+    missing, unexpected = gained.load_state_dict(plain.state_dict(), strict=False)
+    assert sorted(missing) == sorted(
+        f"transformer.h.{i}.attn.{n}_norm.weight" for i in range(2) for n in "qk"
+    )
+    assert not unexpected and plain.num_params() + 2 * 2 * 8 == gained.num_params()
+    idx = torch.randint(0, 37, (2, 16))
+    torch.testing.assert_close(gained(idx)[0], plain(idx)[0], rtol=0, atol=0)
+    with torch.no_grad():
+        gained.transformer.h[0].attn.q_norm.weight.fill_(2.0)
+        gained.transformer.h[0].attn.k_norm.weight.fill_(1.5)
+    _, maps = plain.attention_maps(idx)
+    _, gained_maps = gained.attention_maps(idx)
+    sharper = maps[0] ** 3.0  # (B, nh, T, T), masked keys stay 0
+    expected = sharper / sharper.sum(-1, keepdim=True)
+    torch.testing.assert_close(gained_maps[0], expected, rtol=1e-4, atol=1e-6)
 
 
 # ---------------------------------------------------------------------------

@@ -9,9 +9,11 @@ import sys
 import matplotlib.image
 import numpy as np
 import pytest
+import torch
 
 from bench import recipes
 from data.dataset import load_meta
+from support.checkpoint import load_checkpoint
 from support.configurator import parse_settings
 from support.run_log import read_evaluations
 from support.settings import Settings
@@ -42,6 +44,11 @@ def test_the_recipe_trains_at_a_tiny_size(repo_root, data_root, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     last = recipes.read_evaluations(str(out))[-1]
     assert last["iter"] == 4 and 0 < last["val_loss_full"] < 5
+    # QK-norm's gains: the recipe's, saved, and trained (AdamW steps them, not Muon)
+    ckpt = load_checkpoint(str(out / "ckpt.pt"))
+    assert ckpt["model_args"]["qk_gain"] is True
+    gain = ckpt["model"]["transformer.h.0.attn.q_norm.weight"]
+    assert gain.shape == (8,) and not torch.equal(gain, torch.ones(8))
 
 
 def test_loss_at_reads_the_last_evaluation_by_then():
