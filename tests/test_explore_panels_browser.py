@@ -28,6 +28,12 @@ def by_id(driver, ids):
     return driver.execute_script(script, ids)
 
 
+def class_of(driver, element_id):
+    """The element's class, read in one script: "" while the page has not drawn it."""
+    script = "return (document.getElementById(arguments[0]) || {className: ''}).className;"
+    return driver.execute_script(script, element_id)
+
+
 def attribution_shown(driver, n_layer, n_head):
     """The attribution grid as the page shows it: heads, MLPs, embeddings, bias."""
     heads = by_id(driver, [f"attr-{i}-{h}" for i in range(n_layer) for h in range(n_head)])
@@ -88,7 +94,7 @@ def test_why_lens_patching_and_steps_from_a_shared_address(trained, run_dir, tmp
         )
         assert driver.find_element(By.ID, "why-view").is_displayed()
         assert not driver.find_element(By.ID, "view").is_displayed()
-        assert "off" in driver.find_element(By.ID, "ablate-0-1").get_attribute("class")
+        wait_for(lambda: "off" in class_of(driver, "ablate-0-1"), "draw the ablated head")
         assert "selected" in driver.find_element(By.ID, "attr-1-2").get_attribute("class")
         want_lens = [
             [shown(cells[0]["token"]) for cells in point] for point in answer["logit_lens"]
@@ -144,7 +150,8 @@ def test_why_lens_patching_and_steps_from_a_shared_address(trained, run_dir, tmp
         assert driver.find_element(By.ID, "patch-view").is_displayed()
         assert driver.find_element(By.ID, "step-label").text == "iter 40 (snapshot)"
         assert driver.find_element(By.ID, "clean").get_attribute("value") == CLEAN
-        assert "off" in driver.find_element(By.ID, "ablate-0-1").get_attribute("class")
+        # the ablation grid is drawn once its own answer comes, after the patching view's
+        wait_for(lambda: "off" in class_of(driver, "ablate-0-1"), "redraw the ablated head")
         assert driver.find_element(By.ID, "head").get_attribute("value") == "2"
         wait_for(lambda: lens_shown(driver) and lens_shown(driver)[0], "draw the lens")
         # the export carries the new panels, and they work from the file alone
