@@ -208,7 +208,7 @@ def apply_rotary(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (B, nh, T, hs)
 
 
-# 6. Multi-head attention, and the dropout it and the MLP apply ----------
+# 6. Multi-head attention, its QK-norm, and the dropout it and the MLP apply ----------
 class Dropout(nn.Dropout):
     """nn.Dropout with its mask drawn from random bits on the CPU, where torch's bernoulli_
     draws one number per element on one thread unless the CPU is Intel's (then MKL): on an
@@ -223,6 +223,17 @@ class Dropout(nn.Dropout):
         dropped = round(self.p * 65536)  # values of the 65536 that drop an element
         keep = bits >= dropped - 32768
         return x * keep.to(x.dtype).mul_(65536 / (65536 - dropped))
+
+
+class RMSNorm(nn.RMSNorm):
+    """nn.RMSNorm computed in float32 and returned in its input's dtype, as autocast
+    computes LayerNorm. Under bfloat16 autocast the queries and keys leave c_attn in
+    bfloat16, and autocast leaves rms_norm alone: against a float32 gain it would warn
+    of the mismatch and fall back to its unfused path. In float32, nn.RMSNorm itself."""
+
+    def forward(self, x):
+        y = F.rms_norm(x.float(), self.normalized_shape, self.weight, self.eps)
+        return y.to(x.dtype)
 
 
 class MultiHeadAttention(nn.Module):
@@ -243,8 +254,8 @@ class MultiHeadAttention(nn.Module):
         # queries and keys of RMS 1 cap a logit at sqrt(head_size), 5.7 for 32; qk_gain
         # learns a gain per dimension after the norm (OLMo 2, Qwen3) to lift that cap
         if config.qk_norm:
-            self.q_norm = nn.RMSNorm(self.head_size, elementwise_affine=config.qk_gain)
-            self.k_norm = nn.RMSNorm(self.head_size, elementwise_affine=config.qk_gain)
+            self.q_norm = RMSNorm(self.head_size, elementwise_affine=config.qk_gain)
+            self.k_norm = RMSNorm(self.head_size, elementwise_affine=config.qk_gain)
         self.attention = config.attention
         self.window = config.sliding_window
         self.sinks = config.sink_tokens

@@ -7,6 +7,7 @@ import math
 import os
 import re
 import sys
+import warnings
 
 import pytest
 import torch
@@ -422,6 +423,28 @@ def test_qk_gain_starts_as_plain_qk_norm_and_raises_the_logits_cap():
     sharper = maps[0] ** 3.0  # (B, nh, T, T), masked keys stay 0
     expected = sharper / sharper.sum(-1, keepdim=True)
     torch.testing.assert_close(gained_maps[0], expected, rtol=1e-4, atol=1e-6)
+
+
+def test_qk_gain_under_bfloat16_autocast_norms_in_float32_without_a_warning():
+    """Under bfloat16 autocast c_attn hands QK-norm bfloat16 queries and keys: the norm
+    runs in float32 with its float32 gain, as autocast runs LayerNorm, with no warning of
+    a dtype mismatch, and hands back bfloat16 for attention: x / rms(x) * gain, rounded."""
+    model = tiny_model(rope=True, qk_norm=True, qk_gain=True)
+    norm = model.transformer.h[0].attn.q_norm
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 2.0)
+    x = torch.randn(2, 4, 16, 8).bfloat16()  # (B, nh, T, hs)
+    idx = torch.randint(0, 37, (2, 16))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = norm(x)
+            logits, _ = model(idx)
+    assert y.dtype == torch.bfloat16 and logits.dtype == torch.bfloat16
+    xf = x.float()
+    rms = xf.pow(2).mean(-1, keepdim=True).add(torch.finfo(torch.float32).eps).sqrt()
+    expected = (xf / rms * norm.weight.detach()).bfloat16()
+    torch.testing.assert_close(y, expected)  # to a bfloat16 rounding
 
 
 # ---------------------------------------------------------------------------
