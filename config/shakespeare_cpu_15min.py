@@ -1,7 +1,8 @@
 # A character-level Shakespeare model for 15 minutes of two CPU cores, in float32
 # (a CPU without native bfloat16; where bfloat16 is native and times faster, dtype
-# "auto" takes it: 1.23x on an AMD EPYC, no faster in a run on a Xeon). The CPU recipe (config/shakespeare_cpu.py: rotary
-# positions, RMS-normed queries and keys, ReLU-squared MLPs, no biases, Muon,
+# "auto" takes it: 1.23x on an AMD EPYC, no faster in a run on a Xeon). The CPU
+# recipe (config/shakespeare_cpu.py: rotary positions, RMS-normed queries and
+# keys, ReLU-squared MLPs, no biases, Muon,
 # lr 6e-3) one layer deeper, with nanoGPT's 256-character context, a learned gain
 # after QK-norm and dropout 0.1 on the residual stream, compiled, trained for 15
 # minutes by the clock: the lr decays by seconds of training (lr_decay_time) to 0
