@@ -226,14 +226,14 @@ class Dropout(nn.Dropout):
 
 
 class RMSNorm(nn.RMSNorm):
-    """nn.RMSNorm computed in float32 and returned in its input's dtype, as autocast
-    computes LayerNorm. Under bfloat16 autocast the queries and keys leave c_attn in
-    bfloat16, and autocast leaves rms_norm alone: against a float32 gain it would warn
-    of the mismatch and fall back to its unfused path. In float32, nn.RMSNorm itself."""
+    """nn.RMSNorm with its gain in its input's dtype, as autocast casts a Linear's weight:
+    bfloat16 queries against a float32 gain make torch.rms_norm warn and leave its fused path."""
 
     def forward(self, x):
-        y = F.rms_norm(x.float(), self.normalized_shape, self.weight, self.eps)
-        return y.to(x.dtype)
+        gain = self.weight
+        if gain is not None:
+            gain = gain.to(x.dtype)
+        return F.rms_norm(x, self.normalized_shape, gain, self.eps)
 
 
 class MultiHeadAttention(nn.Module):

@@ -2,6 +2,7 @@
 literature, PyTorch's scaled_dot_product_attention, and Hugging Face GPT-2."""
 
 import ast
+import copy
 import dataclasses
 import math
 import os
@@ -425,10 +426,11 @@ def test_qk_gain_starts_as_plain_qk_norm_and_raises_the_logits_cap():
     torch.testing.assert_close(gained_maps[0], expected, rtol=1e-4, atol=1e-6)
 
 
-def test_qk_gain_under_bfloat16_autocast_norms_in_float32_without_a_warning():
-    """Under bfloat16 autocast c_attn hands QK-norm bfloat16 queries and keys: the norm
-    runs in float32 with its float32 gain, as autocast runs LayerNorm, with no warning of
-    a dtype mismatch, and hands back bfloat16 for attention: x / rms(x) * gain, rounded."""
+def test_qk_gain_under_bfloat16_autocast_keeps_the_fused_norm_without_a_warning():
+    """Under bfloat16 autocast c_attn hands QK-norm bfloat16 queries and keys: the gain
+    takes their dtype, as autocast casts a Linear's weight, so torch.rms_norm neither
+    warns of a dtype mismatch nor leaves its fused kernel, in autocast or with the whole
+    model in bfloat16: x / rms(x) * gain, rounded to bfloat16."""
     model = tiny_model(rope=True, qk_norm=True, qk_gain=True)
     norm = model.transformer.h[0].attn.q_norm
     with torch.no_grad():
@@ -440,10 +442,11 @@ def test_qk_gain_under_bfloat16_autocast_norms_in_float32_without_a_warning():
         with torch.autocast("cpu", dtype=torch.bfloat16):
             y = norm(x)
             logits, _ = model(idx)
-    assert y.dtype == torch.bfloat16 and logits.dtype == torch.bfloat16
+        bf16_logits, _ = copy.deepcopy(model).bfloat16()(idx)
+    assert y.dtype == logits.dtype == bf16_logits.dtype == torch.bfloat16
     xf = x.float()
     rms = xf.pow(2).mean(-1, keepdim=True).add(torch.finfo(torch.float32).eps).sqrt()
-    expected = (xf / rms * norm.weight.detach()).bfloat16()
+    expected = (xf / rms * norm.weight.detach().bfloat16().float()).bfloat16()
     torch.testing.assert_close(y, expected)  # to a bfloat16 rounding
 
 
