@@ -133,6 +133,8 @@ def setup(cfg):
         )
     device = pick_device(cfg.device, local_rank, world > 1)
     dtype, why = training_dtype(cfg.dtype, device)
+    if rank == 0 and cfg.note:
+        print(cfg.note, flush=True)
     if rank == 0:
         explain_device(cfg, device, dtype)
     # first: a logger that cannot start should stop the run before any data or model work

@@ -1,19 +1,28 @@
-# The character-level "baby GPT" on tiny Shakespeare (6 layers, 6 heads, 384
-# wide, 256 characters of context), with the choices of recent fast training
-# runs: rotary position embeddings, RMS-normed queries and keys, ReLU-squared
-# MLPs, no biases, and Muon (torch.optim.Muon) for the hidden matrices.
-# nanoGPT's own settings are in config/shakespeare_classic.py.
+# The main command's config: a character-level model of tiny Shakespeare, sized for
+# the machine it runs on.
 #
-#   python train.py config/shakespeare.py
+#   python train.py config/shakespeare.py && python sample.py --prompt "ROMEO:"
 #
-# On a CPU, after 150 iters at batch 8 this recipe reached val loss 2.17
-# where the classic one was at 2.48 (docs/benchmarks.md). Its GPU time to val
-# loss 1.47 is still to be measured there. Without a GPU, train the small
-# model of config/shakespeare_cpu.py instead.
+# With a GPU it trains the "baby GPT" (6 layers, 6 heads, 384 wide, 256 characters of
+# context) with the choices of recent fast training runs: rotary position embeddings,
+# RMS-normed queries and keys, ReLU-squared MLPs, no biases, and Muon
+# (torch.optim.Muon) for the hidden matrices. nanoGPT's own settings are in
+# config/shakespeare_classic.py. On a CPU, after 150 iters at batch 8 this recipe
+# reached val loss 2.17 where the classic one was at 2.48 (docs/benchmarks.md).
+#
+# Without one it trains a model sized for the CPU (the end of this file).
+
+import os
+
+import torch
+
+from support.run_estimate import seconds_per_iter
 
 out_dir = "out-shakespeare-char"
 eval_interval = 250  # a small corpus: check often, the model starts to overfit early
 eval_iters = 200
+# a fresh model's loss is about ln(65) = 4.17: no evaluation before the first step
+eval_at_start = False
 eval_full_val = True  # the final val loss is over the whole val split, not a sample
 log_interval = 10
 always_save_checkpoint = False  # keep the checkpoint with the best val loss
@@ -43,3 +52,37 @@ lr_decay_iters = 2500
 min_lr = 2e-4
 beta2 = 0.99  # few tokens per step, so average the second moment over more steps
 warmup_iters = 100
+
+# -----------------------------------------------------------------------------
+# Sized for the machine. The baby GPT is a GPU's model: on two CPU cores each of its
+# 2,500 iters takes some 20 s, and the run half a day. So where device is "auto" and
+# no CUDA GPU is found, one of its iters is timed here (a few seconds), and where its
+# iters would take more than an hour, this config trains the 15-minute CPU recipe
+# instead (config/shakespeare_cpu_15min.py, which says how it was chosen), into the
+# same out_dir, so that `python sample.py` finds it. The run's first line (note) says
+# which model it trains and why. --device=cpu (or mps) trains the baby GPT anyway.
+
+if device == "auto" and torch.cuda.is_available():
+    note = "config/shakespeare.py: a CUDA GPU was found, so the baby GPT"
+elif device == "auto":
+    _here = "mps" if torch.backends.mps.is_available() else "cpu"
+    # None under torchrun, where each process would time for itself: the CPU recipe
+    _iter_s = seconds_per_iter(globals(), _here)
+    if _iter_s is not None and _iter_s * max_iters <= 3600:
+        note = (
+            f"config/shakespeare.py: the baby GPT on {_here}: its iters should take "
+            f"{_iter_s * max_iters / 60:.0f} min here ({_iter_s:.2f} s per iter, timed)"
+        )
+    else:
+        _baby = f"{max_iters:,} iters"
+        if _iter_s is not None:
+            _baby += f" would take {_iter_s * max_iters / 3600:.1f} h here ({_iter_s:.1f} s each)"
+        with open(os.path.join(os.path.dirname(__file__), "shakespeare_cpu_15min.py")) as _f:
+            exec(_f.read())
+        out_dir = "out-shakespeare-char"
+        wandb_run_name = "cpu-15min"
+        note = (
+            f"config/shakespeare.py: no GPU found, so a model sized for the CPU: the "
+            f"{max_time / 60:.0f}-minute CPU recipe ({n_layer} layers, {n_embd} wide) into "
+            f"{out_dir}; the baby GPT's {_baby}; --device=cpu trains it anyway"
+        )

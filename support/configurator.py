@@ -3,10 +3,12 @@ Plain-Python configuration: defaults, then config files, then --key=value overri
 
 A config file is Python that sets variables (it runs as code: only run config
 files you trust). Overrides on the command line are parsed as literals and never
-evaluated, so `--out_dir="__import__('os')"` stays a string. Every key must
-exist in the defaults and keep its type; anything else is a ConfigError with a
-one-line message. The defaults are a dict, or a dataclass whose fields all have
-one (parse_settings).
+evaluated, so `--out_dir="__import__('os')"` stays a string. A config file
+starts from the values the command line gives, wherever they stand on it, so
+that it can choose by them (config/shakespeare.py looks at device); the command
+line still has the last word. Every key must exist in the defaults and keep its type;
+anything else is a ConfigError with a one-line message. The defaults are a dict,
+or a dataclass whose fields all have one (parse_settings).
 """
 
 import ast
@@ -67,11 +69,12 @@ def parse_value(text):
 
 
 def run_config_file(path, config):
-    """Execute a config file on top of config; return the keys it set."""
+    """Execute a config file on top of config; return the keys it set. Its
+    __file__ is its path, so that it can find the files beside it."""
     if not os.path.isfile(path):
         shown = path if path.isprintable() else repr(path)  # the message stays one line
         raise ConfigError(f"config file not found: {shown}")
-    namespace = dict(config)
+    namespace = dict(config, __file__=path)
     try:
         with open(path, encoding="utf-8") as f:
             code = compile(f.read(), path, "exec")
@@ -94,17 +97,30 @@ def run_config_file(path, config):
 
 def parse_args(defaults, argv, allow_files=True):
     """defaults: dict of every known key. argv: config files and overrides in the
-    forms --key=value, --key value, and --flag for a boolean set to True.
-    Returns a new dict."""
+    forms --key=value, --key value, and --flag for a boolean set to True. The
+    config files run in order, each on top of the last and of the overrides;
+    the overrides then win. Returns a new dict."""
+    files, overrides = split_args(defaults, argv)
+    if files and not allow_files:
+        raise ConfigError(f"unexpected argument {files[0]!r}; options look like --key=value")
     config = dict(defaults)
+    for path in files:
+        config.update(run_config_file(path, dict(config, **overrides)))
+    config.update(overrides)
+    return config
+
+
+def split_args(defaults, argv):
+    """(config files, {key: value} of the overrides) in argv, each value of its
+    default's type."""
+    files = []
+    overrides = {}
     i = 0
     while i < len(argv):
         arg = argv[i]
         i += 1
         if not arg.startswith("--"):
-            if not allow_files:
-                raise ConfigError(f"unexpected argument {arg!r}; options look like --key=value")
-            config.update(run_config_file(arg, config))
+            files.append(arg)
             continue
         key, sep, text = arg[2:].partition("=")
         if key not in defaults:
@@ -121,8 +137,8 @@ def parse_args(defaults, argv, allow_files=True):
         value = parse_value(text)
         if isinstance(defaults[key], str) and not isinstance(value, str):
             value = text  # a text option keeps what was typed: --prompt=1e3 stays "1e3"
-        config[key] = coerce(key, value, defaults[key])
-    return config
+        overrides[key] = coerce(key, value, defaults[key])
+    return files, overrides
 
 
 def describe(defaults):

@@ -102,7 +102,7 @@ def explain_device(cfg, device, dtype):
     if cfg.device == "auto" and device.type == "cpu":
         print(
             "no GPU found: training on the CPU. For a model sized for a CPU, run "
-            "python train.py config/shakespeare_cpu.py",
+            "python train.py config/shakespeare.py",
             flush=True,
         )
     if device.type == "cpu" and dtype == "bfloat16" and not native_bf16("cpu")[0]:

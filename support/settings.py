@@ -33,6 +33,8 @@ class Settings(ModelSettings):
     `python train.py --help` prints this class's body and GPTConfig's, so their
     comments are the documentation of each key."""
 
+    # a line the run prints first: what a config chose for this machine, and why
+    note: str = ""
     # evaluation, logging, checkpoints
     out_dir: str = "out"
     eval_interval: int = 2000

@@ -56,6 +56,25 @@ def test_config_file_sets_globals_and_overrides_win(tmp_path):
     assert c["batch_size"] == 8 and c["learning_rate"] == pytest.approx(1e-3)
 
 
+def test_a_config_file_starts_from_the_command_line_which_has_the_last_word(tmp_path):
+    f = tmp_path / "c.py"
+    f.write_text(
+        "import os\n"
+        "learning_rate = batch_size * 1e-4\n"
+        "if out_dir == 'big':\n"
+        "    batch_size = 64\n"
+        "_beside = os.path.join(os.path.dirname(__file__), 'other.py')\n"
+        "dataset = open(_beside).read()\n"
+    )
+    (tmp_path / "other.py").write_text("beside")
+    # the overrides stand after the file and before it
+    c = parse_args(DEFAULTS, [str(f), "--batch_size=8", "--out_dir=big"])
+    assert c["learning_rate"] == pytest.approx(8e-4) and c["batch_size"] == 8
+    assert c["dataset"] == "beside"  # __file__ is the config file's path
+    assert parse_args(DEFAULTS, ["--batch_size=8", str(f)]) == c | {"out_dir": "out"}
+    assert parse_args(DEFAULTS, [str(f)])["learning_rate"] == pytest.approx(12e-4)
+
+
 @pytest.mark.parametrize(
     "argv,message",
     [

@@ -430,13 +430,14 @@ def test_main_command_runs_in_float32_where_bfloat16_crashes(data_root, tmp_path
             "--gradient_accumulation_steps=1",
             "--max_iters=1",
             "--eval_iters=1",
-            # the whole val split at the end is 30 s of the baby GPT, and runs no other path
+            # the whole val split at the end runs no other path
             "--eval_full_val=False",
+            "--compile=False",
         ],
         crashing(tmp_path),
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "no GPU found" in r.stdout and "this run should take about" in r.stdout
+    assert r.stdout.startswith("config/shakespeare.py: no GPU found")
     assert "| cpu, float32 (bfloat16 crashes on this CPU (SIGILL in a test run" in r.stdout
 
 

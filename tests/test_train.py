@@ -466,14 +466,15 @@ def test_timing_a_step_leaves_the_run_untouched(data_root, tmp_path):
     assert torch.equal(before[2], after[2]) and torch.equal(before[3], after[3])
 
 
-def test_main_command_without_a_gpu_says_so_estimates_and_stops_in_an_evaluation(
+def test_a_gpu_config_without_a_gpu_says_so_estimates_and_stops_in_an_evaluation(
     data_root, tmp_path
 ):
     out = tmp_path / "out"
-    # the GPU config, shrunk; eval_iters so large that the first evaluation would take hours
+    # nanoGPT's baby GPT settings, which size nothing for the machine, shrunk; eval_iters so
+    # large that the first evaluation would take hours
     argv = [
         "train.py",
-        "config/shakespeare.py",
+        "config/shakespeare_classic.py",
         f"--data_root={data_root}",
         f"--out_dir={out}",
         "--n_layer=1",
@@ -505,14 +506,14 @@ def test_main_command_without_a_gpu_says_so_estimates_and_stops_in_an_evaluation
         child.kill()
     stdout = "".join(lines) + stdout
     assert child.returncode == 0, stderr
-    assert "no GPU found" in lines[0] and "python train.py config/shakespeare_cpu.py" in lines[0]
+    assert "no GPU found" in lines[0] and "python train.py config/shakespeare.py" in lines[0]
     assert any(line.startswith("timing one step") for line in lines)  # said before the wait
     estimate = re.search(
-        r"should take about ([\d.]+) (h|min|s) here \(2,500 iters x [\d.e-]+ s \+ "
-        r"11 evaluations, 22,000,\d\d\d batches",
+        r"should take about ([\d.]+) (h|min|s) here \(5,000 iters x [\d.e-]+ s \+ "
+        r"21 evaluations, 42,000,\d\d\d batches",
         stdout,
     )
-    assert estimate and estimate.group(2) == "h", stdout  # 22M evaluation batches: hours
+    assert estimate and estimate.group(2) == "h", stdout  # 42M evaluation batches: hours
     assert "evaluating train" in stderr  # the evaluation shows progress
     assert (
         "stopped by SIGTERM at iter 0: nothing trained since the run began, so nothing was saved"
@@ -520,3 +521,73 @@ def test_main_command_without_a_gpu_says_so_estimates_and_stops_in_an_evaluation
     )
     assert took < 20  # the evaluation stops within a batch, not after its 1M batches
     assert not (out / "ckpt.pt").exists() and (out / "log.jsonl").read_text() == ""
+
+
+def test_the_main_config_sizes_the_model_for_the_machine(monkeypatch):
+    """config/shakespeare.py without a GPU: the 15-minute CPU recipe in the main out_dir,
+    which sample.py reads by default, and a note that says why; --device=cpu: the baby GPT."""
+    import sample
+
+    monkeypatch.chdir(REPO)
+    baby = train.get_config(["config/shakespeare.py", "--device=cpu"])
+    assert (baby.n_layer, baby.n_embd, baby.block_size, baby.max_iters) == (6, 384, 256, 2500)
+    assert baby.note == "" and baby.eval_at_start is False and baby.max_time == 0
+
+    sized = train.get_config(["config/shakespeare.py"])
+    recipe = train.get_config(["config/shakespeare_cpu_15min.py"])  # named, it is as it was
+    assert recipe.out_dir == "out-shakespeare-char-15min"
+    named = dict(out_dir=recipe.out_dir, note="", wandb_project="gpt", wandb_run_name=None)
+    assert dataclasses.replace(sized, **named) == recipe
+    assert sized.wandb_run_name == "cpu-15min"
+    assert sized.out_dir == baby.out_dir == sample.Settings().out_dir == "out-shakespeare-char"
+    hours = re.search(r"the baby GPT's 2,500 iters would take ([\d.]+) h here", sized.note)
+    assert sized.note.startswith("config/shakespeare.py: no GPU found") and hours, sized.note
+    assert float(hours.group(1)) > 1 and "--device=cpu trains it anyway" in sized.note
+
+    # the command line has the last word, over the recipe the config chose
+    small = train.get_config(["config/shakespeare.py", "--max_iters=50000", "--n_layer=2"])
+    assert small.n_layer == 2 and small.max_iters == 50000 and small.max_time == 900
+    assert small.note == sized.note  # the baby GPT timed as the config writes it, once
+
+    # under torchrun every process would time for itself: none does, all take the recipe
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    untimed = train.get_config(["config/shakespeare.py"])
+    assert dataclasses.replace(untimed, note=sized.note) == sized
+    assert "the baby GPT's 2,500 iters; --device=cpu" in untimed.note
+
+
+def test_main_command_without_a_gpu_trains_a_model_that_sample_finds(data_root, tmp_path):
+    """The README's two commands on a CPU, the run cut to seconds: the first line says what
+    was chosen, nothing is evaluated before the first step, and sample.py reads the model."""
+    out = tmp_path / "out-shakespeare-char"
+    shrink = ["--max_time=2", "--lr_decay_time=2", "--compile=False", "--eval_iters=1"]
+    shrink += ["--eval_full_val=False"]  # the whole val split: seconds that test nothing here
+    argv = ["config/shakespeare.py", f"--data_root={data_root}", f"--out_dir={out}", *shrink]
+    env = child_env(CUDA_VISIBLE_DEVICES="")
+    trained = subprocess.run(
+        [sys.executable, "train.py", *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    first = trained.stdout.splitlines()[0]
+    assert first.startswith("config/shakespeare.py: no GPU found, so a model sized for the CPU")
+    assert "| cpu, float32" in trained.stdout or "| cpu, bfloat16" in trained.stdout
+    log = read_log(out)
+    assert log[0]["iter"] > 0  # no evaluation at iter 0
+    ckpt = load_checkpoint(os.path.join(out, "ckpt.pt"))
+    assert ckpt["model_args"]["n_layer"] == 4 and ckpt["config"]["max_time"] == 2
+    sampled = subprocess.run(
+        [sys.executable, "sample.py", f"--out_dir={out}", "--prompt=ROMEO:"]
+        + ["--max_new_tokens=20", "--num_samples=1"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert sampled.returncode == 0, sampled.stderr[-2000:]
+    assert sampled.stdout.startswith("ROMEO:") and (out / "attention").is_dir()
