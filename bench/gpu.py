@@ -141,9 +141,18 @@ def device_info(dry_run):
 # a. The main command, timed from outside
 
 
+def from_repo(path):
+    """path as the page shows it: from the repository root when it lies inside it."""
+    path = os.path.abspath(path)
+    if path.startswith(REPO + os.sep):
+        return os.path.relpath(path, REPO)
+    return path
+
+
 def train_command(work, dry_run, data_root=""):
-    """(command, out_dir) of the main command in a fresh out_dir under work."""
-    out_dir = os.path.join(os.path.abspath(work), "train")
+    """(command, out_dir) of the main command in a fresh out_dir under work; the
+    command runs from the repository root."""
+    out_dir = from_repo(os.path.join(work, "train"))
     command = [sys.executable, *MAIN_COMMAND, f"--out_dir={out_dir}"]
     if data_root:
         command.append(f"--data_root={data_root}")
@@ -252,6 +261,7 @@ def train_part(cfg, timeout, log):
     from data.shards import DataError
 
     command, out_dir = train_command(cfg.work, cfg.dry_run, cfg.data_root)
+    out_dir = os.path.join(REPO, out_dir)
     shutil.rmtree(out_dir, ignore_errors=True)
     output = os.path.join(cfg.work, "train.log")
     try:
@@ -566,7 +576,7 @@ def missing(rec):
     """The sentence that stands for a part's figures when it has none."""
     where = ""
     if rec.get("log"):
-        where = f" (its output: {rec['log']})"
+        where = f" (its output: {from_repo(rec['log'])})"
     return f"Not measured: {rec['status']}, {rec['error']}{where}."
 
 
@@ -606,7 +616,7 @@ def train_section(rec):
             seconds(rec["first_evaluation_wall_s"]),
         ],
         [
-            "wall time to the first step record (the training step compiled)",
+            "wall time to the first step record (compiling the training step included)",
             seconds(rec["first_step_wall_s"]),
         ],
         [
@@ -719,7 +729,7 @@ def smoke_section(rec):
     lines += [
         "bench/smoke_gpu.py's steps (the CUDA tests, train and resume, sampling, the "
         f"compiled samples' agreement, bench --quick) in the time left: {summary('smoke', rec)}. "
-        "Each step's whole output is in the folder of the run's smoke steps.",
+        f"Each step's whole output is in {from_repo(rec['log'])}.",
         "",
     ]
     rows = [["step", "result", "seconds", "figures or error"]]
@@ -750,7 +760,7 @@ def page(result):
         f"Measured by `{result['command']}` on {device_text(d)}, torch {d['torch']}, "
         f"CUDA {d['cuda']}, Python {d['python']}, on {result['date']}. The four parts ran "
         f"in {result['seconds']:.0f} s of a {result['budget_s']:.0f} s budget, in this order, "
-        f"each within its own; the compile cache started {result['compile_cache']}. Every "
+        f"each within its share; the compile cache started {result['compile_cache']}. Every "
         "figure is also in gpu.json beside this page.",
         "",
         "## Goals",

@@ -1,8 +1,9 @@
 """bench/gpu.py, the script of the GPU figures, checked on the CPU: the FLOPs, bytes and
 MFU of GPT-2 124M built on the meta device against counts done by hand; the peaks of
-faked GPU names; the wall-time watcher and the parser on a real train.py run, its log
-and its output; the page and the JSON from a recorded result; a part killed at its
-budget with what it started; and the command line without CUDA and in a dry run."""
+faked GPU names; a dry run of every part, whose main command is a real train.py run
+watched from outside, its figures checked against its own log and output; the page and
+the JSON from a recorded result; a run or a part killed at its budget with what it
+started; and the command line without CUDA and with bad options."""
 
 import json
 import os
@@ -14,7 +15,7 @@ from statistics import median
 
 import pytest
 import torch
-from conftest import child_env, read_log, tiny_run
+from conftest import child_env
 
 from bench import common, decode, gpu, smoke_gpu
 from model import GPT, GPTConfig
@@ -144,74 +145,87 @@ def test_a_gpu_of_unknown_peak_says_so_on_the_page(fake_gpu, tmp_path):
 
 
 # -----------------------------------------------------------------------------
-# A real train.py run, watched as part a watches the main command
+# A dry run: every part for real at toy size, the main command watched as on a GPU
 
 
 @pytest.fixture(scope="module")
-def watched(data_root, tmp_path_factory):
-    """A tiny train.py run on the CPU, watched: (code, wall seconds, seen, output, out_dir)."""
-    folder = tmp_path_factory.mktemp("watched")
-    out_dir = str(folder / "run")
-    argv = tiny_run(
-        data_root,
-        out_dir,
-        max_iters=12,
-        eval_interval=4,
-        eval_iters=4,
-        log_interval=2,
-        eval_full_val=True,
+def dry_run(data_root, tmp_path_factory):
+    """python -m bench.gpu --dry_run=True: (its process, its --work folder, its result,
+    docs/gpu.md as it was before)."""
+    work = tmp_path_factory.mktemp("dry") / "work"
+    with open(os.path.join(REPO, "docs", "gpu.md")) as f:
+        page_of_record = f.read()
+    proc = bench_gpu(
+        REPO, "--dry_run=True", f"--work={work}", f"--data_root={data_root}", timeout=240
     )
-    output = str(folder / "train.log")
-    code, wall, seen = gpu.watch([sys.executable, "train.py", *argv], out_dir, output, 120)
-    with open(output) as f:
-        return code, wall, seen, f.read(), out_dir
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    with open(work / "gpu.json") as f:
+        return proc, work, json.load(f), page_of_record
 
 
-def test_the_watcher_sees_every_record_of_the_log_in_order(watched):
-    code, wall, seen, text, out_dir = watched
-    assert code == 0, text[-2000:]
-    records, skipped = gpu.read_log(out_dir)
-    assert skipped == 0 and [r for _, r in seen] == records
-    times = [t for t, _ in seen]
-    assert times == sorted(times) and 0 < times[0] and times[-1] <= wall
-    assert [r["iter"] for r in read_log(out_dir)] == [0, 4, 8, 12]
+def test_a_dry_run_goes_through_every_part(dry_run):
+    proc, work, result, page_of_record = dry_run
+    lines = proc.stdout.splitlines()
+    titles = [title for _, title, _ in gpu.PARTS]
+    assert [line.split(":")[0] for line in lines if line.startswith(tuple(titles))] == titles
+    parts = result["parts"]
+    assert [parts[key]["status"] for key in ("train", "gpt2", "decode", "smoke")] == ["ok"] * 4
+    assert result["dry_run"] and result["device"]["type"] == "cpu"
+    # parts b and c, each from its own process
+    assert parts["gpt2"]["tokens_per_s"] > 0 and parts["gpt2"]["mfu"] is None
+    assert parts["decode"]["eager"]["tokens_per_s"] > 0 and parts["decode"]["compiled"] is None
+    assert parts["smoke"]["skipped"] == len(parts["smoke"]["steps"]) > 0
+    with open(work / "gpu.md") as f:
+        text = f.read()
+    assert text.startswith("# GPU figures\n\n**A dry run on the CPU**")
+    assert f"{parts['train']['whole_val_loss']:.4f}" in text
+    assert f"{parts['gpt2']['tokens_per_s']:,.0f}" in text
+    # a dry run writes its page into --work, never over the page of record
+    with open(os.path.join(REPO, "docs", "gpu.md")) as f:
+        assert f.read() == page_of_record
 
 
-def test_the_figures_of_a_real_run(watched):
-    code, wall, seen, text, out_dir = watched
-    fig = gpu.train_figures(seen, 1.47, text)
-    evaluations = read_log(out_dir)
-    steps = [r for r in gpu.read_log(out_dir)[0] if not is_evaluation(r)]
+def test_the_figures_of_a_real_run(dry_run):
+    _, work, result, _ = dry_run
+    fig = result["parts"]["train"]
+    records, skipped = gpu.read_log(str(work / "train"))
+    evaluations = [r for r in records if is_evaluation(r)]
+    steps = [r for r in records if not is_evaluation(r)]
+    assert skipped == 0 and len(evaluations) >= 3
+    # every evaluation of the log on the curve, each timestamped in order, and every step
     assert [(p["iter"], p["val_loss"], p["train_loss"]) for p in fig["curve"]] == [
         (r["iter"], r["val_loss"], r["train_loss"]) for r in evaluations
     ]
+    times = [p["wall_s"] for p in fig["curve"]]
+    assert times == sorted(times) and 0 < times[0] and times[-1] <= fig["wall_s"]
+    assert fig["step_records"] == len(steps) and fig["iters"] == records[-1]["iter"]
     assert fig["whole_val_loss"] == evaluations[-1]["val_loss_full"]
-    assert fig["whole_val_wall_s"] == fig["curve"][-1]["wall_s"]
-    assert fig["iters"] == 12 and fig["step_records"] == len(steps) == 6
+    assert fig["whole_val_wall_s"] == times[-1]
     # the first step record's rate holds the compiling; the median of the others
     assert fig["tokens_per_s"] == median(r["tok_per_s"] for r in steps[1:])
     assert fig["tokens_per_s_run"] == pytest.approx(
         evaluations[-1]["tokens"] / evaluations[-1]["elapsed_s"]
     )
     assert fig["mfu"] is None  # a CPU has no peak
-    assert fig["device_and_dtype"] == "cpu, float32" and fig["ms_per_iter"] > 0
+    with open(work / "train.log") as f:
+        text = f.read()
     assert f"{fig['parameters_m']}M parameters" in text
+    assert fig["device_and_dtype"] == "cpu, float32" and f"({fig['ms_per_iter']} ms/iter)" in text
     # the first evaluation comes before the first step record
-    assert fig["first_evaluation_wall_s"] <= fig["first_step_wall_s"] <= wall
+    assert fig["first_evaluation_wall_s"] <= fig["first_step_wall_s"] <= fig["wall_s"]
 
 
-def test_the_time_to_a_target_the_run_reaches_and_one_it_does_not(watched):
-    code, wall, seen, text, out_dir = watched
-    losses = [r["val_loss"] for r in read_log(out_dir)]
-    assert losses[0] > losses[1]  # the second evaluation is the first this low
-    fig = gpu.train_figures(seen, losses[1], text)
-    assert fig["reached"] == fig["curve"][1] and fig["reached"]["iter"] == 4
-    wall_at_4 = next(t for t, r in seen if is_evaluation(r) and r["iter"] == 4)
-    assert fig["reached"]["wall_s"] == round(wall_at_4, 2)
-    below = min(losses) - 0.5
-    fig = gpu.train_figures(seen, below, text)
-    assert fig["reached"] is None
-    rec = dict(fig, status="ok", error=None, command="python train.py", returncode=0, wall_s=wall)
+def test_the_time_to_a_target_the_run_reaches_and_one_it_does_not(dry_run):
+    _, _, result, _ = dry_run
+    train = result["parts"]["train"]
+    curve = train["curve"]
+    assert train["reached"] is None  # a toy model in 30 iters: far from 1.47
+    assert curve[0]["val_loss"] > curve[1]["val_loss"]  # the second is the first this low
+    reached = gpu.time_to_target(curve, curve[1]["val_loss"])
+    assert reached == curve[1] and reached["wall_s"] > curve[0]["wall_s"]
+    below = min(p["val_loss"] for p in curve) - 0.5
+    assert gpu.time_to_target(curve, below) is None
+    rec = dict(train, target=below, reached=None)
     assert "not reached" in gpu.summary("train", rec)
     result = recorded(RECORDED_DEVICE)
     result["parts"]["train"] = rec
@@ -238,6 +252,26 @@ def test_a_run_out_of_time_is_stopped_with_what_it_started(tmp_path):
     while alive(grandchild) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not alive(grandchild)
+
+
+def test_a_watched_run_out_of_time_is_stopped(tmp_path):
+    # a run that writes one evaluation and then hangs
+    record = json.dumps(dict(iter=0, val_loss=4.0, train_loss=4.0))
+    script = (
+        "import os, sys, time\n"
+        "os.makedirs(sys.argv[1], exist_ok=True)\n"
+        f"open(os.path.join(sys.argv[1], 'log.jsonl'), 'w').write({record!r} + '\\n')\n"
+        "time.sleep(60)\n"
+    )
+    out_dir = str(tmp_path / "run")
+    lines = []
+    t0 = time.monotonic()
+    code, wall, seen = gpu.watch(
+        [sys.executable, "-c", script, out_dir], out_dir, str(tmp_path / "out"), 2, log=lines.append
+    )
+    assert code is None and 2 < wall < 30 and time.monotonic() - t0 < 30
+    assert [r for _, r in seen] == [json.loads(record)] and seen[0][0] <= wall
+    assert lines == [f"   iter 0: val loss 4.0000, {seen[0][0]:.1f} s"]
 
 
 def alive(pid):
@@ -435,7 +469,7 @@ def test_the_page_and_the_json_hold_every_figure(tmp_path):
         "| wall time to the whole-val loss | 63.9 s |",
         "| wall time to the first val estimate <= 1.47 | 55.6 s (iter 500) |",
         "| wall time to the first evaluation (start-up, data, iter 0's evaluation) | 21.4 s |",
-        "| wall time to the first step record (the training step compiled) | 44.8 s |",
+        "| wall time to the first step record (compiling the training step included) | 44.8 s |",
         "| tokens/s (median of 74 step records, the first left out) | 1,234,568 |",
         "| tokens/s over the seconds of training (compile included, evaluations not) | 399,123 |",
         "| MFU (median of the step records) | 12.3% |",
@@ -522,39 +556,3 @@ def test_bad_options_are_one_line(tmp_path, monkeypatch, capsys, args, message):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err
     assert len(err.strip().splitlines()) == 1 and os.listdir(tmp_path) == []
-
-
-def test_a_dry_run_goes_through_every_part(data_root, tmp_path):
-    work = tmp_path / "work"
-    md, js = work / "gpu.md", work / "gpu.json"
-    with open(os.path.join(REPO, "docs", "gpu.md")) as f:
-        page_of_record = f.read()
-    proc = bench_gpu(
-        REPO, "--dry_run=True", f"--work={work}", f"--data_root={data_root}", timeout=240
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    # a dry run writes its page into --work, never over the page of record
-    with open(os.path.join(REPO, "docs", "gpu.md")) as f:
-        assert f.read() == page_of_record
-    lines = proc.stdout.splitlines()
-    titles = [title for _, title, _ in gpu.PARTS]
-    assert [line.split(":")[0] for line in lines if line.startswith(tuple(titles))] == titles
-    with open(js) as f:
-        result = json.load(f)
-    parts = result["parts"]
-    assert [parts[key]["status"] for key in ("train", "gpt2", "decode", "smoke")] == ["ok"] * 4
-    assert result["dry_run"] and result["device"]["type"] == "cpu"
-    # part a read the run's own log
-    evaluations = read_log(str(work / "train"))
-    assert [p["val_loss"] for p in parts["train"]["curve"]] == [r["val_loss"] for r in evaluations]
-    assert parts["train"]["whole_val_loss"] == evaluations[-1]["val_loss_full"]
-    assert parts["train"]["reached"] is None  # a toy model in 30 iters: far from 1.47
-    # parts b and c, each from its own process
-    assert parts["gpt2"]["tokens_per_s"] > 0 and parts["gpt2"]["mfu"] is None
-    assert parts["decode"]["eager"]["tokens_per_s"] > 0 and parts["decode"]["compiled"] is None
-    assert parts["smoke"]["skipped"] == len(parts["smoke"]["steps"]) > 0
-    with open(md) as f:
-        text = f.read()
-    assert text.startswith("# GPU figures\n\n**A dry run on the CPU**")
-    assert f"{parts['train']['whole_val_loss']:.4f}" in text
-    assert f"{parts['gpt2']['tokens_per_s']:,.0f}" in text
