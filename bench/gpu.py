@@ -55,12 +55,12 @@ GOAL_MFU = 0.5  # GPT-2 124M's training step
 POLL_S = 0.05  # how often the training run's log is read
 MIN_PART_S = 10  # a part with less time left is not started
 
-# (key, title, the most it may take as a share of --budget: 248, 90 and 90 s of the
+# (key, title, the most it may take as a share of --budget: 225, 90 and 112 s of the
 # default 450 s); the smoke steps take what is left
 PARTS = [
-    ("train", "a. The main command", 0.55),
+    ("train", "a. The main command", 0.5),
     ("gpt2", "b. GPT-2 124M training steps", 0.2),
-    ("decode", "c. Decoding GPT-2 124M, batch 1", 0.2),
+    ("decode", "c. Decoding GPT-2 124M, batch 1", 0.25),
     ("smoke", "d. The smoke steps", None),
 ]
 
