@@ -17,60 +17,64 @@ import torch
 
 from bench import common
 from model import GPT, GPTConfig
-
-# Peak memory bandwidth in bytes/s (vendor data sheets), matched in order against
-# torch.cuda.get_device_name(); the H100 SXM reports itself as "H100 80GB HBM3".
-PEAK_BANDWIDTH = {
-    "H200": 4.8e12,
-    "H100 NVL": 3.9e12,
-    "H100 PCIe": 2.0e12,
-    "H100": 3.35e12,
-    "A100-SXM4-80GB": 2.039e12,
-    "A100 80GB PCIe": 1.935e12,
-    "A100": 1.555e12,
-}
+from support.mfu import peak_bandwidth
 
 
-def peak_bandwidth(name):
-    """The data-sheet bandwidth of the GPU called name, or None if it is not listed."""
-    return next((bw for key, bw in PEAK_BANDWIDTH.items() if key in name), None)
-
-
-def bench_decode_bandwidth(args, log):
+def gpt2_model(device):
+    """GPT-2 124M with random weights in bf16, for decoding: the same shapes, so the same
+    bytes read per token, as the published weights (nothing to download)."""
     torch.manual_seed(0)
-    shape = common.GPT2_124M
-    model = GPT(GPTConfig(dropout=0.0, bias=True, **shape)).to("cuda", torch.bfloat16).eval()
-    n = shape["block_size"] - 1
-    if args.quick:
-        n = 128
-    prompt = torch.zeros(1, 1, dtype=torch.long, device="cuda")
+    model = GPT(GPTConfig(dropout=0.0, bias=True, **common.GPT2_124M))
+    return model.to(device, torch.bfloat16).eval()
 
-    def compiled():
+
+def decode_bytes(model, n):
+    """(weight bytes, mean cache bytes) read to decode one token, on average over n tokens
+    after a 1-token prompt: every matrix once (the tied head reads all of wte; wpe gives
+    a token one row, so it is left out), and the keys and values of every layer for the
+    positions filled, (1 + n) / 2 of them on average."""
+    c = model.config
+    elem = model.lm_head.weight.element_size()
+    weight_bytes = model.num_params(non_embedding=True) * elem
+    kv_width = c.n_kv_head * (c.n_embd // c.n_head)
+    cache_bytes = 2 * c.n_layer * kv_width * elem * (1 + n) / 2
+    return weight_bytes, cache_bytes
+
+
+def bench_decode(model, n, device, name="GPT-2 124M", compiled=True, repeats=3, log=print):
+    """Greedy decoding of n tokens after a 1-token prompt at batch 1: the eager cached
+    loop and (compiled) the compiled decode step, alternating, each as tokens/s and as a
+    fraction of the bandwidth limit (the device's peak bandwidth over decode_bytes; None
+    where the peak is unknown, or on a CPU)."""
+    prompt = torch.zeros(1, 1, dtype=torch.long, device=device)
+
+    def compiled_path():
         return common.generate_compiled(model, prompt, n)
 
     def eager():
         return model.generate(prompt, n, temperature=0.0)
 
-    log("decode: GPT-2 124M, compiling the decode step ...")
-    t0 = time.perf_counter()
-    common.generate_compiled(model, prompt, 8)
-    torch.cuda.synchronize()
-    compile_s = time.perf_counter() - t0
-    common.check_compiled_greedy(model, compiled(), eager(), "GPT-2 124M")
-    times = common.alternate({"compiled": compiled, "eager": eager}, 3, 1, "cuda")
-    c = model.config
-    elem = model.lm_head.weight.element_size()
-    # every matrix once (the tied head reads all of wte); wpe only gives one row a token
-    weight_bytes = model.num_params(non_embedding=True) * elem
-    # keys and values of every layer for the positions filled, averaged over the run
-    cache_bytes = 2 * c.n_layer * c.n_embd * elem * (1 + n) / 2
-    peak = peak_bandwidth(torch.cuda.get_device_name())
+    fns = {"eager": eager}
+    compile_s = None
+    if compiled:
+        log(f"decode: {name}, compiling the decode step ...")
+        t0 = time.perf_counter()
+        common.generate_compiled(model, prompt, 8)
+        common.sync(device)
+        compile_s = time.perf_counter() - t0
+        common.check_compiled_greedy(model, compiled_path(), eager(), name)
+        fns = {"compiled": compiled_path, "eager": eager}
+    times = common.alternate(fns, repeats, 1, device)
+    weight_bytes, cache_bytes = decode_bytes(model, n)
+    peak = None
+    if device == "cuda":
+        peak = peak_bandwidth(torch.cuda.get_device_name())
     limit = None
     if peak:
         limit = peak / (weight_bytes + cache_bytes)
     row = dict(
-        model="GPT-2 124M",
-        dtype="bfloat16",
+        model=name,
+        dtype=str(model.lm_head.weight.dtype).removeprefix("torch."),
         batch=1,
         new_tokens=n,
         compile_s=compile_s,
@@ -78,6 +82,7 @@ def bench_decode_bandwidth(args, log):
         mean_cache_bytes=cache_bytes,
         peak_bandwidth=peak,
         limit_tokens_per_s=limit,
+        compiled=None,
     )
     for key, ts in times.items():
         tps = n / median(ts)
@@ -86,6 +91,13 @@ def bench_decode_bandwidth(args, log):
             fraction = tps / limit
         row[key] = dict(tokens_per_s=tps, fraction_of_limit=fraction, samples_s=ts)
     return row
+
+
+def bench_decode_bandwidth(args, log):
+    n = common.GPT2_124M["block_size"] - 1
+    if args.quick:
+        n = 128
+    return bench_decode(gpt2_model("cuda"), n, "cuda", log=log)
 
 
 def fraction_cell(x):

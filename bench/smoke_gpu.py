@@ -17,9 +17,11 @@ output to out-smoke-gpu/<step>.log. Without CUDA it says so and does nothing.
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
+import functools
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -28,6 +30,7 @@ import torch
 
 OUT = "out-smoke-gpu"
 STEP_TIMEOUT = 900  # seconds; compiling is the slow part
+MIN_STEP_S = 10  # under a deadline, a step with less time left is not started
 SEPARATOR = "-" * 40  # what sample.py prints after each sample
 
 # Figures read from a step's output, as (name, pattern): the last match wins,
@@ -121,17 +124,43 @@ def first_difference(a, b):
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def run_step(name, command, out):
+def run_command(command, timeout, cwd=None):
+    """(return code, stdout, stdout + stderr) of command, run to its end or for timeout
+    seconds; the code is None if it ran out of time. The command runs in a process group
+    of its own, killed whole at the timeout (or on Ctrl-C here), so that no compile worker
+    or test process it started lives on and holds the GPU."""
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        return proc.returncode, stdout, stdout + stderr
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        stdout, stderr = proc.communicate()
+        return None, stdout, stdout + stderr + f"\ntimed out after {timeout:.0f} s"
+    except BaseException:
+        kill_group(proc)
+        raise
+
+
+def kill_group(proc):
+    """Kill the process group that proc leads (it was started in a session of its own)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # every process of the group has ended
+
+
+def run_step(name, command, out, timeout=STEP_TIMEOUT):
     """Run one step; its record: command, return code, seconds, figures, error."""
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=STEP_TIMEOUT)
-        code, stdout, text = proc.returncode, proc.stdout, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as e:
-        stdout = (
-            e.stdout if isinstance(e.stdout, str) else (e.stdout or b"").decode(errors="replace")
-        )
-        code, text = None, stdout + f"\ntimed out after {STEP_TIMEOUT} s"
+    code, stdout, text = run_command(command, timeout)
     log = os.path.join(out, re.sub(r"[^\w.]+", "_", name).strip("_") + ".log")
     with open(log, "w") as f:
         f.write(" ".join(command) + "\n\n" + text)
@@ -149,9 +178,47 @@ def run_step(name, command, out):
     )
 
 
+def not_run(name, command, why):
+    """The record of a step left out: not ok, with the reason as its error."""
+    return dict(
+        name=name,
+        command=command,
+        returncode=None,
+        seconds=0.0,
+        ok=False,
+        skipped=True,
+        figures={},
+        log=None,
+        stdout="",
+        error=why,
+    )
+
+
+def run_steps(out, deadline=None, log=print):
+    """Every step in order, then the checks across them, each line printed as it ends.
+    deadline (time.monotonic()): a step gets at most the time left before it, and the
+    steps with under MIN_STEP_S left are not run. The records, in order."""
+    records = []
+    for step, command in steps(out):
+        timeout = STEP_TIMEOUT
+        if deadline is not None:
+            timeout = min(STEP_TIMEOUT, deadline - time.monotonic())
+        if timeout < MIN_STEP_S:
+            records.append(not_run(step, command, "not run: no time left"))
+        else:
+            records.append(run_step(step, command, out, timeout))
+        log(report(records[-1]))
+    for check in compare(records):
+        records.append(check)
+        log(report(check))
+    return records
+
+
 def report(rec):
     """One line for a step."""
     shown = ", ".join(f"{k} {v}" for k, v in rec["figures"].items())
+    if rec.get("skipped"):
+        return f"skip  {rec['name']}: {rec['error']}"
     if rec["ok"]:
         return f"ok    {rec['name']} ({rec['seconds']:.0f} s){': ' + shown if shown else ''}"
     return f"FAIL  {rec['name']} ({rec['seconds']:.0f} s): {rec['error']} (see {rec['log']})"
@@ -196,13 +263,7 @@ def main(out=OUT):
         f"torch {torch.__version__}, CUDA {torch.version.cuda}",
         flush=True,
     )
-    records = []
-    for step, command in steps(out):
-        records.append(run_step(step, command, out))
-        print(report(records[-1]), flush=True)
-    for check in compare(records):
-        records.append(check)
-        print(report(check), flush=True)
+    records = run_steps(out, log=functools.partial(print, flush=True))
     path = os.path.join(out, "smoke.json")
     with open(path, "w") as f:
         json.dump(

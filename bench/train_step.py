@@ -10,13 +10,14 @@ import support.before_torch  # bfloat16 tried in a child process, before torch l
 
 import dataclasses
 import sys
+import time
 from statistics import median
 
 import torch
 
 from bench import common
 from model import GPT, GPTConfig
-from support.mfu import estimate_mfu
+from support.mfu import estimate_mfu, flops_per_token
 from support.optim import configure_optimizers
 
 
@@ -159,6 +160,52 @@ def bench_case(name, shape, batch, counts, args):
         row["hf_fused_gelu"]["ms_per_step"] / row["ours"]["ms_per_step"]
     )
     return row
+
+
+def bench_ours(shape, batch, counts, device, compiled):
+    """Our model's training step alone, as train.py runs it (AdamW, bf16 autocast on a
+    GPU, compiled on request), on random tokens: the GPU figures' GPT-2 124M. The first
+    step, where compiling happens, is timed apart from the warm-up and the repeats."""
+    warmup, repeats, calls = counts
+    T = shape["block_size"]
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(dropout=0.0, bias=True, **shape)).to(device)
+    module = model
+    if compiled:
+        module = torch.compile(model)
+    optimizer = configure_optimizers(model, 0.1, 1e-4, (0.9, 0.95), device)
+    seq = torch.randint(0, shape["vocab_size"], (batch, T + 1), device=device)
+    step = train_step_fn(module, our_loss(seq[:, :-1], seq[:, 1:]), optimizer, device)
+    common.sync(device)
+    t0 = time.perf_counter()
+    step()
+    common.sync(device)
+    first_step_s = time.perf_counter() - t0
+    for _ in range(warmup - 1):
+        step()
+    times = common.alternate({"ours": step}, repeats, calls, device)["ours"]
+    dt = median(times)
+    tokens = batch * T
+    autocast = None
+    if device == "cuda":
+        autocast = "bf16"
+    return dict(
+        model=shape,
+        parameters=model.num_params(),
+        batch=batch,
+        tokens_per_step=tokens,
+        compiled=compiled,
+        autocast=autocast,
+        first_step_s=first_step_s,
+        warmup_steps=warmup,
+        repeats=repeats,
+        steps_per_repeat=calls,
+        ms_per_step=dt * 1e3,
+        tokens_per_s=tokens / dt,
+        flops_per_token=flops_per_token(model),
+        mfu=estimate_mfu(model, tokens, dt),
+        samples_ms=[t * 1e3 for t in times],
+    )
 
 
 def bench_train(args, log):

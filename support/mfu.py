@@ -1,6 +1,8 @@
 """
-Model FLOPs utilisation (MFU): the training FLOPs a run does per second, as a fraction of
-its GPU's peak. train.py shows it beside the loss.
+What a GPU can do at most, by its name, and how near a run comes to it: model FLOPs
+utilisation (MFU), the training FLOPs a run does per second as a fraction of the GPU's
+bf16 peak (train.py shows it beside the loss), and the memory bandwidth that bounds
+decoding one token at a time (bench/decode.py).
 """
 
 import torch
@@ -18,9 +20,42 @@ PEAK_FLOPS = {
     "A100": 312e12,
     "A800": 312e12,
     "L40S": 362e12,
+    "L40": 181e12,
     "L4": 121e12,
     "A10": 125e12,
 }
+
+# Peak memory (HBM or GDDR) bandwidth in bytes/s, from the same data sheets (NVIDIA's
+# H200, H100, GH200, A100, A800, L40S, L40, L4 and A10 sheets), matched the same way.
+# GH200 before H200, which its name contains; the A100's 40 GB models are the bare name.
+PEAK_BANDWIDTH = {
+    "GH200 144G": 4.9e12,  # HBM3e
+    "GH200": 4.0e12,  # HBM3, 96 GB
+    "H200": 4.8e12,  # SXM and NVL alike
+    "H100 NVL": 3.9e12,
+    "H100 PCIe": 2.0e12,
+    "H100": 3.35e12,  # SXM
+    "H800 PCIe": 2.0e12,
+    "H800": 3.35e12,
+    "A100-SXM4-80GB": 2.039e12,
+    "A100 80GB PCIe": 1.935e12,
+    "A100": 1.555e12,
+    "A800-SXM4-80GB": 2.039e12,
+    "A800 80GB PCIe": 1.935e12,
+    "A800": 1.555e12,
+    "L40S": 864e9,
+    "L40": 864e9,
+    "L4": 300e9,
+    "A10": 600e9,
+}
+
+
+def lookup(table, device_name):
+    """The first entry of table whose key is part of device_name, or None."""
+    for key, value in table.items():
+        if key in device_name:
+            return value
+    return None
 
 
 def flops_per_token(model):
@@ -32,10 +67,17 @@ def flops_per_token(model):
 
 def peak_flops(device_name):
     """The bf16 peak of a GPU by name, or None for one not in PEAK_FLOPS."""
-    for key, flops in PEAK_FLOPS.items():
-        if key in device_name:
-            return flops
-    return None
+    return lookup(PEAK_FLOPS, device_name)
+
+
+def peak_bandwidth(device_name):
+    """The data-sheet memory bandwidth of a GPU by name, or None for one not in PEAK_BANDWIDTH."""
+    return lookup(PEAK_BANDWIDTH, device_name)
+
+
+def mfu(flops, tokens, seconds, peak):
+    """The fraction of peak (FLOP/s) reached by tokens tokens of flops FLOPs each in seconds."""
+    return flops * tokens / seconds / peak
 
 
 def estimate_mfu(model, tokens_per_iter, dt):
@@ -46,4 +88,4 @@ def estimate_mfu(model, tokens_per_iter, dt):
     peak = peak_flops(torch.cuda.get_device_name())
     if peak is None:
         return None
-    return flops_per_token(model) * tokens_per_iter / dt / peak
+    return mfu(flops_per_token(model), tokens_per_iter, dt, peak)
