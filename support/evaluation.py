@@ -41,13 +41,16 @@ def mean_loss(run: Run, model, data, batches, desc):
 
 def estimate_loss(run: Run, seed):
     """Loss on eval_iters random batches per split. The generator is a fresh one,
-    so evaluating never shifts the training batches."""
+    so evaluating never shifts the training batches. The model runs as written, not
+    compiled: compiling its eval-mode graph as well took longer than the forward
+    passes it would speed up (some 40 s of a CPU run's 90 s of compiling, for
+    evaluations of a few seconds; docs/benchmarks.md)."""
     gen, B, T = torch.Generator().manual_seed(seed), run.cfg.batch_size, run.cfg.block_size
     losses = {}
     for split, data in run.splits.items():
         starts = torch.randint(len(data) - T, (run.cfg.eval_iters, B), generator=gen)  # (iters, B)
         batches = [(row, T) for row in starts]
-        losses[split] = mean_loss(run, run.model, data, batches, f"evaluating {split}")
+        losses[split] = mean_loss(run, run.raw, data, batches, f"evaluating {split}")
     return losses
 
 

@@ -30,7 +30,7 @@ class Run:
     dtype: str  # 'float32', 'bfloat16' or 'float16': the forward pass's autocast
     ctx: Callable  # a new precision_context for this device, dtype and block_size
     raw: GPT  # the model itself: what is saved and what the whole val split scores
-    model: torch.nn.Module  # raw, compiled if compile is on: what evaluates
+    model: torch.nn.Module  # raw, compiled if compile is on: what ddp_model wraps
     ddp_model: torch.nn.Module  # model, inside DDP with more than one process: what trains
     optimizers: list  # [AdamW], or [Muon, AdamW]; they step together
     scaler: torch.amp.GradScaler  # loss scaling, enabled for float16 only

@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 
@@ -227,6 +228,7 @@ def test_memmap_batches_equal_in_memory_batches(data_root, tmp_path, monkeypatch
 # Data parallel
 
 
+@pytest.mark.exclusive
 def test_torchrun_two_processes_match_one(data_root, tmp_path):
     common = [
         "--gradient_accumulation_steps=2",
@@ -466,6 +468,7 @@ def test_timing_a_step_leaves_the_run_untouched(data_root, tmp_path):
     assert torch.equal(before[2], after[2]) and torch.equal(before[3], after[3])
 
 
+@pytest.mark.exclusive
 def test_a_gpu_config_without_a_gpu_says_so_estimates_and_stops_in_an_evaluation(
     data_root, tmp_path
 ):
@@ -491,20 +494,27 @@ def test_a_gpu_config_without_a_gpu_says_so_estimates_and_stops_in_an_evaluation
         stderr=subprocess.PIPE,
         text=True,
     )
+    # stderr read as it comes: the evaluation's progress bar would fill the pipe and
+    # stop the child before it says anything more
+    errors = []
+    drain = threading.Thread(target=lambda: errors.extend(child.stderr), daemon=True)
+    drain.start()
     try:
         lines = []
         while not any("should take about" in line for line in lines):
             line = child.stdout.readline()
-            assert line, "".join(lines) + child.stderr.read()
+            assert line, "".join(lines + errors)
             lines.append(line)
         time.sleep(2.0)  # inside the first evaluation
         child.send_signal(signal.SIGTERM)
         sent = time.time()
-        stdout, stderr = child.communicate(timeout=60)
+        child.wait(timeout=60)
         took = time.time() - sent
+        stdout = "".join(lines) + child.stdout.read()
+        drain.join(timeout=60)
+        stderr = "".join(errors)
     finally:
         child.kill()
-    stdout = "".join(lines) + stdout
     assert child.returncode == 0, stderr
     assert "no GPU found" in lines[0] and "python train.py config/shakespeare.py" in lines[0]
     assert any(line.startswith("timing one step") for line in lines)  # said before the wait
@@ -532,11 +542,13 @@ def test_the_main_config_sizes_the_model_for_the_machine(monkeypatch):
     baby = train.get_config(["config/shakespeare.py", "--device=cpu"])
     assert (baby.n_layer, baby.n_embd, baby.block_size, baby.max_iters) == (6, 384, 256, 2500)
     assert baby.note == "" and baby.eval_at_start is False and baby.max_time == 0
+    assert baby.eval_iters * baby.batch_size * baby.block_size < 4 * 111_540  # the val split
 
     sized = train.get_config(["config/shakespeare.py"])
     recipe = train.get_config(["config/shakespeare_cpu_15min.py"])  # named, it is as it was
     assert recipe.out_dir == "out-shakespeare-char-15min"
     named = dict(out_dir=recipe.out_dir, note="", wandb_project="gpt", wandb_run_name=None)
+    named["eval_interval"] = recipe.eval_interval  # evaluations: fewer, to fit 16 minutes
     assert dataclasses.replace(sized, **named) == recipe
     assert sized.wandb_run_name == "cpu-15min"
     assert sized.out_dir == baby.out_dir == sample.Settings().out_dir == "out-shakespeare-char"
@@ -591,3 +603,19 @@ def test_main_command_without_a_gpu_trains_a_model_that_sample_finds(data_root, 
     )
     assert sampled.returncode == 0, sampled.stderr[-2000:]
     assert sampled.stdout.startswith("ROMEO:") and (out / "attention").is_dir()
+
+
+def test_an_evaluation_compiles_nothing(data_root, tmp_path):
+    """A compiled run evaluates the model as written: estimate_loss gives the losses the
+    uncompiled model gives, and dynamo compiles no graph for it."""
+    import torch._dynamo
+
+    cfg = train.get_config(tiny_run(data_root, tmp_path / "out", "--compile=True"))
+    r = train.setup(cfg)
+    assert r.model is not r.raw  # compiled, lazily: nothing compiles before the first call
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    losses = evaluation.estimate_loss(r, seed=3)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0
+    plain = train.setup(dataclasses.replace(cfg, compile=False))
+    assert losses == evaluation.estimate_loss(plain, seed=3)
