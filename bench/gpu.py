@@ -612,12 +612,12 @@ def train_section(rec):
         ["wall time to the whole-val loss", when],
         [f"wall time to the first val estimate <= {rec['target']}", reached],
         [
-            "wall time to the first evaluation (start-up, data, iter 0's evaluation)",
-            seconds(rec["first_evaluation_wall_s"]),
+            "wall time to the first step record (start-up, data, compiling the step included)",
+            seconds(rec["first_step_wall_s"]),
         ],
         [
-            "wall time to the first step record (compiling the training step included)",
-            seconds(rec["first_step_wall_s"]),
+            "wall time to the first evaluation",
+            seconds(rec["first_evaluation_wall_s"]),
         ],
         [
             f"tokens/s (median of {max(rec['step_records'] - 1, 0)} step records, the first "

@@ -1,6 +1,9 @@
 import atexit
+import contextlib
 import copy
+import fcntl
 import hashlib
+import io
 import os
 import re
 import shutil
@@ -46,6 +49,68 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+# -----------------------------------------------------------------------------
+# Every core: pytest-xdist runs the tests in one process per core (pyproject.toml's
+# addopts). A test marked `exclusive` starts several busy processes (torchrun, a
+# browser beside a server) or times something: it runs alone, the other workers
+# waiting between their tests, so that it neither fights them for the cores nor
+# measures them. Two file locks that every worker of the run shares do it: each
+# test holds `cores` shared, an exclusive one holds it exclusively; a worker takes
+# `turn` on the way in, so that one waiting to run alone stops the others starting
+# anything new, and is not starved by their stream of short tests.
+
+
+def pytest_xdist_auto_num_workers(config):
+    """-n auto: a worker per core this process may use, at most 8 (each imports torch
+    and makes the session's fixtures again)."""
+    if hasattr(os, "sched_getaffinity"):  # Linux: the cores this process may use
+        return min(8, len(os.sched_getaffinity(0)))
+    return min(8, os.cpu_count() or 1)
+
+
+@contextlib.contextmanager
+def file_lock(path, mode):
+    with open(path, "a") as f:
+        fcntl.flock(f, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def locks_folder():
+    """The folder of the run's two locks, or None with one process; the first
+    worker to finish removes it (the others, their tests done, need it no more)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        return None
+    folder = os.path.join(tempfile.gettempdir(), f"gpt-tests-{run}")
+    if not os.path.isdir(folder):
+        os.makedirs(folder, exist_ok=True)
+        atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
+@contextlib.contextmanager
+def share_of_the_cores(exclusive):
+    folder = locks_folder()
+    if folder is None:  # one process: nothing to share
+        yield
+        return
+    mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+    with contextlib.ExitStack() as locks:
+        with file_lock(os.path.join(folder, "turn"), fcntl.LOCK_EX):
+            locks.enter_context(file_lock(os.path.join(folder, "cores"), mode))
+        yield
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """The test's setup, call and teardown, alone where it is marked exclusive."""
+    with share_of_the_cores(item.get_closest_marker("exclusive") is not None):
+        return (yield)
+
+
 # The corpus is never committed. The tests find it where the prepare scripts
 # do (data/prepare.find_shakespeare), or in the folder beside the checkout.
 BESIDE = os.path.join(os.path.dirname(ROOT), "shared", "data", "tinyshakespeare", "input.txt")
@@ -56,8 +121,8 @@ def repo_root():
     return ROOT
 
 
-@pytest.fixture(scope="session")
-def corpus_path():
+def find_corpus():
+    """The path of tiny Shakespeare, or the run stops with one line saying where to put it."""
     from data.shards import DataError
     from data.tiny_shakespeare import SHAKESPEARE_ENV, find_shakespeare, shakespeare_dir
 
@@ -70,6 +135,21 @@ def corpus_path():
             f"{os.path.join(folder, 'input.txt')} or set {SHAKESPEARE_ENV}=PATH",
             returncode=2,
         )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection(session):
+    """In the first process, before any worker starts: a worker that stopped for the
+    corpus would be reported as crashed, its line lost."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        # its progress lines would stand beside pytest's own; a failure says it all
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            find_corpus()
+
+
+@pytest.fixture(scope="session")
+def corpus_path():
+    return find_corpus()
 
 
 @pytest.fixture(scope="session")

@@ -129,6 +129,7 @@ def query_title(position, token):
 
 
 @needs_chromium
+@pytest.mark.exclusive
 def test_a_browser_runs_the_page(written, tmp_path):
     """The script ran: the head buttons carry the labels, the last token is the query."""
     dom = browser_dom(written["path"], tmp_path / "profile")
@@ -151,6 +152,7 @@ document.querySelectorAll("#tokens span")[20].dispatchEvent(new MouseEvent("mous
 
 
 @needs_chromium
+@pytest.mark.exclusive
 def test_picking_a_head_and_hovering_a_token_shows_its_weights(written, tmp_path):
     page = tmp_path / "index.html"
     page.write_text(written["html"].replace("</body>", PICK_AND_HOVER), encoding="utf-8")

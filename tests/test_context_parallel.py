@@ -41,6 +41,7 @@ def args(data_root, out_dir, *extra):
     ],
     ids=["learned-zigzag", "rope-gqa-contiguous-2x2"],
 )
+@pytest.mark.exclusive
 def test_sequence_split_over_two_processes_trains_as_one(data_root, tmp_path, processes, model):
     """Each sequence over 2 processes: alone, or twice side by side, data-parallel."""
     one, two = tmp_path / "one", tmp_path / "two"

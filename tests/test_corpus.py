@@ -601,6 +601,7 @@ def test_a_vocabulary_past_uint16_cannot_make_one_text(tmp_path):
     assert not os.path.exists(tmp_path / "meta.json")
 
 
+@pytest.mark.exclusive
 def test_two_processes_match_one_on_shards_with_hellaswag(tmp_path, documents):
     """DDP over torchrun reads the same shards, and HellaSwag's counts summed
     over the processes give the one-process scores."""

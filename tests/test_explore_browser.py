@@ -141,6 +141,7 @@ def drive(driver, url, prompt, head, downloads, screenshot):
     return seen
 
 
+@pytest.mark.exclusive
 def test_the_page_in_a_browser(trained, tmp_path):  # noqa: F811
     server, guard = serve(Explorer(trained["model"], trained["tok"]))
     downloads = tmp_path / "downloads"

@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 # pytest puts tests/ on the path: train.py's settings, the server and the browser helpers
 from conftest import ROOT, child_env, read_log, tiny_run
 from test_explore import serve
@@ -74,6 +76,7 @@ def wait_until_logged(child, run, n):
     child.send_signal(signal.SIGSTOP)
 
 
+@pytest.mark.exclusive
 def test_the_page_follows_a_run_being_trained(data_root, tmp_path):
     run = str(tmp_path / "run")
     argv = tiny_run(

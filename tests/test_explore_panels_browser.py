@@ -9,6 +9,8 @@ Skipped only where chromium or chromedriver is not installed, as the page's othe
 import shutil
 from urllib.parse import parse_qs, urlencode, urlparse
 
+import pytest
+
 # pytest puts tests/ on the path: the model, the run's folder, the browser of the other tests
 from test_explore import PROMPT, serve, trained  # noqa: F401 (a fixture)
 from test_explore_browser import browser, pytestmark, wait_for  # noqa: F401 (the skip mark)
@@ -72,6 +74,7 @@ def shown(token):
     return token.replace(" ", "\u2423").replace("\n", "\u21b5")
 
 
+@pytest.mark.exclusive
 def test_why_lens_patching_and_steps_from_a_shared_address(trained, run_dir, tmp_path):  # noqa: F811
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By

@@ -452,6 +452,7 @@ def test_ddp_splits_the_compiled_graph_at_its_buckets(tmp_path, monkeypatch):
         torch._dynamo.reset()
 
 
+@pytest.mark.exclusive
 def test_ddp_compiled_with_no_sync_matches_one_process(data_root, tmp_path):
     """Two gloo processes with the compiled model and two micro-steps each (the
     first under no_sync) log the losses of one process doing all four."""

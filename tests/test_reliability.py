@@ -250,6 +250,7 @@ train.main(sys.argv[2:])
 """
 
 
+@pytest.mark.exclusive
 def test_ddp_rank_failure_stops_all_ranks(inputs, tmp_path):
     wrapper = tmp_path / "ddp_fault.py"
     wrapper.write_text(DDP_FAULT)

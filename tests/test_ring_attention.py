@@ -151,6 +151,7 @@ def gathered(parts, size, zigzag, T):
 
 
 @pytest.mark.parametrize("size", [2, 4])
+@pytest.mark.exclusive
 def test_ring_equals_explicit_attention(size, tmp_path):
     # T / P is not a multiple of the block (5), nor is any zigzag piece
     T, cases = 56, {}
