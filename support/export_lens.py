@@ -186,11 +186,15 @@ def hf_tokenizer(tok):
 
 
 @torch.no_grad()
-def hooked_transformer(model, tok=None, mlp_spelling="relu2"):
+def hooked_transformer(model, tok=None, mlp_spelling="relu2", processed=False):
     """A HookedTransformer in float32 on the CPU holding model's weights as they are (no
     LayerNorm folded, nothing centred); tok, data/tokenizer.py's, lets it take strings.
     A feature TransformerLens lacks is a LensError. mlp_spelling: "relu2", or "gated" (a
-    ReLU² model's MLP as a gated one with its gate weights equal to its input weights)."""
+    ReLU² model's MLP as a gated one with its gate weights equal to its input weights).
+    processed: TransformerLens's own processing, as its from_pretrained does (LayerNorm
+    folded into the next weights, writing weights and the unembedding centred, value
+    biases folded): the same attention patterns and log-probabilities, logits moved by a
+    constant per position, and the convention of its composition scores and heads.py's."""
     from transformer_lens import HookedTransformer
 
     why = refusal(model.config)
@@ -206,10 +210,10 @@ def hooked_transformer(model, tok=None, mlp_spelling="relu2"):
     )
     lens.load_and_process_state_dict(
         lens_state_dict(model, mlp_spelling),
-        fold_ln=False,
-        center_writing_weights=False,
-        center_unembed=False,
-        fold_value_biases=False,
+        fold_ln=processed,
+        center_writing_weights=processed,
+        center_unembed=processed,
+        fold_value_biases=processed,
     )
     c = model.config
     hs = c.n_embd // c.n_head

@@ -388,6 +388,30 @@ def test_hooked_transformer_gives_model_py_logits_and_patterns(name, chars):
     assert lens.to_tokens("ROMEO:", prepend_bos=False)[0].tolist() == chars.encode("ROMEO:")
 
 
+@pytest.mark.parametrize("name", ["classic, bias", "15-minute recipe", "grouped-query"])
+def test_processed_as_transformer_lens_does_gives_heads_py_composition_scores(name, chars):
+    """TransformerLens's processing (LayerNorm folded, writing weights centred) keeps the
+    patterns and log-probabilities, and its composition scores are support/composition.py's
+    on rotary, QK-norm and grouped-query models too."""
+    from support.composition import composition_scores
+    from support.export_lens import hooked_transformer
+
+    model = tiny(chars, **CONFIGS[name][0])
+    lens = hooked_transformer(model, processed=True)
+    idx = tokens(BLOCK, chars.vocab_size)
+    with torch.no_grad():
+        ours, maps = model.attention_maps(idx)
+        logits, cache = lens.run_with_cache(idx)
+    assert (ours.log_softmax(-1) - logits.log_softmax(-1)).abs().max() <= EXACT
+    for layer, weights in enumerate(maps):
+        assert (cache["pattern", layer] - weights).abs().max() <= EXACT
+    found = composition_scores(model)
+    later = torch.tensor([[0, 1], [0, 0]], dtype=torch.bool)[:, None, :, None].expand(2, 4, 2, 4)
+    for kind in ("q", "k", "v"):
+        theirs = lens.all_composition_scores(kind.upper())
+        assert (found[kind][later] - theirs[later]).abs().max() <= EXACT
+
+
 def test_relu2_as_a_gated_mlp_is_the_same_model(chars):
     """relu(a) * a = relu(a)^2: the gated spelling, gate and input weights equal."""
     from support.export_lens import LensError, hooked_transformer
