@@ -302,7 +302,12 @@ def export(model, tok, target):
     texts |= tokenizer_files(tok, max_length)
 
     def write(folder):
-        save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+        weights = os.path.join(folder, "model.safetensors")
+        save_file(tensors, weights, metadata={"format": "pt"})
+        # safetensors writes its file readable by its owner alone; the folder is for sharing
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(weights, 0o666 & ~umask)
         for name, text in texts.items():
             with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
                 f.write(text)

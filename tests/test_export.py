@@ -39,6 +39,7 @@ RECIPE = dict(bias=False, rope=True, qk_norm=True, activation="relu2")
 CONFIGS = {
     "classic, bias": (dict(bias=True), "GPT2LMHeadModel"),
     "classic, no bias": (dict(bias=False), "GPT2LMHeadModel"),
+    "learned positions, ReLU²": (dict(bias=False, activation="relu2"), "GPT2LMHeadModel"),
     "rotary alone": (dict(bias=False, rope=True), "GPTNeoXForCausalLM"),
     "cpu recipe": (RECIPE, "HackableGPTForCausalLM"),
     "15-minute recipe": (dict(RECIPE, qk_gain=True), "HackableGPTForCausalLM"),
