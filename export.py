@@ -34,12 +34,18 @@ class Settings:
     out_dir: str = "out-shakespeare-char"  # the checkpoint's folder
     # "" = out_dir's checkpoint; or a checkpoint folder or file, or a Hugging Face folder
     init_from: str = ""
-    to: str = ""  # the folder to write: new, or empty
+    to: str = ""  # the folder to write (new, or empty); with --format=gguf, the file
+    # hf: a folder for transformers; gguf: one file for llama.cpp (GPT-2's kind, with a BPE)
+    format: str = "hf"
 
 
 def main(cfg):
+    if cfg.format not in ("hf", "gguf"):
+        raise ExportError(f"--format must be hf or gguf, not {cfg.format!r}")
     if not cfg.to:
-        raise ExportError("pass the folder to write as --to=DIR")
+        raise ExportError("pass the folder to write as --to=DIR (a file for --format=gguf)")
+    if cfg.format == "gguf":
+        return main_gguf(cfg)
     # before the model loads: an answer in a second, not after the work
     check_target(os.path.abspath(cfg.to))
     model, tok, _ = load_model(cfg.init_from, cfg.out_dir)
@@ -53,6 +59,16 @@ def main(cfg):
     if kind == "hackable_gpt":
         remote = ", trust_remote_code=True"
     print(f'load it with AutoModelForCausalLM.from_pretrained("{cfg.to}"{remote})')
+
+
+def main_gguf(cfg):
+    from support.export_gguf import write_gguf
+
+    model, tok, _ = load_model(cfg.init_from, cfg.out_dir)
+    write_gguf(model.eval(), tok, cfg.to)
+    c = model.config
+    print(f"wrote {cfg.to}: gpt2, {c.n_layer} layers x {c.n_head} heads, {c.n_embd} wide")
+    print(f"run it with llama.cpp: llama-cli -m {cfg.to} -p 'ROMEO:'")
 
 
 def run(argv):

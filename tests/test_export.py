@@ -366,6 +366,67 @@ def test_a_failed_write_leaves_no_folder_and_a_killed_one_is_swept(tmp_path):
 
 
 # -----------------------------------------------------------------------------
+# GGUF: a GPT-2-class model with GPT-2's BPE as llama.cpp's file
+
+
+def test_gguf_holds_a_bpe_model_as_transformers_reads_it(text, tmp_path):
+    """transformers reads GGUF files with gguf's own tables of llama.cpp's names: the
+    same logits, and the tokenizer built from the file's tokens and merges. A BPE trained
+    here, the same kind of file as GPT-2's with a vocabulary small enough to read fast."""
+    pytest.importorskip("gguf")  # requirements.txt lists it
+    from support.export_gguf import write_gguf
+
+    bpe = train_bpe([text[:50_000]], 512)
+    torch.manual_seed(0)
+    config = GPTConfig(block_size=BLOCK, vocab_size=576, n_layer=2, n_head=2, n_embd=16)
+    model = GPT(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    write_gguf(model.eval(), bpe, str(tmp_path / "model.gguf"))
+    assert files(tmp_path) == ["model.gguf"]
+    # transformers' GGUF reader takes context_length for another field: n_positions given
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file="model.gguf", n_positions=BLOCK
+    )
+    idx = tokens(BLOCK, bpe.vocab_size)
+    with torch.no_grad():
+        assert (model(idx)[0] - hf.eval()(idx).logits).abs().max() <= EXACT
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="model.gguf")
+    sample = text[50_000:60_000] + " naïve \U0001f600"
+    assert tok(sample)["input_ids"] == bpe.encode(sample)
+    assert tok.decode(bpe.encode(sample)) == sample
+
+
+def test_gguf_vocabulary_of_gpt2_is_tiktokens(tmp_path):
+    """GPT-2's tokens in the file, in GPT-2's byte-level spelling, are tiktoken's bytes."""
+    pytest.importorskip("gguf")
+    from data.tokenizer import _BYTE_LEVEL_CHARS
+    from support.export_gguf import bpe_vocabulary
+
+    gpt2 = GPT2Tokenizer()
+    token_list, types, merges, eot = bpe_vocabulary(gpt2, 50304)
+    assert len(token_list) == 50304 and len(merges) == 50000 and eot == 50256
+    assert token_list[50256] == "<|endoftext|>" and token_list[50257] == "[PAD50257]"
+    for i in range(50256):
+        spelled = bytes(_BYTE_LEVEL_CHARS[c] for c in token_list[i])
+        assert spelled == gpt2.encoding.decode_single_token_bytes(i), i
+
+
+def test_gguf_refuses_what_gpt2_cannot_hold_by_name(run, chars, tmp_path, capsys):
+    import export as command
+    from support.export_gguf import GGUFError, write_gguf
+
+    with pytest.raises(GGUFError, match="no character vocabulary"):
+        write_gguf(tiny(chars, bias=False), chars, str(tmp_path / "a.gguf"))
+    code = command.run([f"--out_dir={run['run']}", "--format=gguf", f"--to={tmp_path / 'b.gguf'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith("error: GGUF's gpt2 architecture has no rotary positions (rope)")
+    assert files(tmp_path) == []
+
+
+# -----------------------------------------------------------------------------
 # TransformerLens: a HookedTransformer with model.py's logits and attention patterns
 
 
