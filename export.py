@@ -3,6 +3,7 @@ Export a model trained here to a folder that Hugging Face transformers loads off
 
     python export.py --out_dir=out-shakespeare-char-cpu --to=hf-shakespeare
     python export.py --init_from=out-induction/snapshots/iter_000500.pt --to=hf-induction
+    python export.py --out_dir=out-shakespeare-bpe --format=gguf --to=shakespeare.gguf
 
 The folder holds config.json, model.safetensors, generation_config.json and the
 tokenizer's files; the model class is GPT-2's for the classic configs, GPT-NeoX's for
@@ -14,8 +15,9 @@ rotary positions alone, and this project's own modeling file, copied in, for the
 
 Every command here takes the folder back as --init_from=DIR, and gets the same model.
 --to must be a new or empty folder: it is written beside it and renamed at the end, so
-a failure leaves nothing half-written. docs/export.md says what each class holds and
-cannot hold. Options are --key=value; `python export.py --help` lists them.
+a failure leaves nothing half-written. --format=gguf writes one file for llama.cpp
+instead, for GPT-2's kind of model with a BPE. docs/export.md says what each format
+holds and cannot hold. Options are --key=value; `python export.py --help` lists them.
 """
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
