@@ -14,8 +14,8 @@ What becomes what:
   rotary positions    "rotary" over the whole head, each channel paired with the one half a
                       head away (rotary_adjacent_pairs=False), base 10000; its cos and sin
                       tables are replaced by model.py's own (TransformerLens divides by a
-                      frequency where model.py multiplies by its inverse: at position 200
-                      the angles part by a few float32 roundings)
+                      frequency where model.py multiplies by its inverse: within 256
+                      positions their cosines part by up to 1.5e-5)
   QK-norm             use_qk_norm: an RMSNorm per head, its gain 1 unless qk_gain learned
                       one; TransformerLens's config has one eps for every norm, so the two
                       QK-norms get torch's (float32's machine epsilon) on the modules and
