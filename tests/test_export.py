@@ -348,6 +348,20 @@ def test_bad_input_is_one_line_and_leaves_nothing(run, tmp_path, capsys):
     assert sorted(files(tmp_path)) == ["file", "taken"]
 
 
+def test_a_damaged_folder_is_one_line_in_the_commands_that_read_it(run, tmp_path, capsys):
+    import shutil
+
+    import sample
+
+    folder = tmp_path / "damaged"
+    shutil.copytree(run["hf"], folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    assert sample.run([f"--init_from={folder}", "--max_new_tokens=5", "--attn_dir="]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.safetensors is missing, truncated" in err[0], err
+
+
 def test_a_failed_write_leaves_no_folder_and_a_killed_one_is_swept(tmp_path):
     def fails(folder):
         with open(os.path.join(folder, "config.json"), "w") as f:
