@@ -37,18 +37,38 @@ def from_checkpoint(ckpt, path, **overrides):
 
 
 def from_gpt2(source, **overrides):
-    """GPT-2's weights from a Hugging Face folder or by name ('gpt2', 'gpt2-medium', ...)."""
+    """GPT-2's weights from a Hugging Face folder or by name ('gpt2', 'gpt2-medium', ...),
+    or the model of a folder that export.py wrote (support/export_hf.py)."""
+    from support.export_hf import ExportError, is_export, read_model
+
     try:
+        if is_export(source):
+            return read_model(source, **overrides)
         return GPT.from_pretrained(source, **overrides)
+    except ExportError as e:
+        raise LoadError(str(e)) from None
     except (OSError, *LOAD_ERRORS) as e:
         if out_of_memory(e):
             raise
         raise LoadError(f"could not load GPT-2 weights from {source}: {first_line(e)}") from None
 
 
+def folder_tokenizer(source):
+    """The tokenizer of a Hugging Face folder or name: GPT-2's, or the one export.py wrote."""
+    from support.export_hf import ExportError, is_export, read_tokenizer
+
+    if not is_export(source):
+        return get_tokenizer({"kind": "gpt2"})
+    try:
+        return read_tokenizer(source)
+    except (ExportError, TokenizerError) as e:
+        raise LoadError(f"{source} has a damaged tokenizer ({e})") from None
+
+
 def is_gpt2(source):
     """Whether source names GPT-2's weights: a Hugging Face folder (config.json and
-    no ckpt.pt), or a 'gpt2*' name that is no file or folder here."""
+    no ckpt.pt; GPT-2's, or one export.py wrote), or a 'gpt2*' name that is no file
+    or folder here."""
     if os.path.isdir(source):
         has_config = os.path.isfile(os.path.join(source, "config.json"))
         return has_config and not os.path.exists(checkpoint_path(source))
@@ -78,10 +98,19 @@ def training_model(cfg, meta):
             )
         model = from_checkpoint(ckpt, path, **run_choices)
     elif os.path.isdir(init) or init.startswith("gpt2"):
-        if meta["tokenizer"]["kind"] != "gpt2":
+        try:
+            wanted = folder_tokenizer(init).describe()
+        except LoadError as e:
+            raise ValueError(str(e)) from None
+        if meta["tokenizer"]["kind"] != "gpt2" and wanted["kind"] == "gpt2":
             raise ValueError(
                 f"init_from={init!r} needs a dataset tokenized with GPT-2 BPE, and "
                 f"{cfg.dataset!r} is not; try --dataset=shakespeare"
+            )
+        if meta["tokenizer"] != wanted:
+            raise ValueError(
+                f"init_from={init!r} was trained with its own {wanted['kind']} tokenizer, "
+                f"not the one of dataset {cfg.dataset!r}; pass the dataset it was trained on"
             )
         try:
             model = from_gpt2(
@@ -113,7 +142,7 @@ def load_model(init_from, out_dir):
     default home of what a command writes about the model (out_dir for GPT-2)."""
     source = init_from or out_dir
     if init_from and is_gpt2(init_from):
-        return from_gpt2(init_from), get_tokenizer({"kind": "gpt2"}), out_dir
+        return from_gpt2(init_from), folder_tokenizer(init_from), out_dir
     if init_from and not os.path.exists(init_from):
         raise LoadError(
             f"--init_from={init_from}: no such file or folder; pass a checkpoint folder "

@@ -643,6 +643,9 @@ ENTRY_POINTS = [
     "bench/corpus.py",
     "experiments/plot_loss.py",
     "experiments/shakespeare_induction.py",
+    "export.py",
+    "experiments/export_exactness.py",
+    "experiments/lens_example.py",
 ]
 
 
