@@ -628,6 +628,7 @@ ENTRY_POINTS = [
     "bench/recipes.py",
     "bench/long_context.py",
     "bench/smoke_gpu.py",
+    "bench/gpu.py",
     "bench/explore.py",
     "experiments/induction_experiment.py",
     "experiments/shakespeare_induction.py",
