@@ -18,7 +18,7 @@ import time
 import torch
 
 from support import engine
-from support.configurator import (
+from support.cli import (
     ConfigError,
     describe_settings,
     parse_settings,

@@ -44,11 +44,12 @@ import torch
 
 from bench import common
 from data.batches import get_batch
-from data.shards import DataError, ShardedTokens
+from data.dataset import DataError
+from data.shards import ShardedTokens
 from data.tiny_shakespeare import find_shakespeare, shakespeare_dir
 from data.tokenizer import gpt2_encoding
 from model import GPT, GPTConfig
-from support.configurator import (
+from support.cli import (
     ConfigError,
     describe_settings,
     parse_settings,

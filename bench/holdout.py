@@ -16,9 +16,7 @@ import sys
 
 import numpy as np
 
-from data import DATA_ROOT
-from data.dataset import load_meta
-from data.shards import DataError
+from data.dataset import DATA_ROOT, DataError, load_meta
 
 HOLDOUT_FRACTION = 0.1
 

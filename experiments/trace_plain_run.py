@@ -8,7 +8,8 @@ The run: `python train.py config/shakespeare_cpu.py --max_iters=4 --compile=Fals
 temporary out_dir, with any --key=value given here added. It runs twice, in fresh processes
 that both start from the same folder, and the second is traced: the first does what happens
 once per machine (the dataset prepared, this CPU's bfloat16 probed and cached), so the trace
-is what a user's every later run reads. sys.settrace (and threading.settrace) records every
+is what a user's every later run reads. GPT_SIMULATE_CPU is left out of their environment:
+the trace is of this machine as a user runs it. sys.settrace (and threading.settrace) records every
 line event in a file of this repository, the config file run by train.py included. The
 columns:
 
@@ -101,7 +102,8 @@ def run(argv, trace=False):
             cmd = [sys.executable, "-c", code, report] + argv
         else:
             cmd = [sys.executable, COMMAND[0]] + argv
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        env = {key: value for key, value in os.environ.items() if key != "GPT_SIMULATE_CPU"}
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if done.returncode != 0:
             sys.exit(f"error: the run failed (exit {done.returncode}): {done.stderr.strip()}")
         if not trace:

@@ -9,10 +9,16 @@ user can fix is one line.
 import dataclasses
 import os
 
-from data.tokenizer import TokenizerError, get_tokenizer
 from model import GPT, GPTConfig
-from support.checkpoint import CheckpointError, checkpoint_path, first_line, load_checkpoint
-from support.resume import LOAD_ERRORS, check_resumable, out_of_memory
+from support.checkpoint import (
+    LOAD_ERRORS,
+    CheckpointError,
+    check_resumable,
+    checkpoint_path,
+    first_line,
+    load_checkpoint,
+    out_of_memory,
+)
 from support.settings import MODEL_KEYS, model_args
 
 
@@ -111,6 +117,9 @@ def load_model(init_from, out_dir):
     a checkpoint file (a snapshot), a Hugging Face GPT-2 folder or a 'gpt2*' name;
     or, when init_from is "", out_dir's checkpoint. folder is the checkpoint's, the
     default home of what a command writes about the model (out_dir for GPT-2)."""
+    # here only: training loads a model without its tokenizer
+    from data.tokenizer import TokenizerError, get_tokenizer
+
     source = init_from or out_dir
     if init_from and is_gpt2(init_from):
         return from_gpt2(init_from), get_tokenizer({"kind": "gpt2"}), out_dir

@@ -1,6 +1,6 @@
 """
 train.py's settings: every key with its default, as a dataclass that config files
-and --key=value fill (configurator.py), and the checks that refuse bad values
+and --key=value fill (cli.py), and the checks that refuse bad values
 before anything slow happens. The keys are nanoGPT's; the defaults train GPT-2 124M.
 """
 
@@ -10,7 +10,7 @@ import math
 import torch
 
 from model import GPTConfig
-from support.configurator import describe_settings
+from support.cli import describe_settings
 
 # The settings that make the model's shape: GPTConfig's fields, written once in
 # model.py, but vocab_size, which the dataset's tokenizer sets. A checkpoint's
@@ -18,6 +18,7 @@ from support.configurator import describe_settings
 MODEL_FIELDS = [field for field in dataclasses.fields(GPTConfig) if field.name != "vocab_size"]
 MODEL_KEYS = tuple(field.name for field in MODEL_FIELDS)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+LAYOUTS = ("zigzag", "contiguous")  # of a sequence split by context parallelism
 
 # The model keys as settings, with GPTConfig's defaults (GPT-2 124M's shape).
 ModelSettings = dataclasses.make_dataclass(
@@ -116,7 +117,7 @@ def model_args(cfg, vocab_size):
 
 def check(cfg):
     """Refuse bad values before anything slow happens (ValueError, one line)."""
-    # the configurator lets None through for any key
+    # the command line (cli.py) lets None through for any key
     for field in dataclasses.fields(cfg):
         if getattr(cfg, field.name) is None and field.default is not None:
             raise ValueError(f"{field.name} cannot be None; give it a value like {field.default!r}")
@@ -174,6 +175,11 @@ def check(cfg):
         value = getattr(cfg, key)
         if value is not None and not isinstance(value, str):
             raise ValueError(f"{key} must be a string or None, got {value!r}")
+    if cfg.context_parallel_layout not in LAYOUTS:
+        raise ValueError(
+            f"unknown context_parallel_layout {cfg.context_parallel_layout!r}; "
+            "use zigzag or contiguous"
+        )
     if cfg.snapshot_limit < 2:
         raise ValueError(f"snapshot_limit must be 2 or more, got {cfg.snapshot_limit}")
     if cfg.log_heads and cfg.context_parallel > 1:

@@ -33,7 +33,7 @@ import pytest
 import torch
 from forker import Forker
 
-from support.resume import rng_state
+from support.checkpoint import rng_state
 from support.run_log import read_evaluations
 
 
@@ -58,7 +58,7 @@ def repo_root():
 
 @pytest.fixture(scope="session")
 def corpus_path():
-    from data.shards import DataError
+    from data.dataset import DataError
     from data.tiny_shakespeare import SHAKESPEARE_ENV, find_shakespeare, shakespeare_dir
 
     folder = shakespeare_dir("char")

@@ -24,7 +24,7 @@ import train
 from data import batches
 from data.dataset import ensure_dataset, load_tokens
 from model import GPT, GPTConfig
-from support import evaluation, run_estimate
+from support import run_estimate
 from support.checkpoint import load_checkpoint
 from support.device import precision_context
 from support.settings import Settings
@@ -217,7 +217,7 @@ def test_memmap_batches_equal_in_memory_batches(data_root, tmp_path, monkeypatch
         return get_batch(data, *rest)
 
     monkeypatch.setattr(batches, "get_batch", counted)  # the training batches
-    monkeypatch.setattr(evaluation, "get_batch", counted)  # the evaluation batches
+    monkeypatch.setattr(train, "get_batch", counted)  # the evaluation batches
     run_in_process(tiny_run(data_root, tmp_path / "memmap", *common))
     assert kinds == {np.memmap}
     assert losses(read_log(tmp_path / "memory")) == losses(read_log(tmp_path / "memmap"))
