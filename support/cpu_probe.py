@@ -8,8 +8,7 @@ AVX512-BF16, below its AMX kernels (probe_verdict). The child also times a bfloa
 matrix multiply against float32's (bf16_slowdown): a busy machine must not decide
 for good, so each precision's best of rounds that alternate the two is taken, and a
 figure that contradicts the CPU's flags is measured again before it is believed.
-On a CPU that runs bfloat16 natively, dtype='auto' times the run's own model in both
-precisions (faster_cpu_dtype). hardware.py caches every figure.
+hardware.py caches the verdict.
 
 GPT_SIMULATE_CPU makes the probe behave as one of the CPU classes below
 (SIMULATED_CLASSES), so that the tests of every class run on any machine: the
@@ -31,12 +30,7 @@ from support.hardware import (
     ISAS_WITHOUT_BF16,
     NATIVE_SLOWDOWN,
     SIMULATE,
-    check_bf16,
-    machine_key,
-    measured,
-    read_cache,
     read_cpuinfo,
-    write_cache,
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -269,44 +263,6 @@ def bf16_slowdown(n=256, rounds=5, repeats=3):
     finally:
         torch.set_num_threads(threads)
     return best[torch.bfloat16] / best[torch.float32]
-
-
-def faster_cpu_dtype(key, seconds_per_pass, rounds=3):
-    """'bfloat16' or 'float32', whichever seconds_per_pass(dtype name) finds
-    faster for this model here, with why; cached under key (the model's shapes).
-    Each precision's best of `rounds` that alternate the two, so that other work
-    on the machine for a while slows both, not one."""
-    machine = machine_key()
-    cached = read_cache().get(machine, {}).get("timed", {}).get(key)
-    if cached is None:
-        print(
-            "timing bfloat16 against float32 on this model (once per model shape and machine)",
-            flush=True,
-        )
-        cached = {"bfloat16": float("inf"), "float32": float("inf")}
-        for _ in range(rounds):
-            for dtype in ("bfloat16", "float32"):
-                cached[dtype] = min(cached[dtype], seconds_per_pass(dtype))
-        cached["measured_at"] = time.strftime("%Y-%m-%d %H:%M")
-        # read again: other processes may have added
-        timed = read_cache().get(machine, {}).get("timed", {})
-        write_cache(machine, "timed", dict(timed, **{key: cached}))
-    bf, fp = cached["bfloat16"] * 1e3, cached["float32"] * 1e3
-    verdict = check_bf16()
-    fix = "".join(
-        f"; {name}={value} set: oneDNN's AMX kernels crash on this CPU ({verdict['amx_crashed']})"
-        for name, value in verdict["env"].items()
-    )
-    why = fix + measured(cached.get("measured_at"))
-    if bf < fp:
-        return (
-            "bfloat16",
-            f"faster than float32 here: {bf:.0f} vs {fp:.0f} ms per forward and backward{why}",
-        )
-    return (
-        "float32",
-        f"faster than bf16 here: {fp:.0f} vs {bf:.0f} ms per forward and backward{why}",
-    )
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--child"]:

@@ -21,7 +21,7 @@ oneDNN reads then), and says so. `python -m support.hardware` prints the verdict
 
 On a CPU that runs bfloat16 natively, dtype='auto' still trains in it only if a
 forward and backward pass of the run's own model is faster than in float32
-(cpu_probe.faster_cpu_dtype; cached too), and Muon's orthogonalisation follows
+(faster_cpu_dtype; cached too), and Muon's orthogonalisation follows
 the training precision.
 
 Capping oneDNN below AVX512-BF16 (ONEDNN_MAX_CPU_ISA=AVX2) makes bfloat16 really
@@ -35,6 +35,7 @@ import json
 import os
 import platform
 import sys
+import time
 
 ISA = "ONEDNN_MAX_CPU_ISA"
 AMX_FREE_ISA = "AVX512_CORE_BF16"  # oneDNN's highest level with bfloat16 but without AMX
@@ -221,6 +222,44 @@ def bf16_error(device_type):
     v = check_bf16()
     return (
         None if v["runs"] else f"--dtype=bfloat16 cannot run here: {v['why']}; use --dtype=float32"
+    )
+
+
+def faster_cpu_dtype(key, seconds_per_pass, rounds=3):
+    """'bfloat16' or 'float32', whichever seconds_per_pass(dtype name) finds
+    faster for this model here, with why; cached under key (the model's shapes).
+    Each precision's best of `rounds` that alternate the two, so that other work
+    on the machine for a while slows both, not one."""
+    machine = machine_key()
+    cached = read_cache().get(machine, {}).get("timed", {}).get(key)
+    if cached is None:
+        print(
+            "timing bfloat16 against float32 on this model (once per model shape and machine)",
+            flush=True,
+        )
+        cached = {"bfloat16": float("inf"), "float32": float("inf")}
+        for _ in range(rounds):
+            for dtype in ("bfloat16", "float32"):
+                cached[dtype] = min(cached[dtype], seconds_per_pass(dtype))
+        cached["measured_at"] = time.strftime("%Y-%m-%d %H:%M")
+        # read again: other processes may have added
+        timed = read_cache().get(machine, {}).get("timed", {})
+        write_cache(machine, "timed", dict(timed, **{key: cached}))
+    bf, fp = cached["bfloat16"] * 1e3, cached["float32"] * 1e3
+    verdict = check_bf16()
+    fix = "".join(
+        f"; {name}={value} set: oneDNN's AMX kernels crash on this CPU ({verdict['amx_crashed']})"
+        for name, value in verdict["env"].items()
+    )
+    why = fix + measured(cached.get("measured_at"))
+    if bf < fp:
+        return (
+            "bfloat16",
+            f"faster than float32 here: {bf:.0f} vs {fp:.0f} ms per forward and backward{why}",
+        )
+    return (
+        "float32",
+        f"faster than bf16 here: {fp:.0f} vs {bf:.0f} ms per forward and backward{why}",
     )
 
 

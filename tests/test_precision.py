@@ -271,7 +271,7 @@ def test_the_faster_precision_wins_and_is_timed_once(fresh, monkeypatch):
         calls.append(dtype)
         return {"bfloat16": 0.170, "float32": 0.132}[dtype]
 
-    dtype, why = cpu_probe.faster_cpu_dtype("shape A", seconds)
+    dtype, why = hardware.faster_cpu_dtype("shape A", seconds)
     assert dtype == "float32"
     assert why.startswith(
         "faster than bf16 here: 132 vs 170 ms per forward and backward; measured "
@@ -279,9 +279,9 @@ def test_the_faster_precision_wins_and_is_timed_once(fresh, monkeypatch):
     assert why.endswith(", python -m support.hardware --again measures again")
     # rounds that alternate the two precisions, then the cache
     assert calls == ["bfloat16", "float32"] * 3
-    assert cpu_probe.faster_cpu_dtype("shape A", seconds) == (dtype, why)
+    assert hardware.faster_cpu_dtype("shape A", seconds) == (dtype, why)
     assert len(calls) == 6
-    dtype, why = cpu_probe.faster_cpu_dtype(
+    dtype, why = hardware.faster_cpu_dtype(
         "shape B", lambda d: {"bfloat16": 0.07, "float32": 0.1}[d]
     )
     assert dtype == "bfloat16"
@@ -300,7 +300,7 @@ def test_a_burst_of_load_does_not_decide_the_precision(fresh, monkeypatch):
             return 0.35
         return {"bfloat16": 0.07, "float32": 0.1}[dtype]
 
-    assert cpu_probe.faster_cpu_dtype("shape C", seconds)[0] == "bfloat16"
+    assert hardware.faster_cpu_dtype("shape C", seconds)[0] == "bfloat16"
 
 
 def test_a_busy_machine_gets_the_quiet_machines_verdict(fresh):
