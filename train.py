@@ -36,8 +36,9 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from data import DataError
 from data.batches import get_batch, load_split, step_batches
-from data.dataset import DataError, ensure_dataset, load_meta
+from data.dataset import ensure_dataset, load_meta
 from model import GPT
 from support import settings
 from support.checkpoint import (
@@ -51,7 +52,7 @@ from support.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from support.cli import (
+from support.configurator import (
     BAD_INPUT,
     FAILED,
     INTERRUPTED,

@@ -18,7 +18,7 @@ import time
 import torch
 
 from support import engine
-from support.cli import (
+from support.configurator import (
     ConfigError,
     describe_settings,
     parse_settings,

@@ -43,13 +43,13 @@ import numpy as np
 import torch
 
 from bench import common
+from data import DataError
 from data.batches import get_batch
-from data.dataset import DataError
 from data.shards import ShardedTokens
 from data.tiny_shakespeare import find_shakespeare, shakespeare_dir
 from data.tokenizer import gpt2_encoding
 from model import GPT, GPTConfig
-from support.cli import (
+from support.configurator import (
     ConfigError,
     describe_settings,
     parse_settings,

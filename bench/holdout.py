@@ -16,7 +16,8 @@ import sys
 
 import numpy as np
 
-from data.dataset import DATA_ROOT, DataError, load_meta
+from data import DATA_ROOT, DataError
+from data.dataset import load_meta
 
 HOLDOUT_FRACTION = 0.1
 

@@ -27,7 +27,7 @@ import time
 import torch
 
 from bench import common
-from support.cli import parse_settings
+from support.configurator import parse_settings
 from support.run_log import read_evaluations
 from support.settings import Settings as TrainSettings
 

@@ -7,7 +7,16 @@ The data package: text into tokens, and tokens into batches.
     text.py              one text into train.bin and val.bin
     tiny_shakespeare.py  the corpus of the README, found or downloaded
     shards.py            the shard files, written and read
-    dataset.py           a prepared dataset folder: meta.json, its tokens; DATA_ROOT
+    dataset.py           a prepared dataset folder: meta.json, its tokens
     batches.py           training and evaluation batches from a split
     prepare.py           the command: python data/prepare.py SOURCE ...
 """
+
+import os
+
+# where dataset folders live unless --data_root says otherwise
+DATA_ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+class DataError(Exception):
+    """A problem with a dataset that the user can fix; the message is a single line."""

@@ -12,7 +12,8 @@ import os
 import numpy as np
 import torch
 
-from data.dataset import DataError, load_tokens
+from data import DataError
+from data.dataset import load_tokens
 
 SMALL_DATASET = 100_000_000  # tokens; a smaller split lives on the device as int64
 

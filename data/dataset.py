@@ -12,8 +12,8 @@ import os
 
 import numpy as np
 
-# where dataset folders live unless --data_root says otherwise
-DATA_ROOT = os.path.dirname(os.path.abspath(__file__))
+from data import DATA_ROOT, DataError
+
 # the datasets prepared on first use, and the command that prepares each
 DATASETS = {
     "shakespeare_char": "python data/shakespeare_char/prepare.py",
@@ -30,10 +30,6 @@ _META_TYPES = {
     "val_tokens": int,
 }
 DTYPE_LIMITS = {"uint16": 2**16, "uint32": 2**32}
-
-
-class DataError(Exception):
-    """A problem the user can fix; the message is a single line."""
 
 
 def _prepare_hint(dataset_dir):

@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from data.dataset import DataError
+from data import DataError
 
 SPLITS = ("train", "val")
 SHARD_TOKENS = 100_000_000  # 200 MB per uint16 shard, as build-nanogpt's FineWeb shards

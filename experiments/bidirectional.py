@@ -47,7 +47,7 @@ from experiments.bottleneck_report import page_head, paragraph
 from experiments.transformer import look_ahead
 from model import GPT, GPTConfig
 from support import cli
-from support.cli import ConfigError
+from support.configurator import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

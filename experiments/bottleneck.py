@@ -52,7 +52,7 @@ from experiments.seq2seq import EOS, PAD, Seq2Seq, Seq2SeqConfig
 from experiments.transformer import Transformer, TransformerConfig, look_ahead, target_input
 from model import GPT, GPTConfig
 from support import cli
-from support.cli import ConfigError
+from support.configurator import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

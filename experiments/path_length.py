@@ -39,7 +39,7 @@ from torch.nn import functional as F
 from bench.common import cpu_class
 from experiments import DOCS
 from support import cli
-from support.cli import ConfigError
+from support.configurator import ConfigError
 
 
 @dataclasses.dataclass

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 
 from experiments.head_timeline import phase_change, read_losses, read_timeline
 from support import cli, timeline
-from support.cli import ConfigError
+from support.configurator import ConfigError
 from support.head_measures import INDUCTION
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -101,7 +101,8 @@ def dataset_name(tokenizer, recurring):
 
 def prepare(tokenizer, recurring):
     """The dataset's name under data/, prepared on first use."""
-    from data.dataset import DATA_ROOT, FILES
+    from data import DATA_ROOT
+    from data.dataset import FILES
     from data.induction import recurring_text
     from data.text import prepare_text
     from data.tiny_shakespeare import shakespeare_dir, shakespeare_text

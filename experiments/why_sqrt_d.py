@@ -46,7 +46,7 @@ from experiments.explicit_attention import explicit_attention
 from experiments.seq2seq import EOS
 from model import GPT, GPTConfig
 from support import cli
-from support.cli import ConfigError
+from support.configurator import ConfigError
 
 
 @dataclasses.dataclass

@@ -1,237 +1,34 @@
 """
-The command line every command shares: settings from config files and --key=value,
-`--help` printed from the command's docstring and options, and each failure the user
-can fix said in one line on stderr, never a traceback.
-
-A config file is Python that sets variables (it runs as code: only run config
-files you trust). Overrides on the command line are parsed as literals and never
-evaluated, so `--out_dir="__import__('os')"` stays a string. A config file
-starts from the values the command line gives, wherever they stand on it, so
-that it can choose by them (config/shakespeare.py looks at device); the command
-line still has the last word. Every key must exist in the defaults and keep its type;
-anything else is a ConfigError with a one-line message. The defaults are a dict,
-or a dataclass whose fields all have one (parse_settings).
-
-Exit codes, the same for every command: 0 done; 2 bad input (the line says what
-to do); 1 the run itself failed (out of memory, a disk that cannot be written);
-130 stopped by Ctrl-C.
+The command line every command shares: `--help` printed from the command's
+docstring and options, options as --key=value (configurator.py), and each
+failure the user can fix said in one line on stderr, never a traceback, with
+the exit codes configurator.py gives (0 done, 2 bad input, 1 failed, 130 Ctrl-C).
 """
 
-import ast
-import dataclasses
-import difflib
-import inspect
 import os
 import sys
-import types
 
-BAD_INPUT = 2
-FAILED = 1
-INTERRUPTED = 130
+import torch
 
+from data import DataError
+from data.tokenizer import TokenizerError
+from support.checkpoint import CheckpointError
+from support.configurator import (
+    BAD_INPUT,
+    FAILED,
+    INTERRUPTED,
+    ConfigError,
+    describe_settings,
+    error,
+    parse_settings,
+    print_help,
+    wants_help,
+)
+from support.device import DeviceError
+from support.loading import LoadError
 
-class ConfigError(Exception):
-    """A bad config file, key or value; the message is meant for the user as is."""
-
-
-def _unknown(key, known):
-    close = difflib.get_close_matches(key, known, n=1)
-    hint = f"; did you mean '{close[0]}'?" if close else ""
-    return ConfigError(f"unknown config key {key!r}{hint}")
-
-
-def coerce(key, value, default):
-    """Return value converted to the type of default, or raise ConfigError."""
-    if default is None or value is None:
-        return value  # optional keys (default None) take any literal
-    if isinstance(default, bool):
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-        if isinstance(value, int) and value in (0, 1):
-            return bool(value)
-    elif isinstance(default, int):
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)  # 5e3 is a fine way to write 5000
-    elif isinstance(default, float):
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif isinstance(default, str):
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-    elif isinstance(default, (tuple, list)) and isinstance(value, (tuple, list)):
-        return type(default)(value)
-    raise ConfigError(f"{key} expects {type(default).__name__} (like {default!r}), got {value!r}")
-
-
-def parse_value(text):
-    """A command-line value as a Python literal; anything else is the raw string."""
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return text
-
-
-def run_config_file(path, config):
-    """Execute a config file on top of config; return the keys it set. Its
-    __file__ is its path, so that it can find the files beside it."""
-    if not os.path.isfile(path):
-        shown = path if path.isprintable() else repr(path)  # the message stays one line
-        raise ConfigError(f"config file not found: {shown}")
-    namespace = dict(config, __file__=path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            code = compile(f.read(), path, "exec")
-        exec(code, namespace)
-    except Exception as e:  # a config file is user code: report, don't crash
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise ConfigError(
-            f"error in config file {path}: {type(e).__name__}: {first_line}"
-        ) from None
-    updates = {}
-    for key, value in namespace.items():
-        if key.startswith("_") or isinstance(value, (types.ModuleType, types.FunctionType, type)):
-            continue  # imports, helpers and dunders a config file may define
-        if key not in config:
-            raise _unknown(key, list(config))
-        if value is not config[key]:
-            updates[key] = coerce(key, value, config[key])
-    return updates
-
-
-def parse_args(defaults, argv, allow_files=True):
-    """defaults: dict of every known key. argv: config files and overrides in the
-    forms --key=value, --key value, and --flag for a boolean set to True. The
-    config files run in order, each on top of the last and of the overrides;
-    the overrides then win. Returns a new dict."""
-    files, overrides = split_args(defaults, argv)
-    if files and not allow_files:
-        raise ConfigError(f"unexpected argument {files[0]!r}; options look like --key=value")
-    config = dict(defaults)
-    for path in files:
-        config.update(run_config_file(path, dict(config, **overrides)))
-    config.update(overrides)
-    return config
-
-
-def split_args(defaults, argv):
-    """(config files, {key: value} of the overrides) in argv, each value of its
-    default's type."""
-    files = []
-    overrides = {}
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        i += 1
-        if not arg.startswith("--"):
-            files.append(arg)
-            continue
-        key, sep, text = arg[2:].partition("=")
-        if key not in defaults:
-            raise _unknown(key, list(defaults))
-        if not sep:
-            bare = i == len(argv) or argv[i].startswith("--")
-            if bare and (isinstance(defaults[key], bool) or defaults[key] is None):
-                text = "True"  # a bare --flag switches a boolean on
-            elif i < len(argv):
-                text = argv[i]
-                i += 1
-            else:
-                raise ConfigError(f"--{key} needs a value")
-        value = parse_value(text)
-        if isinstance(defaults[key], str) and not isinstance(value, str):
-            value = text  # a text option keeps what was typed: --prompt=1e3 stays "1e3"
-        overrides[key] = coerce(key, value, defaults[key])
-    return files, overrides
-
-
-def parse_settings(cls, argv, allow_files=True, positional=None):
-    """An instance of the dataclass cls, its fields set from config files and
-    overrides in argv as parse_args sets a dict's keys. positional: the field a
-    bare argument sets (data/prepare.py's SOURCE), where a command takes one
-    rather than config files."""
-    defaults = {field.name: field.default for field in dataclasses.fields(cls)}
-    if positional is not None:
-        argv = with_positional(argv, positional)
-    return cls(**parse_args(defaults, argv, allow_files))
-
-
-def with_positional(argv, key):
-    """argv with its one bare argument written as --key=value."""
-    bare = [
-        i for i, arg in enumerate(argv) if not arg.startswith("--") and not follows_key(argv, i)
-    ]
-    if len(bare) > 1:
-        raise ConfigError(f"one {key.upper()} only; other options look like --key=value")
-    if not bare:
-        return argv
-    i = bare[0]
-    return argv[:i] + [f"--{key}={argv[i]}"] + argv[i + 1 :]
-
-
-def follows_key(argv, i):
-    """Whether argv[i] is the value of the option before it (--key value)."""
-    return i > 0 and argv[i - 1].startswith("--") and "=" not in argv[i - 1]
-
-
-def describe_settings(cls, keys=None):
-    """For --help: the body of the dataclass cls as written, its comments included,
-    each field (of keys, if given) shown as --key=default; the fields of the classes
-    it extends come first, as dataclasses order them."""
-    defaults = {field.name: field.default for field in dataclasses.fields(cls)}
-    if keys is not None:
-        defaults = {key: defaults[key] for key in keys}
-    lines = []
-    described = set()
-    for klass in reversed(cls.__mro__):
-        if dataclasses.is_dataclass(klass):
-            lines += _field_lines(klass, defaults, described)
-    return "\n".join(lines)
-
-
-def _field_lines(klass, defaults, described):
-    """The help lines of the fields klass's own body declares (and its comments),
-    less those already described. A class made at run time has no body to read
-    (train.py describes its model keys from GPTConfig); one in a module run by
-    runpy, which inspect cannot read back, has its fields listed without comments."""
-    try:
-        source = inspect.getsource(klass).splitlines()
-    except (OSError, TypeError):
-        if klass.__module__ != "__main__":
-            return []  # made at run time
-        fields = klass.__dict__.get("__annotations__", {})
-        source = ["class Fields:", *(f"{name}: ..." for name in fields)]
-    start = next(i for i, line in enumerate(source) if line.lstrip().startswith("class "))
-    lines = []
-    for line in source[start + 1 :]:
-        text = line.strip()
-        if text.startswith(("def ", "@")):
-            break  # the fields end where the methods begin
-        key = text.partition(":")[0]
-        if text.startswith("#"):
-            lines.append(f"  {text}")
-        elif key in defaults and key not in described:
-            described.add(key)
-            comment = text.partition("  # ")[2]
-            lines.append(f"  --{key}={defaults[key]!r}" + (f"  # {comment}" if comment else ""))
-    return lines
-
-
-def wants_help(argv):
-    return "-h" in argv or "--help" in argv
-
-
-def print_help(doc, options):
-    """The command's docstring, then its options, one a line with its default and
-    comment (describe_settings)."""
-    print(doc.strip() + "\n\noptions (defaults):\n" + options)
-
-
-def error(message):
-    print(f"error: {message}", file=sys.stderr)
+# what a command's user can fix: a bad option, file, checkpoint, tokenizer or dataset
+USER_ERRORS = (ConfigError, DataError, CheckpointError, TokenizerError, LoadError, DeviceError)
 
 
 def output_folder(path, option="--out_dir"):
@@ -243,19 +40,6 @@ def output_folder(path, option="--out_dir"):
         raise ConfigError(
             f"cannot write into {path} ({e.strerror or e}); pass {option}=DIR"
         ) from None
-
-
-def user_errors():
-    """What a command's user can fix: a bad option, file, checkpoint, tokenizer or
-    dataset. Their modules are imported here, as a command starts: train.py and
-    data/prepare.py read this module without them."""
-    from data.dataset import DataError
-    from data.tokenizer import TokenizerError
-    from support.checkpoint import CheckpointError
-    from support.device import DeviceError
-    from support.loading import LoadError
-
-    return (ConfigError, DataError, CheckpointError, TokenizerError, LoadError, DeviceError)
 
 
 def run(
@@ -273,14 +57,12 @@ def run(
     errors: the command's own exceptions for bad input; out_of_memory: what to try
     when the GPU runs out; positional: the field a bare argument sets. Returns the
     exit code."""
-    import torch  # here only: data/prepare.py reads this module without torch
-
     if wants_help(argv):
         print_help(doc, describe_settings(settings))
         return 0
     try:
         main(parse_settings(settings, argv, config_files, positional))
-    except user_errors() + errors as e:
+    except USER_ERRORS + errors as e:
         error(e)
         return BAD_INPUT
     except torch.OutOfMemoryError:

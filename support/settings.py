@@ -1,6 +1,6 @@
 """
 train.py's settings: every key with its default, as a dataclass that config files
-and --key=value fill (cli.py), and the checks that refuse bad values
+and --key=value fill (configurator.py), and the checks that refuse bad values
 before anything slow happens. The keys are nanoGPT's; the defaults train GPT-2 124M.
 """
 
@@ -10,7 +10,7 @@ import math
 import torch
 
 from model import GPTConfig
-from support.cli import describe_settings
+from support.configurator import describe_settings
 
 # The settings that make the model's shape: GPTConfig's fields, written once in
 # model.py, but vocab_size, which the dataset's tokenizer sets. A checkpoint's
@@ -117,7 +117,7 @@ def model_args(cfg, vocab_size):
 
 def check(cfg):
     """Refuse bad values before anything slow happens (ValueError, one line)."""
-    # the command line (cli.py) lets None through for any key
+    # the configurator lets None through for any key
     for field in dataclasses.fields(cfg):
         if getattr(cfg, field.name) is None and field.default is not None:
             raise ValueError(f"{field.name} cannot be None; give it a value like {field.default!r}")

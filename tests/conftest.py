@@ -58,7 +58,7 @@ def repo_root():
 
 @pytest.fixture(scope="session")
 def corpus_path():
-    from data.dataset import DataError
+    from data import DataError
     from data.tiny_shakespeare import SHAKESPEARE_ENV, find_shakespeare, shakespeare_dir
 
     folder = shakespeare_dir("char")

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import train
-from support.cli import ConfigError
+from support.configurator import ConfigError
 
 # -----------------------------------------------------------------------------
 # Bad input through the command lines: one line each, and nothing written

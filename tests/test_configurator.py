@@ -1,4 +1,4 @@
-"""support/cli.py's settings: config files, typed overrides, and errors that name the key."""
+"""configurator.py: config files, typed overrides, and errors that name the key."""
 
 import dataclasses
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from support.cli import ConfigError, describe_settings, parse_args, parse_settings
+from support.configurator import ConfigError, describe_settings, parse_args, parse_settings
 
 DEFAULTS = dict(
     batch_size=12,

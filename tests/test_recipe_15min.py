@@ -14,7 +14,7 @@ import torch
 from bench import recipes
 from data.dataset import load_meta
 from support.checkpoint import load_checkpoint
-from support.cli import parse_settings
+from support.configurator import parse_settings
 from support.run_log import read_evaluations
 from support.settings import Settings
 
