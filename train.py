@@ -12,6 +12,10 @@ Train a GPT on a prepared dataset, on one device or data-parallel.
 Settings: the defaults in support/settings.py, then config files (Python), then
 --key=value; see `python train.py --help`. Each evaluation is printed and appended
 to out_dir/log.jsonl; out_dir/ckpt.pt holds what resuming or sampling needs.
+
+The file reads top to bottom: the settings, the setup (where the features a setting
+turns on are imported, and only there), the training loop with its evaluation and
+its stop signals, saving, then the command.
 """
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
@@ -22,26 +26,42 @@ import datetime
 import functools
 import math
 import os
+import signal
 import sys
+import threading
 import time
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from data.batches import load_split, step_batches
+from data import DataError
+from data.batches import get_batch, load_split, step_batches
 from data.dataset import ensure_dataset, load_meta
-from support import cli, hellaswag, settings, timeline
+from model import GPT
+from support import settings
 from support.checkpoint import (
     CheckpointError,
     checkpoint_path,
     clean_state_dict,
     first_line,
+    out_of_memory,
+    restore,
+    rng_state,
     save_checkpoint,
+    set_rng_state,
 )
-from support.configurator import parse_settings, print_help, wants_help
-from support.context_parallel import ContextParallel
-from support.context_parallel import check as check_context_parallel
+from support.configurator import (
+    BAD_INPUT,
+    FAILED,
+    INTERRUPTED,
+    ConfigError,
+    error,
+    parse_settings,
+    print_help,
+    wants_help,
+)
 from support.device import (
     explain_device,
     keep_freed_memory,
@@ -50,20 +70,14 @@ from support.device import (
     time_cpu_dtypes,
     training_dtype,
 )
-from support.distributed import all_sum, join_processes, lost_peer, wrap_model
-from support.evaluation import estimate_loss, full_val_loss
-from support.loading import training_model
-from support.mfu import estimate_mfu
+from support.loading import LoadError, training_model
 from support.optim import get_lr, make_optimizers
-from support.resume import out_of_memory, restore, rng_state, set_rng_state
-from support.run_estimate import print_run_estimate
 from support.run_log import LogError, log_evaluation, log_step, start_log, start_wandb
-from support.run_state import Run
 from support.settings import Settings, check
-from support.signals import Stopped, StopSignals, stop_requested
 
-# what the user can fix: the settings' checks raise ValueError
-USER_ERRORS = cli.USER_ERRORS + (ValueError,)
+# what the user can fix: a bad option, file, dataset or checkpoint (the settings' checks,
+# the device's and the tokenizer's raise ValueError)
+USER_ERRORS = (ConfigError, DataError, CheckpointError, LoadError, ValueError)
 
 
 class TrainingError(Exception):
@@ -71,50 +85,66 @@ class TrainingError(Exception):
 
 
 # -----------------------------------------------------------------------------
-# Evaluation (evaluation.py measures the losses)
+# Settings
 
 
-def evaluate(run, iter_num, elapsed, final):
-    """Evaluate; print and log one line to out_dir/log.jsonl (and wandb)."""
-    losses = estimate_loss(run, run.cfg.seed + iter_num)
-    rec = dict(
-        iter=iter_num,
-        train_loss=losses["train"],
-        val_loss=losses["val"],
-        lr=get_lr(iter_num, run.cfg, run.seconds),
-        elapsed_s=round(elapsed, 3),
-        tokens=iter_num * run.tokens_per_iter,
-    )
-    if final and run.cfg.eval_full_val:
-        rec["val_loss_full"] = full_val_loss(run)
-    if run.cfg.hellaswag:
-        scores = hellaswag.training_scores(
-            run.raw,
-            run.meta["tokenizer"],
-            run.cfg.hellaswag_data,
-            run.device,
-            run.ctx,
-            run.dp_rank,
-            run.dp_world,
-        )
-        rec.update(scores)
-    if not (math.isfinite(rec["train_loss"]) and math.isfinite(rec["val_loss"])):
-        raise diverged(rec["val_loss"], iter_num)
-    if run.master:
-        rec.update(timeline.at_evaluation(run.cfg, run.raw, run.meta, run.splits["val"], iter_num))
-        log_evaluation(rec, run.cfg.out_dir, run.wandb)
-    return rec
-
-
-def diverged(loss, iter_num):
-    return TrainingError(
-        f"the loss is {loss} at iter {iter_num}: training diverged; "
-        "try a lower --learning_rate (the last checkpoint is kept)"
-    )
+def get_config(argv):
+    """The settings from the defaults, config files and --key=value; raises
+    ConfigError or ValueError."""
+    cfg = parse_settings(Settings, argv)
+    check(cfg)
+    return cfg
 
 
 # -----------------------------------------------------------------------------
 # Setup: everything that can fail because of the settings happens here
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything setup() builds for the training loop, evaluation and saving."""
+
+    cfg: Settings  # the model keys are the model's own (a checkpoint's, or GPT-2's)
+    rank: int  # this process among all (torchrun's RANK); 0 prints, logs and saves
+    world: int  # processes in all (torchrun's WORLD_SIZE)
+    dp_rank: int  # this process's data-parallel place: a sequence's ranks share it
+    dp_world: int  # data-parallel places: world // context_parallel
+    split: Callable  # this rank's part of a sequence (context parallelism), else as is
+    split_unit: int  # a context-parallel sequence's length is a multiple of this
+    device: torch.device
+    dtype: str  # 'float32', 'bfloat16' or 'float16': the forward pass's autocast
+    ctx: Callable  # a new precision_context for this device, dtype and block_size
+    raw: GPT  # the model itself: what is saved and what the whole val split scores
+    model: torch.nn.Module  # raw, compiled if compile is on: what ddp_model wraps
+    ddp_model: torch.nn.Module  # model, inside DDP with more than one process: what trains
+    optimizers: list  # [AdamW], or [Muon, AdamW]; they step together
+    scaler: torch.amp.GradScaler  # loss scaling, enabled for float16 only
+    data_gen: torch.Generator  # draws the training batches, the same on every process
+    splits: dict  # 'train' and 'val' tokens: a tensor on the device, or a memmap
+    meta: dict  # the dataset's vocabulary size and tokenizer
+    tokens_per_iter: int  # in all processes together
+    wandb: Any  # the wandb module once a run is started there, else None
+    resumed: bool  # whether the run started from out_dir's checkpoint
+    start_iter: int  # the iter the run started at
+    # whether start_iter's evaluation is in the log: a checkpoint saved by a stop
+    # signal was not evaluated at its iter, older checkpoints always were, and
+    # eval_at_start=False counts a fresh run as evaluated
+    start_evaluated: bool
+    best_val_loss: float  # the best evaluation yet, in this run or the one it resumes
+    # seconds of training before the run started (a resumed run's checkpoint's); then,
+    # while training, those seconds as the processes last agreed on them: what the
+    # lr schedule by time (lr_decay_time) reads and what a checkpoint saves
+    seconds: float
+    # the modules of the features a setting turns on (setup imports them), None where off
+    hellaswag: Any = None  # support/hellaswag.py: HellaSwag scored at every evaluation
+    timeline: Any = None  # support/timeline.py: snapshots, and the heads in the log
+    mfu: Any = None  # support/mfu.py: a GPU's model FLOPs utilisation
+    run_estimate: Any = None  # support/run_estimate.py: no device named, and no GPU found
+    signals: "StopSignals | None" = None  # set while training, for evaluations and steps
+
+    @property
+    def master(self):
+        return self.rank == 0
 
 
 def setup(cfg):
@@ -124,15 +154,45 @@ def setup(cfg):
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
-    check_context_parallel(cfg, world)
+    device = pick_device(cfg.device, local_rank, world > 1)
+    dtype, why = training_dtype(cfg.dtype, device)
+
+    # The features a setting turns on: each module is imported here, when its setting is
+    # on, and nowhere else, so that a plain run loads none of them
+    # (tests/test_footprint.py). Their checks come before any process group, data or model.
+    context_parallel = None
+    if cfg.context_parallel > 1:
+        from support import context_parallel
+
+        context_parallel.check(cfg, world)
+    hellaswag = None
+    if cfg.hellaswag:
+        from support import hellaswag
+
+        # a missing or malformed file stops the run before it starts
+        hellaswag.training_examples(cfg.hellaswag_data)
+    timeline = None
+    if cfg.snapshots or cfg.log_heads:
+        from support import timeline
+    mfu = None
+    if device.type == "cuda":
+        from support import mfu
+    run_estimate = None
+    if cfg.device == "auto" and device.type == "cpu" and world == 1:
+        from support import run_estimate
+    use_compile = cfg.compile
+    if use_compile is None:
+        use_compile = device.type == "cuda" and cfg.context_parallel == 1
+    distributed = None
+    if world > 1 or use_compile:
+        from support import distributed  # torchrun's processes, and the model compiled or in DDP
+
     dp_world = world // cfg.context_parallel  # the ranks of one sequence share its batches
     if cfg.gradient_accumulation_steps % dp_world:
         raise ValueError(
             f"gradient_accumulation_steps ({cfg.gradient_accumulation_steps}) must be "
             f"divisible by the number of data-parallel processes ({dp_world})"
         )
-    device = pick_device(cfg.device, local_rank, world > 1)
-    dtype, why = training_dtype(cfg.dtype, device)
     if rank == 0 and cfg.note:
         print(cfg.note, flush=True)
     if rank == 0:
@@ -142,10 +202,12 @@ def setup(cfg):
     if cfg.wandb_log and rank == 0:
         wandb = start_wandb(cfg)
     if world > 1:
-        join_processes(device, datetime.timedelta(seconds=cfg.ddp_timeout))
+        distributed.join_processes(device, datetime.timedelta(seconds=cfg.ddp_timeout))
     cp = None
-    if cfg.context_parallel > 1:
-        cp = ContextParallel(cfg.context_parallel, cfg.context_parallel_layout == "zigzag")
+    if context_parallel is not None:
+        cp = context_parallel.ContextParallel(
+            cfg.context_parallel, cfg.context_parallel_layout == "zigzag"
+        )
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 matmuls
     if device.type == "cpu":
@@ -158,9 +220,6 @@ def setup(cfg):
         dist.barrier()
     dataset_dir = ensure_dataset(cfg.dataset, cfg.data_root)
     meta = load_meta(dataset_dir)
-    if cfg.hellaswag:
-        # a missing or malformed file stops the run before it starts
-        hellaswag.training_examples(cfg.hellaswag_data)
     raw, ckpt, cfg = training_model(cfg, meta)
     raw.to(device)
     splits = {
@@ -181,10 +240,10 @@ def setup(cfg):
     if ckpt is not None:
         restore(ckpt, cfg, optimizers, scaler, data_gen, device, rank)
 
-    use_compile = cfg.compile
-    if use_compile is None:
-        use_compile = device.type == "cuda" and cp is None
-    model, ddp_model = wrap_model(raw, device, world, use_compile)
+    model = raw
+    ddp_model = raw
+    if distributed is not None:
+        model, ddp_model = distributed.wrap_model(raw, device, world, use_compile)
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
     if rank == 0:
         start_log(cfg.out_dir, resumed=ckpt is not None)
@@ -219,6 +278,10 @@ def setup(cfg):
         start_evaluated=ckpt.get("evaluated", True) if ckpt else not cfg.eval_at_start,
         best_val_loss=ckpt["best_val_loss"] if ckpt else float("inf"),
         seconds=ckpt.get("seconds", 0.0) if ckpt else 0.0,
+        hellaswag=hellaswag,
+        timeline=timeline,
+        mfu=mfu,
+        run_estimate=run_estimate,
     )
 
 
@@ -245,9 +308,9 @@ def train(run):
     bar = progress_bar(cfg, iter_num, run.master)
     with StopSignals() as signals, bar:
         run.signals = signals  # evaluations and steps look at it too (stop_requested)
-        if run.master and run.world == 1 and cfg.device == "auto" and run.device.type == "cpu":
+        if run.run_estimate is not None:
             tqdm.write("timing one step for an estimate of the run time...")
-            print_run_estimate(run)  # no GPU was found: say what that costs
+            run.run_estimate.print_run_estimate(run)  # no GPU was found: say what that costs
             clock.restart()  # timing the estimate is not training
         try:
             while True:
@@ -297,10 +360,11 @@ def train(run):
                         grad_norm=grad_norm.item(),
                         tok_per_s=run.tokens_per_iter / dt,
                     )
-                    # the MFU of a GPU of known peak; a CPU run has none
-                    mfu = estimate_mfu(run.raw, run.tokens_per_iter // run.world, dt)
-                    if run.device.type == "cuda" and mfu is not None:
-                        step["mfu"] = mfu
+                    if run.mfu is not None:
+                        # None for a GPU of unknown peak
+                        mfu = run.mfu.estimate_mfu(run.raw, run.tokens_per_iter // run.world, dt)
+                        if mfu is not None:
+                            step["mfu"] = mfu
                     if run.master:
                         bar.set_postfix_str(progress(step, timed=cfg.max_time > 0))
                         log_step(step, cfg.out_dir, run.wandb)
@@ -420,19 +484,10 @@ def agree(run, loss_sum, wants_stop, seconds):
     stop = torch.tensor(float(wants_stop), device=run.device)
     seconds_share = torch.tensor(seconds / run.world, device=run.device)  # summed: the mean
     measures = torch.stack([loss_sum / micro_batches, stop, seconds_share])
-    loss, stop, seconds = all_sum(measures, run.world).tolist()
+    if run.world > 1:
+        dist.all_reduce(measures)
+    loss, stop, seconds = measures.tolist()
     return loss, stop > 0, seconds
-
-
-def evaluate_only(run):
-    """--eval_only: one evaluation of the model as it is, logged; nothing is saved."""
-    with StopSignals() as signals:
-        run.signals = signals  # the evaluation stops within a batch on a stop signal
-        try:
-            evaluate(run, run.start_iter, 0.0, final=True)
-        except Stopped:
-            if run.master:
-                print(f"stopped by {signals.name} during the evaluation; nothing was saved")
 
 
 # a timed run's bar counts the seconds of training (evaluations are off the clock)
@@ -482,24 +537,161 @@ def finished(run, iter_num, best, seconds, max_time):
     )
 
 
-def stopped(run, signal_name, iter_num, best, during_final):
-    """After SIGINT or SIGTERM: save the state at iter_num, unless nothing was
-    trained since the run began (the checkpoint on disk, if any, already holds it).
-    No evaluation: the process may have little time left."""
-    where = f"stopped by {signal_name} at iter {iter_num}"
-    if iter_num == run.start_iter:
-        if run.master:
-            kept = "the checkpoint is unchanged" if run.resumed else "nothing was saved"
-            print(f"{where}: nothing trained since the run began, so {kept}")
-        return
-    save(run, iter_num, best, evaluated=False)
-    if not run.master:
-        return
-    then = "continue with --init_from=resume"
-    if during_final:
-        where += " during the final evaluation"
-        then = "evaluate it with --init_from=resume --eval_only=True"
-    print(f"{where}; saved {checkpoint_path(run.cfg.out_dir)}; {then}")
+# -----------------------------------------------------------------------------
+# Evaluation: the losses, printed and logged
+
+
+def evaluate(run, iter_num, elapsed, final):
+    """Evaluate; print and log one line to out_dir/log.jsonl (and wandb)."""
+    losses = estimate_loss(run, run.cfg.seed + iter_num)
+    rec = dict(
+        iter=iter_num,
+        train_loss=losses["train"],
+        val_loss=losses["val"],
+        lr=get_lr(iter_num, run.cfg, run.seconds),
+        elapsed_s=round(elapsed, 3),
+        tokens=iter_num * run.tokens_per_iter,
+    )
+    if final and run.cfg.eval_full_val:
+        rec["val_loss_full"] = full_val_loss(run)
+    if run.hellaswag is not None:
+        scores = run.hellaswag.training_scores(
+            run.raw,
+            run.meta["tokenizer"],
+            run.cfg.hellaswag_data,
+            run.device,
+            run.ctx,
+            run.dp_rank,
+            run.dp_world,
+        )
+        rec.update(scores)
+    if not (math.isfinite(rec["train_loss"]) and math.isfinite(rec["val_loss"])):
+        raise diverged(rec["val_loss"], iter_num)
+    if run.master and run.timeline is not None:
+        rec.update(
+            run.timeline.at_evaluation(run.cfg, run.raw, run.meta, run.splits["val"], iter_num)
+        )
+    if run.master:
+        log_evaluation(rec, run.cfg.out_dir, run.wandb)
+    return rec
+
+
+def diverged(loss, iter_num):
+    return TrainingError(
+        f"the loss is {loss} at iter {iter_num}: training diverged; "
+        "try a lower --learning_rate (the last checkpoint is kept)"
+    )
+
+
+@torch.no_grad()
+def mean_loss(run, model, data, batches, desc):
+    """Mean loss per token over batches [(starts (N,), length)], shared by the
+    processes, with a progress bar; a stop signal ends it (Stopped) within a batch."""
+    total = torch.zeros(2, device=run.device)  # (loss summed over tokens, tokens)
+    mine = batches[run.dp_rank :: run.dp_world]  # the ranks of one sequence share its batches
+    rounds = -(-len(batches) // run.dp_world)  # every process checks for a stop in every round
+    model.eval()
+    try:
+        bar = tqdm(
+            range(rounds), desc=desc, leave=False, disable=not run.master, dynamic_ncols=True
+        )
+        for i in bar:
+            if stop_requested(run.signals, run.world, run.device, agree=True):
+                raise Stopped()
+            if i < len(mine):
+                x, y = map(run.split, get_batch(data, *mine[i], run.device))
+                with run.ctx():
+                    total[0] += model(x, y)[1].float() * y.numel()
+                total[1] += y.numel()
+    finally:
+        model.train()
+    if run.world > 1:
+        dist.all_reduce(total)
+    return (total[0] / total[1]).item()
+
+
+def estimate_loss(run, seed):
+    """Loss on eval_iters random batches per split. The generator is a fresh one,
+    so evaluating never shifts the training batches. The model runs as written, not
+    compiled: compiling its eval-mode graph as well took longer than the forward
+    passes it would speed up (some 40 s of a CPU run's 90 s of compiling, for
+    evaluations of a few seconds; docs/benchmarks.md)."""
+    gen, B, T = torch.Generator().manual_seed(seed), run.cfg.batch_size, run.cfg.block_size
+    losses = {}
+    for split, data in run.splits.items():
+        starts = torch.randint(len(data) - T, (run.cfg.eval_iters, B), generator=gen)  # (iters, B)
+        batches = [(row, T) for row in starts]
+        losses[split] = mean_loss(run, run.raw, data, batches, f"evaluating {split}")
+    return losses
+
+
+def full_val_loss(run):
+    """Loss on every token of the val split, in non-overlapping block_size
+    windows (the last one shorter): the val loss of record, without sampling noise."""
+    data, B, T = run.splits["val"], run.cfg.batch_size, run.cfg.block_size
+    n = len(data) - 1  # tokens with a next token to predict
+    starts = torch.arange(0, n, T)
+    batches = [(batch, T) for batch in starts[: n // T].split(B)]
+    tail = n % T // run.split_unit * run.split_unit  # context parallelism leaves out < 2P tokens
+    if tail:
+        batches.append((starts[-1:], tail))
+    return mean_loss(run, run.raw, data, batches, "whole val split")
+
+
+def evaluate_only(run):
+    """--eval_only: one evaluation of the model as it is, logged; nothing is saved."""
+    with StopSignals() as signals:
+        run.signals = signals  # the evaluation stops within a batch on a stop signal
+        try:
+            evaluate(run, run.start_iter, 0.0, final=True)
+        except Stopped:
+            if run.master:
+                print(f"stopped by {signals.name} during the evaluation; nothing was saved")
+
+
+# -----------------------------------------------------------------------------
+# Stop signals: SIGINT and SIGTERM ask a training run to stop and save, rather than
+# die with its work since the last checkpoint
+
+
+class Stopped(Exception):
+    """A stop signal arrived during an evaluation or between micro-steps."""
+
+
+class StopSignals:
+    """SIGINT and SIGTERM ask training to stop: after the current step, or inside
+    an evaluation or between micro-steps (Stopped); a second signal stops at once."""
+
+    def __init__(self):
+        self.name = None  # the first signal's name, once one has arrived
+        self.saved = {}  # the handlers this one replaced, put back on exit
+
+    def handle(self, signum, frame):
+        self.name = signal.Signals(signum).name
+        signal.signal(signum, self.saved[signum] or signal.SIG_DFL)
+
+    def __enter__(self):
+        # signals reach the main thread only
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.saved[sig] = signal.signal(sig, self.handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler or signal.SIG_DFL)
+
+
+def stop_requested(signals, world, device, agree=False):
+    """Whether SIGINT or SIGTERM has arrived (signals is None outside training).
+    With agree, whether it has in any process: a collective, so every process
+    must ask at the same point."""
+    asked = signals is not None and signals.name is not None
+    if agree and world > 1:
+        t = torch.tensor([float(asked)], device=device)
+        dist.all_reduce(t)
+        return t.item() > 0
+    return asked
 
 
 # -----------------------------------------------------------------------------
@@ -531,20 +723,38 @@ def save(run, iter_num, best_val_loss, evaluated=True):
     save_checkpoint(ckpt, checkpoint_path(run.cfg.out_dir))
 
 
+def stopped(run, signal_name, iter_num, best, during_final):
+    """After SIGINT or SIGTERM: save the state at iter_num, unless nothing was
+    trained since the run began (the checkpoint on disk, if any, already holds it).
+    No evaluation: the process may have little time left."""
+    where = f"stopped by {signal_name} at iter {iter_num}"
+    if iter_num == run.start_iter:
+        if run.master:
+            kept = "the checkpoint is unchanged" if run.resumed else "nothing was saved"
+            print(f"{where}: nothing trained since the run began, so {kept}")
+        return
+    save(run, iter_num, best, evaluated=False)
+    if not run.master:
+        return
+    then = "continue with --init_from=resume"
+    if during_final:
+        where += " during the final evaluation"
+        then = "evaluate it with --init_from=resume --eval_only=True"
+    print(f"{where}; saved {checkpoint_path(run.cfg.out_dir)}; {then}")
+
+
 # -----------------------------------------------------------------------------
 # The command: settings -> setup -> train; every failure the user can fix is one line
 
 
-def get_config(argv):
-    """The settings from the defaults, config files and --key=value; raises
-    ConfigError or ValueError."""
-    cfg = parse_settings(Settings, argv)
-    check(cfg)
-    return cfg
+def lost_peer(e, world):
+    """Whether e is a collective that failed because another process died or hung."""
+    text = str(e)
+    return world > 1 and (isinstance(e, dist.DistError) or "gloo" in text or "NCCL" in text)
 
 
 def fail(message, code):
-    cli.error(message)
+    error(message)
     sys.exit(code)
 
 
@@ -557,14 +767,14 @@ def main(argv=None):
         try:
             run = setup(get_config(argv))
         except USER_ERRORS as e:
-            fail(e, cli.BAD_INPUT)
+            fail(e, BAD_INPUT)
         except (RuntimeError, MemoryError) as e:
             if not out_of_memory(e):
                 raise
             fail(
                 "out of memory building the model or loading the data; use a smaller model, "
                 "--block_size or --batch_size",
-                cli.BAD_INPUT,
+                BAD_INPUT,
             )
         try:
             if run.cfg.eval_only:
@@ -572,14 +782,14 @@ def main(argv=None):
             else:
                 train(run)
         except (CheckpointError, LogError, TrainingError) as e:
-            fail(e, cli.FAILED)
+            fail(e, FAILED)
         except (RuntimeError, MemoryError) as e:
             if out_of_memory(e):
                 fail(
                     "out of memory while training; lower --batch_size (raise "
                     "--gradient_accumulation_steps to keep the batch) or --block_size; "
                     "the last checkpoint is kept",
-                    cli.FAILED,
+                    FAILED,
                 )
             if not lost_peer(e, run.world):
                 raise
@@ -587,13 +797,13 @@ def main(argv=None):
                 f"process {run.rank} lost contact with the others ({first_line(e)}); another "
                 "process failed or stopped responding (see its error above); the last "
                 "checkpoint is kept",
-                cli.FAILED,
+                FAILED,
             )
         finally:
             if run.wandb is not None:
                 run.wandb.finish()
     except KeyboardInterrupt:
-        fail("interrupted", cli.INTERRUPTED)
+        fail("interrupted", INTERRUPTED)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -43,8 +43,9 @@ import numpy as np
 import torch
 
 from bench import common
+from data import DataError
 from data.batches import get_batch
-from data.shards import DataError, ShardedTokens
+from data.shards import ShardedTokens
 from data.tiny_shakespeare import find_shakespeare, shakespeare_dir
 from data.tokenizer import gpt2_encoding
 from model import GPT, GPTConfig

@@ -16,9 +16,8 @@ import sys
 
 import numpy as np
 
-from data import DATA_ROOT
+from data import DATA_ROOT, DataError
 from data.dataset import load_meta
-from data.shards import DataError
 
 HOLDOUT_FRACTION = 0.1
 

@@ -16,3 +16,7 @@ import os
 
 # where dataset folders live unless --data_root says otherwise
 DATA_ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+class DataError(Exception):
+    """A problem with a dataset that the user can fix; the message is a single line."""

@@ -12,8 +12,8 @@ import os
 import numpy as np
 import torch
 
+from data import DataError
 from data.dataset import load_tokens
-from data.shards import DataError, ShardedTokens
 
 SMALL_DATASET = 100_000_000  # tokens; a smaller split lives on the device as int64
 
@@ -28,8 +28,8 @@ def load_split(dataset_dir, split, block_size, vocab_size, device):
             f"the {split} split of {dataset_dir} has {len(tokens)} tokens, fewer than "
             f"block_size + 1 = {block_size + 1}; use a smaller --block_size"
         )
-    if isinstance(tokens, ShardedTokens):
-        return tokens
+    if not isinstance(tokens, np.memmap):
+        return tokens  # a sharded split: its shards' memmaps (data/shards.py)
     if len(tokens) < SMALL_DATASET:
         # a damaged file can hold ids past the vocabulary, which would crash a
         # later step; a large split is not scanned (that would read all of it)

@@ -28,7 +28,8 @@ import traceback
 import numpy as np
 from tqdm import tqdm
 
-from data.shards import SHARD_TOKENS, SPLITS, DataError, ShardWriter, dtype_for, is_shard_file
+from data import DataError
+from data.shards import SHARD_TOKENS, SPLITS, ShardWriter, dtype_for, is_shard_file
 from data.sources import Stream, TaskReader, iter_documents, open_source
 from data.tokenizer import TokenizerError, bpe_vocab_size, get_tokenizer, train_bpe
 

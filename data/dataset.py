@@ -6,24 +6,19 @@ documents in shards, data/shards.py, written by data/corpus.py). What training,
 heads.py and the benchmarks read; data/prepare.py is the command that writes one.
 """
 
-import functools
 import glob
 import json
 import os
 
 import numpy as np
 
-from data import DATA_ROOT
-from data.induction import prepare_induction
-from data.shards import DataError, ShardedTokens, check_shards
-from data.tiny_shakespeare import FOLDERS, prepare_shakespeare
-from data.tokenizer import GPT2_VOCAB_SIZE, TokenizerError, get_tokenizer
+from data import DATA_ROOT, DataError
 
-# the datasets prepared on first use: name -> prepare(data_root, input_path)
+# the datasets prepared on first use, and the command that prepares each
 DATASETS = {
-    "shakespeare_char": functools.partial(prepare_shakespeare, "char"),
-    "shakespeare": functools.partial(prepare_shakespeare, "gpt2"),
-    "induction": prepare_induction,
+    "shakespeare_char": "python data/shakespeare_char/prepare.py",
+    "shakespeare": "python data/shakespeare/prepare.py",
+    "induction": "python data/induction.py",
 }
 SPLITS = ("train", "val")
 FILES = ("train.bin", "val.bin", "meta.json")
@@ -39,11 +34,7 @@ DTYPE_LIMITS = {"uint16": 2**16, "uint32": 2**32}
 
 def _prepare_hint(dataset_dir):
     name = os.path.basename(os.path.normpath(dataset_dir))
-    if name in FOLDERS.values():
-        return f"python data/{name}/prepare.py"
-    if name == "induction":
-        return "python data/induction.py"
-    return f"python data/prepare.py YOUR_CORPUS --name {name}"
+    return DATASETS.get(name, f"python data/prepare.py YOUR_CORPUS --name {name}")
 
 
 def load_meta(dataset_dir):
@@ -127,8 +118,12 @@ def _tokenizer_problem(desc, vocab_size):
             return "the char tokenizer needs 'chars', a string of distinct characters"
         size = len(chars)
     elif desc["kind"] == "gpt2":
+        from data.tokenizer import GPT2_VOCAB_SIZE
+
         size = GPT2_VOCAB_SIZE
     elif desc["kind"] == "bpe":
+        from data.tokenizer import TokenizerError, get_tokenizer
+
         try:
             size = get_tokenizer(desc).vocab_size
         except TokenizerError as e:
@@ -142,6 +137,8 @@ def _tokenizer_problem(desc, vocab_size):
 
 def load_tokenizer(dataset_dir):
     """The tokenizer the dataset was encoded with."""
+    from data.tokenizer import TokenizerError, get_tokenizer
+
     try:
         return get_tokenizer(load_meta(dataset_dir)["tokenizer"])
     except TokenizerError as e:
@@ -156,6 +153,8 @@ def load_tokens(dataset_dir, split):
     meta = load_meta(dataset_dir)
     again = f"prepare the dataset again with: {_prepare_hint(dataset_dir)}"
     if "shards" in meta:
+        from data.shards import ShardedTokens, check_shards
+
         return ShardedTokens(check_shards(dataset_dir, meta, split, again), meta["dtype"])
     path = os.path.join(dataset_dir, f"{split}.bin")
     if not os.path.exists(path):
@@ -189,5 +188,14 @@ def ensure_dataset(name, data_root=None, input_path=None):
             f"python data/prepare.py YOUR_CORPUS --name {name}"
         )
     print(f"preparing {name} in {dataset_dir} (first use)")
-    DATASETS[name](data_root, input_path)
+    # the preparers load here, on first use: a prepared dataset needs none of them
+    if name == "induction":
+        from data.induction import prepare_induction
+
+        prepare_induction(data_root, input_path)
+    else:
+        from data.tiny_shakespeare import prepare_shakespeare
+
+        kind = "char" if name == "shakespeare_char" else "gpt2"
+        prepare_shakespeare(kind, data_root, input_path)
     return dataset_dir

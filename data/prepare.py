@@ -28,9 +28,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from data import DATA_ROOT
+from data import DATA_ROOT, DataError
 from data.corpus import prepare_corpus
-from data.shards import SHARD_TOKENS, DataError
+from data.shards import SHARD_TOKENS
 from data.text import prepare_text, read_corpus
 from data.tiny_shakespeare import prepare_shakespeare, shakespeare_dir
 from support.configurator import (

@@ -17,10 +17,7 @@ import os
 
 import numpy as np
 
-
-class DataError(Exception):
-    """A problem the user can fix; the message is a single line."""
-
+from data import DataError
 
 SPLITS = ("train", "val")
 SHARD_TOKENS = 100_000_000  # 200 MB per uint16 shard, as build-nanogpt's FineWeb shards

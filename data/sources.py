@@ -25,7 +25,7 @@ import math
 import os
 from typing import Callable, NamedTuple
 
-from data.shards import DataError
+from data import DataError
 
 # Arrow's default allocator (jemalloc) keeps pages of the row groups already read, more
 # of them the longer the read: the main process grew from 179 MB for a 250 MB corpus to

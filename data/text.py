@@ -13,7 +13,7 @@ import re
 import numpy as np
 from tqdm import tqdm
 
-from data.shards import DataError
+from data import DataError
 from data.tokenizer import TokenizerError, build_tokenizer
 
 # Below this many characters a progress bar would only flash by.

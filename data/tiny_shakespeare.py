@@ -11,8 +11,7 @@ import sys
 import urllib.error
 import urllib.request
 
-from data import DATA_ROOT
-from data.shards import DataError
+from data import DATA_ROOT, DataError
 from data.text import _decode_utf8, _write_atomic, prepare_text
 
 SHAKESPEARE_URL = (

@@ -1,11 +1,8 @@
 """
 The command line every command shares: `--help` printed from the command's
 docstring and options, options as --key=value (configurator.py), and each
-failure the user can fix said in one line on stderr, never a traceback.
-
-Exit codes, the same for every command: 0 done; 2 bad input (the line says what
-to do); 1 the run itself failed (out of memory, a disk that cannot be written);
-130 stopped by Ctrl-C.
+failure the user can fix said in one line on stderr, never a traceback, with
+the exit codes configurator.py gives (0 done, 2 bad input, 1 failed, 130 Ctrl-C).
 """
 
 import os
@@ -13,12 +10,16 @@ import sys
 
 import torch
 
-from data.shards import DataError
+from data import DataError
 from data.tokenizer import TokenizerError
 from support.checkpoint import CheckpointError
 from support.configurator import (
+    BAD_INPUT,
+    FAILED,
+    INTERRUPTED,
     ConfigError,
     describe_settings,
+    error,
     parse_settings,
     print_help,
     wants_help,
@@ -28,13 +29,6 @@ from support.loading import LoadError
 
 # what a command's user can fix: a bad option, file, checkpoint, tokenizer or dataset
 USER_ERRORS = (ConfigError, DataError, CheckpointError, TokenizerError, LoadError, DeviceError)
-BAD_INPUT = 2
-FAILED = 1
-INTERRUPTED = 130
-
-
-def error(message):
-    print(f"error: {message}", file=sys.stderr)
 
 
 def output_folder(path, option="--out_dir"):

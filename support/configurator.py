@@ -1,5 +1,6 @@
 """
-Plain-Python configuration: defaults, then config files, then --key=value overrides.
+Plain-Python configuration: defaults, then config files, then --key=value overrides;
+and how every command says what the user can fix: one line on stderr and an exit code.
 
 A config file is Python that sets variables (it runs as code: only run config
 files you trust). Overrides on the command line are parsed as literals and never
@@ -9,6 +10,11 @@ that it can choose by them (config/shakespeare.py looks at device); the command
 line still has the last word. Every key must exist in the defaults and keep its type;
 anything else is a ConfigError with a one-line message. The defaults are a dict,
 or a dataclass whose fields all have one (parse_settings).
+
+Exit codes, the same for every command: 0 done; 2 bad input (the line says what
+to do); 1 the run itself failed (out of memory, a disk that cannot be written);
+130 stopped by Ctrl-C. support/cli.py runs a command with them; train.py, which
+loads no more than it uses, takes them from here.
 """
 
 import ast
@@ -16,7 +22,12 @@ import dataclasses
 import difflib
 import inspect
 import os
+import sys
 import types
+
+BAD_INPUT = 2
+FAILED = 1
+INTERRUPTED = 130
 
 
 class ConfigError(Exception):
@@ -27,10 +38,6 @@ def _unknown(key, known):
     close = difflib.get_close_matches(key, known, n=1)
     hint = f"; did you mean '{close[0]}'?" if close else ""
     return ConfigError(f"unknown config key {key!r}{hint}")
-
-
-def _type_name(value):
-    return "str" if value is None else type(value).__name__
 
 
 def coerce(key, value, default):
@@ -141,11 +148,6 @@ def split_args(defaults, argv):
     return files, overrides
 
 
-def describe(defaults):
-    """One line per key, for --help."""
-    return "\n".join(f"  --{k}={v!r}" for k, v in defaults.items())
-
-
 def parse_settings(cls, argv, allow_files=True, positional=None):
     """An instance of the dataclass cls, its fields set from config files and
     overrides in argv as parse_args sets a dict's keys. positional: the field a
@@ -226,3 +228,7 @@ def print_help(doc, options):
     """The command's docstring, then its options, one a line with its default and
     comment (describe_settings)."""
     print(doc.strip() + "\n\noptions (defaults):\n" + options)
+
+
+def error(message):
+    print(f"error: {message}", file=sys.stderr)

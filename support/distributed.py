@@ -1,8 +1,8 @@
 """
-Training in several processes (torchrun): joining them, wrapping the model in
-DistributedDataParallel, summing across them, and telling a lost process from
-other failures. Also the joining of processes forked on one machine, which the
-ring attention's tests and measurements use.
+Training in several processes (torchrun): joining them, and the model compiled and
+wrapped in DistributedDataParallel. Also the joining of processes forked on one
+machine, which the ring attention's tests and measurements use. train.py imports
+this module only for several processes or torch.compile.
 """
 
 import datetime
@@ -58,16 +58,3 @@ def wrap_model(raw, device, world, use_compile):
         return model, model
     device_ids = [device.index] if device.type == "cuda" else None
     return model, DDP(model, device_ids=device_ids)
-
-
-def all_sum(t, world):
-    """t summed over the processes, in place."""
-    if world > 1:
-        dist.all_reduce(t)
-    return t
-
-
-def lost_peer(e, world):
-    """Whether e is a collective that failed because another process died or hung."""
-    text = str(e)
-    return world > 1 and (isinstance(e, dist.DistError) or "gloo" in text or "NCCL" in text)

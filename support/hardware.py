@@ -10,32 +10,23 @@ CPU matrix multiply in bfloat16 is then about 40x slower than in float32
 A CPU's flags are not proof. Some virtual machines advertise AMX and then do not
 let a process use it: oneDNN (PyTorch's CPU bfloat16 matmul library) picks its
 AMX kernels and the process dies with SIGILL, no message. So every entry point
-calls check_bf16() before it imports torch: a child process runs bfloat16 at the
-training step's shapes, and only its death is at stake. Where it dies, a second
-child tries oneDNN capped at AVX512-BF16 (ONEDNN_MAX_CPU_ISA, which oneDNN reads
-when torch loads); where that lives, this process sets the same cap before
-torch loads, and says so. The verdict is cached per CPU model, flags, torch
-version and cap, in the user's cache folder, so later runs pay nothing;
-`python -m support.hardware` prints it (and probes again with --again).
+calls check_bf16() before it imports torch. Its verdict is cached per CPU model,
+flags, torch version and oneDNN cap, in the user's cache folder, so that a run
+reads it there; only where none is cached yet does the probe run, in child
+processes, with oneDNN capped at AVX512-BF16 if bfloat16 kills the first
+(support/cpu_probe.py, with the CPU classes the tests simulate). Where the cap
+was needed, this process sets it before torch loads (ONEDNN_MAX_CPU_ISA, which
+oneDNN reads then), and says so. `python -m support.hardware` prints the verdict
+(and probes again with --again).
 
 On a CPU that runs bfloat16 natively, dtype='auto' still trains in it only if a
 forward and backward pass of the run's own model is faster than in float32
-(faster_cpu_dtype; cached too), and Muon's orthogonalisation follows the
-training precision.
+(faster_cpu_dtype; cached too), and Muon's orthogonalisation follows
+the training precision.
 
 Capping oneDNN below AVX512-BF16 (ONEDNN_MAX_CPU_ISA=AVX2) makes bfloat16 really
 emulated on a CPU that has it: how the float32 path of a CPU without native
 bfloat16 is measured here.
-
-A busy machine must not decide for good: the slowdown is the best of several
-rounds that alternate the two precisions, and a figure that contradicts the
-CPU's flags (native flags but a slow bfloat16, or the reverse) is measured
-again before it is believed. The verdict keeps when it was measured, and the
-start-up line says so.
-
-GPT_SIMULATE_CPU makes the probe behave as one of the CPU classes below
-(SIMULATED_CLASSES), so that the tests of every class run on any machine: the
-verdict, its cache, dtype='auto' and the one-line errors, as on that class.
 """
 
 import hashlib
@@ -43,38 +34,14 @@ import importlib.metadata
 import json
 import os
 import platform
-import signal
-import subprocess
 import sys
 import time
 
 ISA = "ONEDNN_MAX_CPU_ISA"
 AMX_FREE_ISA = "AVX512_CORE_BF16"  # oneDNN's highest level with bfloat16 but without AMX
-# Tests and CI: the CPU class the probe behaves as (see SIMULATED_CLASSES)
+# Tests and CI: the CPU class the probe behaves as (cpu_probe.SIMULATED_CLASSES)
 SIMULATE = "GPT_SIMULATE_CPU"
-# Each class, with the flags such a CPU advertises:
-#   avx2         bfloat16 emulated: the probe's child runs with oneDNN and ATen capped to
-#                AVX2, so its bfloat16 is really emulated, and its slowdown really measured
-#   avx512_bf16  native bfloat16 (where this CPU emulates it, the measured slowdown is kept
-#                beside a simulated 1.0)
-#   amx          native bfloat16 through AMX tiles, the same way
-#   amx_sigill   AMX advertised but not allowed: the probe's child dies with SIGILL unless
-#                oneDNN is capped below AMX; capped, it is native (as avx512_bf16)
-#   sigill       bfloat16 kills the process whatever the cap
-AVX2_FLAGS = {"avx2"}
-BF16_FLAGS = AVX2_FLAGS | {"avx512f", "avx512_bf16"}
-AMX_FLAGS = BF16_FLAGS | {"amx_tile", "amx_bf16"}
-SIMULATED_CLASSES = {
-    "avx2": AVX2_FLAGS,
-    "avx512_bf16": BF16_FLAGS,
-    "amx": AMX_FLAGS,
-    "amx_sigill": AMX_FLAGS,
-    "sigill": AMX_FLAGS,
-}
-# the flags that promise native bfloat16 (x86; Arm's bf16 extension)
-NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
-# oneDNN's ISA levels (its "CPU dispatcher control" docs): those below AMX, and
-# those below its native bfloat16 kernels
+# oneDNN's ISA levels below its native bfloat16 kernels (its "CPU dispatcher control" docs)
 ISAS_WITHOUT_BF16 = {
     "SSE41",
     "AVX",
@@ -84,7 +51,6 @@ ISAS_WITHOUT_BF16 = {
     "AVX512_CORE",
     "AVX512_CORE_VNNI",
 }
-ISAS_WITHOUT_AMX = ISAS_WITHOUT_BF16 | {"AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16"}
 NATIVE_SLOWDOWN = 1.5  # a bfloat16 matmul taking more than this x float32's time is emulated
 
 _verdict = None  # this process's, set by check_bf16
@@ -93,19 +59,6 @@ _verdict = None  # this process's, set by check_bf16
 def cache_path():
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(root, "hackable-gpt", "bf16.json")
-
-
-def simulated_class():
-    """The CPU class named by GPT_SIMULATE_CPU, or None. An unknown name stops the
-    process with one line: a typo must not test the real machine unnoticed."""
-    name = os.environ.get(SIMULATE, "")
-    if not name:
-        return None
-    if name not in SIMULATED_CLASSES:
-        sys.exit(
-            f"error: {SIMULATE}={name} is no CPU class; use one of {', '.join(SIMULATED_CLASSES)}"
-        )
-    return name
 
 
 def read_cpuinfo():
@@ -124,14 +77,6 @@ def read_cpuinfo():
         pass
     model = model or platform.processor() or platform.machine()
     return model, flags
-
-
-def cpu_flags():
-    """The flags this CPU advertises, or those of the simulated class."""
-    simulated = simulated_class()
-    if simulated is not None:
-        return SIMULATED_CLASSES[simulated]
-    return set(read_cpuinfo()[1].split())
 
 
 def machine_key():
@@ -176,83 +121,6 @@ def write_cache(key, field, value):
         pass
 
 
-def probe(extra_env=None):
-    """Run probe_child in a child process: its result dict, or {'crashed': signal
-    name} when it died of a signal, or {'failed': reason}."""
-    env = dict(os.environ, **(extra_env or {}))
-    if simulated_class() == "avx2":
-        # oneDNN and ATen without their bfloat16 kernels: the child's bfloat16 is really
-        # emulated, so its slowdown is measured, not assumed
-        env.update({ISA: "AVX2", "ATEN_CPU_CAPABILITY": "avx2"})
-    t0 = time.perf_counter()
-    try:
-        r = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), "--child"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return dict(failed=str(e).splitlines()[0])
-    if r.returncode < 0:
-        try:
-            name = signal.Signals(-r.returncode).name
-        except ValueError:
-            name = f"signal {-r.returncode}"
-        return dict(crashed=name)
-    if r.returncode != 0 or not r.stdout.strip():
-        lines = (r.stderr or "no output").strip().splitlines()
-        return dict(failed=lines[-1] if lines else f"exit {r.returncode}")
-    return dict(
-        json.loads(r.stdout.strip().splitlines()[-1]), probe_s=round(time.perf_counter() - t0, 2)
-    )
-
-
-def new_verdict():
-    """A verdict measured now (see probe_verdict), with the time it was measured and,
-    under GPT_SIMULATE_CPU, the simulated class."""
-    verdict = probe_verdict()
-    verdict["measured_at"] = time.strftime("%Y-%m-%d %H:%M")
-    simulated = simulated_class()
-    if simulated is None:
-        return verdict
-    verdict["simulated"] = simulated
-    # a native class simulated on a CPU that emulates bfloat16: the speed is the class's,
-    # the figure this CPU measured is kept beside it
-    native_class = bool(SIMULATED_CLASSES[simulated] & NATIVE_BF16_FLAGS)
-    if native_class and verdict["runs"] and verdict["slowdown"] > NATIVE_SLOWDOWN:
-        verdict["measured_slowdown"] = verdict["slowdown"]
-        verdict["slowdown"] = 1.0
-    return verdict
-
-
-def probe_verdict():
-    """Probe, and if bfloat16 kills the child, probe again with oneDNN capped below AMX."""
-    first = probe()
-    if "crashed" not in first:
-        return dict(first, runs="failed" not in first, env={})
-    user_isa = os.environ.get(ISA)
-    if user_isa:
-        return dict(
-            runs=False,
-            env={},
-            why=f"bfloat16 crashes on this CPU ({first['crashed']} in a test run, "
-            f"with {ISA}={user_isa})",
-        )
-    second = probe({ISA: AMX_FREE_ISA})
-    if "failed" in second:  # not a verdict: not cached, tried again next time
-        return dict(second, runs=False, env={})
-    if "crashed" in second:
-        return dict(
-            runs=False,
-            env={},
-            why=f"bfloat16 crashes on this CPU ({first['crashed']} in a test run, "
-            f"also with {ISA}={AMX_FREE_ISA})",
-        )
-    return dict(second, runs=True, env={ISA: AMX_FREE_ISA}, amx_crashed=first["crashed"])
-
-
 def check_bf16(again=False):
     """The verdict on CPU bfloat16, from the cache or a probe, with its fix applied:
     call before `import torch`. A dict: runs (bool), why (when it does not),
@@ -264,6 +132,8 @@ def check_bf16(again=False):
     key = machine_key()
     verdict = None if again else read_cache().get(key, {}).get("verdict")
     if verdict is None:
+        from support.cpu_probe import new_verdict  # here only: a cached verdict needs no probe
+
         verdict = new_verdict()
         if "failed" not in verdict:
             write_cache(key, "verdict", verdict)
@@ -286,108 +156,12 @@ def check_bf16(again=False):
             )
         else:
             os.environ[name] = value
-    if simulated_class() is not None and not verdict["runs"] and "torch" not in sys.modules:
-        simulate_crash()  # from the process's start, as on the real machine
+    if os.environ.get(SIMULATE):
+        from support.cpu_probe import simulate
+
+        simulate(verdict)  # from the process's start, as on the real machine
     _verdict = verdict
     return verdict
-
-
-def simulate_crash():
-    """Tests: make this process die as such a CPU's would, at its first bfloat16
-    op on the CPU, so that a path that still runs one cannot pass unseen."""
-    import torch
-    from torch.overrides import TorchFunctionMode
-    from torch.utils._pytree import tree_leaves
-
-    def cpu_bf16(x):
-        return (
-            x is torch.bfloat16
-            or isinstance(x, torch.Tensor)
-            and x.dtype == torch.bfloat16
-            and x.is_cpu
-        )
-
-    class DieOnBf16(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            if any(cpu_bf16(x) for x in tree_leaves((args, kwargs or {}))):
-                sys.stderr.write(
-                    f"simulated SIGILL: {getattr(func, '__name__', func)} in bfloat16\n"
-                )
-                os.kill(os.getpid(), signal.SIGILL)
-            return func(*args, **(kwargs or {}))
-
-    DieOnBf16().__enter__()  # for the rest of the process
-
-
-def probe_child():
-    """In the child: bfloat16 through every kind of op a training step runs, at
-    the CPU recipe's shapes, then one matmul timed against float32. Prints JSON."""
-    simulated = simulated_class()
-    import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    amx_allowed = os.environ.get(ISA, "").upper() not in ISAS_WITHOUT_AMX
-    if simulated == "sigill" or (simulated == "amx_sigill" and amx_allowed):
-        os.kill(os.getpid(), signal.SIGILL)
-    torch.manual_seed(0)
-    bf16 = torch.bfloat16
-    linear = torch.nn.Linear(128, 512)  # the MLP's first layer, batch 32 x 64
-    x = torch.randn(32 * 64, 128, requires_grad=True)
-    with torch.autocast("cpu", bf16):
-        loss = linear(x).float().square().mean()
-    q, k, v = (torch.randn(32, 4, 64, 32, dtype=bf16, requires_grad=True) for _ in range(3))
-    for backend in (SDPBackend.MATH, SDPBackend.FLASH_ATTENTION):
-        with sdpa_kernel(backend):
-            loss = (
-                loss
-                + F.scaled_dot_product_attention(q, k, v, is_causal=True).float().square().mean()
-            )
-    loss.backward()
-    g = torch.randn(128, 512).bfloat16()  # Muon's Newton-Schulz iteration multiplies in bfloat16
-    gram = g @ g.T
-    torch.addmm(g, torch.addmm(gram, gram, gram, beta=-4.7, alpha=2.0), g, beta=3.4)
-    slowdown, attempts = steady_slowdown(bool(cpu_flags() & NATIVE_BF16_FLAGS))
-    print(json.dumps(dict(slowdown=round(slowdown, 2), attempts=attempts)))
-
-
-def steady_slowdown(flags_promise_native, attempts=3):
-    """(bf16_slowdown, attempts): measured again, up to `attempts` times, while the
-    figure contradicts what the CPU's flags promise. Load from other processes
-    slows both precisions alike within a round, so the best of the rounds holds;
-    a figure that still contradicts the flags after that is this CPU's truth
-    (a virtual machine may hide what its flags advertise)."""
-    for attempt in range(1, attempts + 1):
-        slowdown = bf16_slowdown()
-        if (slowdown <= NATIVE_SLOWDOWN) == flags_promise_native:
-            break
-    return slowdown, attempt
-
-
-def bf16_slowdown(n=256, rounds=5, repeats=3):
-    """Time of a bfloat16 (n, n) matrix multiply over a float32 one on one thread
-    (other threads' load would blur the ratio): each precision's best over rounds
-    that alternate the two, so a burst of other work cannot fall on one alone."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    matrices = {}
-    best = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        matrices[dtype] = (torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype))
-        best[dtype] = float("inf")
-    try:
-        for _ in range(rounds):
-            for dtype, (a, b) in matrices.items():
-                a @ b  # warm: the first call picks the kernel
-                for _ in range(repeats):
-                    t0 = time.perf_counter()
-                    a @ b
-                    best[dtype] = min(best[dtype], time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(threads)
-    return best[torch.bfloat16] / best[torch.float32]
 
 
 def measured(when):
@@ -490,9 +264,6 @@ def faster_cpu_dtype(key, seconds_per_pass, rounds=3):
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--child"]:
-        probe_child()
-    else:
-        verdict = check_bf16(again="--again" in sys.argv)
-        print(json.dumps(verdict, indent=1))
-        print("cpu:", ", ".join(auto_dtype("cpu")), f"(cached in {cache_path()})")
+    verdict = check_bf16(again="--again" in sys.argv)
+    print(json.dumps(verdict, indent=1))
+    print("cpu:", ", ".join(auto_dtype("cpu")), f"(cached in {cache_path()})")

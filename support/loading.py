@@ -9,10 +9,16 @@ user can fix is one line.
 import dataclasses
 import os
 
-from data.tokenizer import TokenizerError, get_tokenizer
 from model import GPT, GPTConfig
-from support.checkpoint import CheckpointError, checkpoint_path, first_line, load_checkpoint
-from support.resume import LOAD_ERRORS, check_resumable, out_of_memory
+from support.checkpoint import (
+    LOAD_ERRORS,
+    CheckpointError,
+    check_resumable,
+    checkpoint_path,
+    first_line,
+    load_checkpoint,
+    out_of_memory,
+)
 from support.settings import MODEL_KEYS, model_args
 
 
@@ -55,6 +61,7 @@ def from_gpt2(source, **overrides):
 
 def folder_tokenizer(source):
     """The tokenizer of a Hugging Face folder or name: GPT-2's, or the one export.py wrote."""
+    from data.tokenizer import TokenizerError, get_tokenizer
     from support.export_hf import ExportError, is_export, read_tokenizer
 
     if not is_export(source):
@@ -140,6 +147,9 @@ def load_model(init_from, out_dir):
     a checkpoint file (a snapshot), a Hugging Face GPT-2 folder or a 'gpt2*' name;
     or, when init_from is "", out_dir's checkpoint. folder is the checkpoint's, the
     default home of what a command writes about the model (out_dir for GPT-2)."""
+    # here only: training loads a model without its tokenizer
+    from data.tokenizer import TokenizerError, get_tokenizer
+
     source = init_from or out_dir
     if init_from and is_gpt2(init_from):
         return from_gpt2(init_from), folder_tokenizer(init_from), out_dir

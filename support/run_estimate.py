@@ -15,14 +15,13 @@ from tqdm import tqdm
 
 from data.batches import get_batch
 from model import GPT, GPTConfig
+from support.checkpoint import rng_state, set_rng_state
 from support.device import precision_context, training_dtype
 from support.optim import make_optimizers
-from support.resume import rng_state, set_rng_state
-from support.run_state import Run
 from support.settings import Settings, model_args
 
 
-def time_iter(run: Run, fraction=2):
+def time_iter(run, fraction=2):
     """(seconds per training iter, seconds per evaluation batch) here, timed on a
     copy of the model with optimizers of its own, so the run's weights, optimizer
     state, RNG and batches stay as they were. The passes run on 1/fraction of a
@@ -132,7 +131,7 @@ def run_seconds(cfg, start_iter, start_evaluated, step_s, eval_batch_s, val_toke
     return train_s + batches * eval_batch_s, how
 
 
-def print_run_estimate(run: Run):
+def print_run_estimate(run):
     """Say how long the run should take here, before it starts."""
     step_s, eval_batch_s = time_iter(run)
     val_tokens = len(run.splits["val"])

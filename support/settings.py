@@ -18,6 +18,7 @@ from support.configurator import describe_settings
 MODEL_FIELDS = [field for field in dataclasses.fields(GPTConfig) if field.name != "vocab_size"]
 MODEL_KEYS = tuple(field.name for field in MODEL_FIELDS)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+LAYOUTS = ("zigzag", "contiguous")  # of a sequence split by context parallelism
 
 # The model keys as settings, with GPTConfig's defaults (GPT-2 124M's shape).
 ModelSettings = dataclasses.make_dataclass(
@@ -174,6 +175,11 @@ def check(cfg):
         value = getattr(cfg, key)
         if value is not None and not isinstance(value, str):
             raise ValueError(f"{key} must be a string or None, got {value!r}")
+    if cfg.context_parallel_layout not in LAYOUTS:
+        raise ValueError(
+            f"unknown context_parallel_layout {cfg.context_parallel_layout!r}; "
+            "use zigzag or contiguous"
+        )
     if cfg.snapshot_limit < 2:
         raise ValueError(f"snapshot_limit must be 2 or more, got {cfg.snapshot_limit}")
     if cfg.log_heads and cfg.context_parallel > 1:

@@ -36,7 +36,7 @@ import pytest
 import torch
 from forker import Forker
 
-from support.resume import rng_state
+from support.checkpoint import rng_state
 from support.run_log import read_evaluations
 
 
@@ -123,7 +123,7 @@ def repo_root():
 
 def find_corpus():
     """The path of tiny Shakespeare, or the run stops with one line saying where to put it."""
-    from data.shards import DataError
+    from data import DataError
     from data.tiny_shakespeare import SHAKESPEARE_ENV, find_shakespeare, shakespeare_dir
 
     folder = shakespeare_dir("char")

@@ -18,11 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import train
-from data import sources
+from data import DataError, sources
 from data.batches import get_batch, load_split, step_batches
 from data.corpus import is_val, prepare_corpus
 from data.dataset import ensure_dataset, load_meta, load_tokens
-from data.shards import DataError, ShardedTokens, ShardWriter, dtype_for
+from data.shards import ShardedTokens, ShardWriter, dtype_for
 from data.text import prepare_text
 from data.tokenizer import END_OF_TEXT, get_tokenizer, gpt2_encoding, train_bpe
 from support.checkpoint import load_checkpoint

@@ -14,9 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from data import dataset, tiny_shakespeare, tokenizer
+from data import DataError, dataset, tiny_shakespeare, tokenizer
 from data.dataset import ensure_dataset, load_meta, load_tokens
-from data.shards import DataError
 from data.text import _chunks, prepare_text
 from data.tiny_shakespeare import prepare_shakespeare
 from data.tokenizer import (

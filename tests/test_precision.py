@@ -19,7 +19,7 @@ import torch
 
 import train
 from data.batches import load_split
-from support import hardware, optim
+from support import cpu_probe, hardware, optim
 from support.device import time_cpu_dtypes
 from support.settings import Settings, model_args
 
@@ -75,7 +75,7 @@ def test_the_probe_sees_this_cpu_run_bfloat16_and_caches_it(fresh, monkeypatch):
     assert time.strptime(verdict["measured_at"], "%Y-%m-%d %H:%M")
     # the second call reads the cache: no child process
     monkeypatch.setattr(hardware, "_verdict", None)
-    monkeypatch.setattr(hardware, "probe", lambda extra_env=None: pytest.fail("probed again"))
+    monkeypatch.setattr(cpu_probe, "probe", lambda extra_env=None: pytest.fail("probed again"))
     assert hardware.check_bf16() == verdict
     # another torch version, CPU cap or simulated class is another machine: probe again
     monkeypatch.delenv(hardware.SIMULATE, raising=False)
@@ -83,10 +83,10 @@ def test_the_probe_sees_this_cpu_run_bfloat16_and_caches_it(fresh, monkeypatch):
     keys = {hardware.machine_key()}
     monkeypatch.delenv(hardware.ISA)
     keys.add(hardware.machine_key())
-    for simulated in hardware.SIMULATED_CLASSES:
+    for simulated in cpu_probe.SIMULATED_CLASSES:
         monkeypatch.setenv(hardware.SIMULATE, simulated)
         keys.add(hardware.machine_key())
-    assert len(keys) == 2 + len(hardware.SIMULATED_CLASSES)
+    assert len(keys) == 2 + len(cpu_probe.SIMULATED_CLASSES)
 
 
 def test_a_cpu_whose_amx_crashes_gets_bfloat16_through_the_onednn_cap(tmp_path):
@@ -163,7 +163,7 @@ VERDICT_CODE = (
 
 
 def test_every_class_is_simulated():
-    assert set(CLASSES) == set(hardware.SIMULATED_CLASSES)
+    assert set(CLASSES) == set(cpu_probe.SIMULATED_CLASSES)
 
 
 @pytest.mark.parametrize("simulated", CLASSES)
@@ -306,11 +306,11 @@ def test_a_burst_of_load_does_not_decide_the_precision(fresh, monkeypatch):
 def test_a_busy_machine_gets_the_quiet_machines_verdict(fresh):
     """The bfloat16 probe measured while two processes keep both cores busy finds the
     same class as without them: its rounds alternate the precisions and keep the best."""
-    quiet = hardware.new_verdict()
+    quiet = cpu_probe.new_verdict()
     spin = [sys.executable, "-c", "while True: pass"]
     spinners = [subprocess.Popen(spin) for _ in range(2)]
     try:
-        busy = hardware.new_verdict()
+        busy = cpu_probe.new_verdict()
     finally:
         for p in spinners:
             p.kill()
@@ -323,14 +323,14 @@ def test_a_busy_machine_gets_the_quiet_machines_verdict(fresh):
 
 def test_a_slowdown_that_contradicts_the_flags_is_measured_again(monkeypatch):
     figures = iter([9.0, 8.0, 0.6])
-    monkeypatch.setattr(hardware, "bf16_slowdown", lambda: next(figures))
+    monkeypatch.setattr(cpu_probe, "bf16_slowdown", lambda: next(figures))
     # native flags and an emulated figure: measured again until it agrees
-    assert hardware.steady_slowdown(flags_promise_native=True) == (0.6, 3)
+    assert cpu_probe.steady_slowdown(flags_promise_native=True) == (0.6, 3)
     # no native flags: the first emulated figure agrees
-    monkeypatch.setattr(hardware, "bf16_slowdown", lambda: 40.0)
-    assert hardware.steady_slowdown(flags_promise_native=False) == (40.0, 1)
+    monkeypatch.setattr(cpu_probe, "bf16_slowdown", lambda: 40.0)
+    assert cpu_probe.steady_slowdown(flags_promise_native=False) == (40.0, 1)
     # a CPU that never does what its flags say is believed after the last attempt
-    assert hardware.steady_slowdown(flags_promise_native=True) == (40.0, 3)
+    assert cpu_probe.steady_slowdown(flags_promise_native=True) == (40.0, 3)
 
 
 @pytest.mark.bf16
@@ -695,5 +695,6 @@ def test_the_entry_point_list_is_complete():
             text = open(path).read()
             if '__name__ == "__main__"' in text and "import torch" in text:
                 scripts.add(os.path.relpath(path, REPO))
-    scripts.discard("support/hardware.py")  # the bfloat16 check itself, run as the child
+    scripts.discard("support/hardware.py")  # the bfloat16 check itself (torch only for CUDA)
+    scripts.discard("support/cpu_probe.py")  # the probe, run as the child
     assert scripts <= set(ENTRY_POINTS), scripts - set(ENTRY_POINTS)

@@ -25,7 +25,7 @@ import train
 from data import batches
 from data.dataset import ensure_dataset, load_tokens
 from model import GPT, GPTConfig
-from support import evaluation, run_estimate
+from support import run_estimate
 from support.checkpoint import load_checkpoint
 from support.device import precision_context
 from support.settings import Settings
@@ -218,7 +218,7 @@ def test_memmap_batches_equal_in_memory_batches(data_root, tmp_path, monkeypatch
         return get_batch(data, *rest)
 
     monkeypatch.setattr(batches, "get_batch", counted)  # the training batches
-    monkeypatch.setattr(evaluation, "get_batch", counted)  # the evaluation batches
+    monkeypatch.setattr(train, "get_batch", counted)  # the evaluation batches
     run_in_process(tiny_run(data_root, tmp_path / "memmap", *common))
     assert kinds == {np.memmap}
     assert losses(read_log(tmp_path / "memory")) == losses(read_log(tmp_path / "memmap"))
@@ -615,7 +615,7 @@ def test_an_evaluation_compiles_nothing(data_root, tmp_path):
     assert r.model is not r.raw  # compiled, lazily: nothing compiles before the first call
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    losses = evaluation.estimate_loss(r, seed=3)
+    losses = train.estimate_loss(r, seed=3)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0
     plain = train.setup(dataclasses.replace(cfg, compile=False))
-    assert losses == evaluation.estimate_loss(plain, seed=3)
+    assert losses == train.estimate_loss(plain, seed=3)

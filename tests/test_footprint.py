@@ -1,0 +1,67 @@
+"""What a plain run reads (experiments/trace_plain_run.py): the project's files and code
+lines that `python train.py config/shakespeare_cpu.py` executes, traced in a real run, and
+no module of a feature that is off among them."""
+
+import ast
+import os
+
+from experiments.trace_plain_run import footprint
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAX_FILES = 15
+# a ceiling against regressions: 1,282 code lines on a CPU with AVX2 alone, where 'auto'
+# is float32 without timing; 1,304 where bfloat16 is native and the model is timed in
+# both precisions (GPT_SIMULATE_CPU=avx512_bf16, less the simulation's own lines)
+MAX_CODE_LINES = 1_350
+# what a plain CPU run, its features off, must not load, with what turns each on
+FEATURE_MODULES = {
+    "support/hellaswag.py": "--hellaswag",
+    "support/timeline.py": "--snapshots or --log_heads",
+    "support/attention_maps.py": "--log_heads (through timeline.py)",
+    "support/head_measures.py": "--log_heads (through timeline.py)",
+    "support/composition.py": "heads.py and the explorer",
+    "support/ring_attention.py": "--context_parallel",
+    "support/context_parallel.py": "--context_parallel",
+    "data/induction.py": "--dataset=induction, not yet prepared",
+    "support/mfu.py": "a CUDA GPU",
+    "support/run_estimate.py": "--device=auto where no GPU is found",
+    "support/distributed.py": "torchrun, or --compile",
+    "support/cpu_probe.py": "a CPU whose bfloat16 verdict is not cached yet",
+    "data/tokenizer.py": "a dataset whose tokenizer must be built to be checked",
+}
+
+
+def test_a_plain_run_reads_few_files_and_no_feature_that_is_off(data_root):
+    counts = footprint([f"--data_root={data_root}"])
+    loaded = sorted(set(counts) & set(FEATURE_MODULES))
+    assert not loaded, [f"{path} (on with {FEATURE_MODULES[path]})" for path in loaded]
+    assert len(counts) <= MAX_FILES, counts
+    assert sum(counts.values()) <= MAX_CODE_LINES, counts
+    # the run itself and the model are read; the trace sees code, not comments
+    assert counts["train.py"] > 100 and counts["model.py"] > 100, counts
+    assert counts["config/shakespeare_cpu.py"] > 0, counts
+
+
+def test_train_imports_each_feature_in_setup_alone():
+    """The one place: train.py imports a feature's module inside setup(), under the `if`
+    of its setting, and nowhere else."""
+    with open(os.path.join(REPO, "train.py")) as f:
+        tree = ast.parse(f.read())
+    features = {path.removesuffix(".py").replace("/", ".") for path in FEATURE_MODULES}
+    setup = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "setup")
+    inside = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        names = [alias.name for alias in node.names]
+        if isinstance(node, ast.ImportFrom):
+            names = [f"{node.module}.{name}" for name in names] + [node.module]
+        found = features.intersection(names)
+        if not found:
+            continue
+        in_setup = setup.lineno <= node.lineno <= setup.end_lineno
+        assert in_setup and node.col_offset > 4, (node.lineno, found)
+        inside |= found
+    # the features train.py turns on itself (the others load through these, or elsewhere)
+    turned_on = {"hellaswag", "timeline", "context_parallel", "mfu", "run_estimate", "distributed"}
+    assert inside == {f"support.{name}" for name in turned_on}, inside
