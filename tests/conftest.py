@@ -1,7 +1,6 @@
 import atexit
 import contextlib
 import copy
-import fcntl
 import hashlib
 import io
 import os
@@ -20,9 +19,16 @@ if ROOT not in sys.path:
 # Before torch loads, as in every entry point: whether bfloat16 runs on this CPU
 # (a child process tries it), with its fix applied (hardware.py). The verdict is
 # cached in a folder of the session's own, so the tests see this machine as it
-# is now; the train.py processes they start inherit the folder and the fix.
-os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="gpt-tests-cache-")
-atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
+# is now; the train.py processes they start inherit the folder and the fix. The
+# xdist workers, children of the first process, take its folder (one probe a run,
+# one kernel cache); a pytest that a test starts is a session of its own.
+SESSION_CACHE = "GPT_TESTS_CACHE"
+owner, _, folder = os.environ.get(SESSION_CACHE, "").partition(":")
+if owner != str(os.getppid()) or not os.path.isdir(folder):
+    folder = tempfile.mkdtemp(prefix="gpt-tests-cache-")
+    atexit.register(shutil.rmtree, folder, True)
+    os.environ[SESSION_CACHE] = f"{os.getpid()}:{folder}"
+os.environ["XDG_CACHE_HOME"] = folder
 # torch.compile's kernel cache of the session's own too: a graph another process
 # cached under another CPU capability (ATEN_CPU_CAPABILITY=avx2, say) is keyed as
 # if it were this one's, and read back at the wrong vector width it corrupts the
@@ -34,81 +40,55 @@ BF16 = hardware.check_bf16()
 
 import pytest
 import torch
+
+# every core: one worker per core, and the tests that start several busy processes alone
+from cores import cores_alone, pytest_runtest_protocol, pytest_xdist_auto_num_workers  # noqa: F401
 from forker import Forker
 
 from support.checkpoint import rng_state
 from support.run_log import read_evaluations
 
+# The files whose tests take longest (25-150 s each on two cores), longest first: the
+# workers take whole files in collection order (pyproject.toml's --no-loadscope-reorder;
+# xdist would order them by their number of tests), and one of these left to the end
+# would keep one worker busy while the other has nothing left to do.
+LONGEST_FIRST = [
+    "test_precision.py",
+    "test_bench.py",
+    "test_gpu_path.py",
+    "test_train.py",
+    "test_recipe_15min.py",
+    "test_reliability.py",
+    "test_model.py",
+    "test_data.py",
+    "test_corpus.py",
+    "test_sample.py",
+    "test_footprint.py",
+    "test_context_parallel.py",
+]
+
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked bf16 run bfloat16 on the CPU: skipped where it would crash."""
+    """Tests marked bf16 run bfloat16 on the CPU: skipped where it would crash. The
+    longest files first (LONGEST_FIRST), the rest in their order."""
     if not BF16["runs"]:
         skip = pytest.mark.skip(reason=f"bfloat16 does not run on this CPU: {BF16['why']}")
         for item in items:
             if "bf16" in item.keywords:
                 item.add_marker(skip)
 
+    def rank(item):
+        name = item.path.name
+        if name in LONGEST_FIRST:
+            return LONGEST_FIRST.index(name)
+        return len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: each file's tests keep their order
+
 
 # -----------------------------------------------------------------------------
-# Every core: pytest-xdist runs the tests in one process per core (pyproject.toml's
-# addopts). A test marked `exclusive` starts several busy processes (torchrun, a
-# browser beside a server) or times something: it runs alone, the other workers
-# waiting between their tests, so that it neither fights them for the cores nor
-# measures them. Two file locks that every worker of the run shares do it: each
-# test holds `cores` shared, an exclusive one holds it exclusively; a worker takes
-# `turn` on the way in, so that one waiting to run alone stops the others starting
-# anything new, and is not starved by their stream of short tests.
-
-
-def pytest_xdist_auto_num_workers(config):
-    """-n auto: a worker per core this process may use, at most 8 (each imports torch
-    and makes the session's fixtures again)."""
-    if hasattr(os, "sched_getaffinity"):  # Linux: the cores this process may use
-        return min(8, len(os.sched_getaffinity(0)))
-    return min(8, os.cpu_count() or 1)
-
-
-@contextlib.contextmanager
-def file_lock(path, mode):
-    with open(path, "a") as f:
-        fcntl.flock(f, mode)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def locks_folder():
-    """The folder of the run's two locks, or None with one process; the first
-    worker to finish removes it (the others, their tests done, need it no more)."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run is None:
-        return None
-    folder = os.path.join(tempfile.gettempdir(), f"gpt-tests-{run}")
-    if not os.path.isdir(folder):
-        os.makedirs(folder, exist_ok=True)
-        atexit.register(shutil.rmtree, folder, True)
-    return folder
-
-
-@contextlib.contextmanager
-def share_of_the_cores(exclusive):
-    folder = locks_folder()
-    if folder is None:  # one process: nothing to share
-        yield
-        return
-    mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-    with contextlib.ExitStack() as locks:
-        with file_lock(os.path.join(folder, "turn"), fcntl.LOCK_EX):
-            locks.enter_context(file_lock(os.path.join(folder, "cores"), mode))
-        yield
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """The test's setup, call and teardown, alone where it is marked exclusive."""
-    with share_of_the_cores(item.get_closest_marker("exclusive") is not None):
-        return (yield)
+# Every core: one worker per core, and the tests that start several busy processes
+# alone (tests/cores.py)
 
 
 # The corpus is never committed. The tests find it where the prepare scripts
@@ -141,7 +121,7 @@ def find_corpus():
 def pytest_collection(session):
     """In the first process, before any worker starts: a worker that stopped for the
     corpus would be reported as crashed, its line lost."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
+    if not hasattr(session.config, "workerinput"):
         # its progress lines would stand beside pytest's own; a failure says it all
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             find_corpus()

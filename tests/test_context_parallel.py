@@ -41,12 +41,16 @@ def args(data_root, out_dir, *extra):
     ],
     ids=["learned-zigzag", "rope-gqa-contiguous-2x2"],
 )
-@pytest.mark.exclusive
-def test_sequence_split_over_two_processes_trains_as_one(data_root, tmp_path, processes, model):
+def test_sequence_split_over_two_processes_trains_as_one(
+    data_root, tmp_path, cores_alone, processes, model
+):
     """Each sequence over 2 processes: alone, or twice side by side, data-parallel."""
     one, two = tmp_path / "one", tmp_path / "two"
     train.main(args(data_root, one, *model))
-    result = torchrun(processes, args(data_root, two, *model, "--context_parallel=2"), timeout=240)
+    with cores_alone():
+        result = torchrun(
+            processes, args(data_root, two, *model, "--context_parallel=2"), timeout=240
+        )
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
     assert f"{processes} process(es) ({processes // 2} x 2 per sequence)" in result.stdout
     log_one, log_two = read_log(one), read_log(two)

@@ -601,8 +601,7 @@ def test_a_vocabulary_past_uint16_cannot_make_one_text(tmp_path):
     assert not os.path.exists(tmp_path / "meta.json")
 
 
-@pytest.mark.exclusive
-def test_two_processes_match_one_on_shards_with_hellaswag(tmp_path, documents):
+def test_two_processes_match_one_on_shards_with_hellaswag(tmp_path, documents, cores_alone):
     """DDP over torchrun reads the same shards, and HellaSwag's counts summed
     over the processes give the one-process scores."""
     write_jsonl(str(tmp_path / "src" / "d.jsonl"), documents)
@@ -624,15 +623,16 @@ def test_two_processes_match_one_on_shards_with_hellaswag(tmp_path, documents):
     ]
     one, two = tmp_path / "one", tmp_path / "two"
     train.main([*common, f"--out_dir={one}"])
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-        + ["train.py", *common, f"--out_dir={two}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    with cores_alone():
+        result = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+            + ["train.py", *common, f"--out_dir={two}"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
     assert result.returncode == 0, result.stderr[-3000:]
     logs = [read_evaluations(out) for out in (one, two)]
     assert [r["iter"] for r in logs[1]] == [0, 2]

@@ -452,8 +452,7 @@ def test_ddp_splits_the_compiled_graph_at_its_buckets(tmp_path, monkeypatch):
         torch._dynamo.reset()
 
 
-@pytest.mark.exclusive
-def test_ddp_compiled_with_no_sync_matches_one_process(data_root, tmp_path):
+def test_ddp_compiled_with_no_sync_matches_one_process(data_root, tmp_path, cores_alone):
     """Two gloo processes with the compiled model and two micro-steps each (the
     first under no_sync) log the losses of one process doing all four."""
     common = [
@@ -473,7 +472,8 @@ def test_ddp_compiled_with_no_sync_matches_one_process(data_root, tmp_path):
         timeout=300,
     )
     assert single.returncode == 0, single.stderr[-3000:]
-    pair = torchrun(2, train_args(data_root, two, *common), timeout=300)
+    with cores_alone():
+        pair = torchrun(2, train_args(data_root, two, *common), timeout=300)
     assert pair.returncode == 0, (pair.stdout[-2000:], pair.stderr[-4000:])
     log_one, log_two = read_log(one), read_log(two)
     assert [r["iter"] for r in log_one] == [r["iter"] for r in log_two] == [0, 2, 4]

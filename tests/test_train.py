@@ -228,8 +228,7 @@ def test_memmap_batches_equal_in_memory_batches(data_root, tmp_path, monkeypatch
 # Data parallel
 
 
-@pytest.mark.exclusive
-def test_torchrun_two_processes_match_one(data_root, tmp_path):
+def test_torchrun_two_processes_match_one(data_root, tmp_path, cores_alone):
     common = [
         "--gradient_accumulation_steps=2",
         "--batch_size=4",
@@ -240,7 +239,8 @@ def test_torchrun_two_processes_match_one(data_root, tmp_path):
     ]
     one, two = tmp_path / "one", tmp_path / "two"
     run_in_process(tiny_run(data_root, one, *common))
-    result = torchrun(2, tiny_run(data_root, two, *common), timeout=240)
+    with cores_alone():
+        result = torchrun(2, tiny_run(data_root, two, *common), timeout=240)
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
     log_one, log_two = read_log(one), read_log(two)  # rank 0 alone writes the log
     assert [r["iter"] for r in log_two] == [0, 3, 6]
