@@ -10,7 +10,6 @@ import math
 import torch
 
 from model import GPTConfig
-from support.configurator import describe_settings
 
 # The settings that make the model's shape: GPTConfig's fields, written once in
 # model.py, but vocab_size, which the dataset's tokenizer sets. A checkpoint's
@@ -102,6 +101,8 @@ class Settings(ModelSettings):
 def describe():
     """For `python train.py --help`: every key with its default and its comments,
     the model keys as GPTConfig (model.py) writes them."""
+    from support.help import describe_settings  # here only: a run needs no help text
+
     lines = [
         describe_settings(Settings),
         "  # the model (GPTConfig in model.py); block_size is also the training context",

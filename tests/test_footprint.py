@@ -27,6 +27,7 @@ FEATURE_MODULES = {
     "support/run_estimate.py": "--device=auto where no GPU is found",
     "support/distributed.py": "torchrun, or --compile",
     "support/cpu_probe.py": "a CPU whose bfloat16 verdict is not cached yet",
+    "support/resume.py": "--init_from=resume",
     "data/tokenizer.py": "a dataset whose tokenizer must be built to be checked",
 }
 
@@ -63,5 +64,13 @@ def test_train_imports_each_feature_in_setup_alone():
         assert in_setup and node.col_offset > 4, (node.lineno, found)
         inside |= found
     # the features train.py turns on itself (the others load through these, or elsewhere)
-    turned_on = {"hellaswag", "timeline", "context_parallel", "mfu", "run_estimate", "distributed"}
+    turned_on = {
+        "hellaswag",
+        "timeline",
+        "context_parallel",
+        "mfu",
+        "run_estimate",
+        "distributed",
+        "resume",
+    }
     assert inside == {f"support.{name}" for name in turned_on}, inside
