@@ -20,7 +20,6 @@ loads no more than it uses, takes them from here.
 
 import ast
 import dataclasses
-import difflib
 import os
 import sys
 import types
@@ -35,6 +34,8 @@ class ConfigError(Exception):
 
 
 def _unknown(key, known):
+    import difflib  # here only: a mistyped key
+
     close = difflib.get_close_matches(key, known, n=1)
     hint = f"; did you mean '{close[0]}'?" if close else ""
     return ConfigError(f"unknown config key {key!r}{hint}")

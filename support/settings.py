@@ -7,8 +7,6 @@ before anything slow happens. The keys are nanoGPT's; the defaults train GPT-2 1
 import dataclasses
 import math
 
-import torch
-
 from model import GPTConfig
 
 # The settings that make the model's shape: GPTConfig's fields, written once in
@@ -166,10 +164,6 @@ def check(cfg):
         raise ValueError(f"unknown dtype {cfg.dtype!r}; use one of {', '.join(DTYPES)}")
     if cfg.optimizer not in ("adamw", "muon"):
         raise ValueError(f"unknown optimizer {cfg.optimizer!r}; use 'adamw' or 'muon'")
-    if cfg.optimizer == "muon" and not hasattr(torch.optim, "Muon"):
-        raise ValueError(
-            "optimizer='muon' needs torch.optim.Muon (torch >= 2.9); use --optimizer=adamw"
-        )
     if cfg.compile not in (None, True, False):
         raise ValueError(f"compile must be True, False or None (auto), got {cfg.compile!r}")
     for key in ("data_root", "wandb_run_name"):
