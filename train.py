@@ -22,8 +22,6 @@ import support.before_torch  # bfloat16 tried in a child process, before torch l
 
 import contextlib
 import dataclasses
-import datetime
-import functools
 import math
 import os
 import signal
@@ -47,7 +45,6 @@ from support.checkpoint import (
     clean_state_dict,
     first_line,
     out_of_memory,
-    restore,
     rng_state,
     save_checkpoint,
     set_rng_state,
@@ -59,7 +56,6 @@ from support.configurator import (
     ConfigError,
     error,
     parse_settings,
-    print_help,
     wants_help,
 )
 from support.device import (
@@ -100,9 +96,9 @@ def get_config(argv):
 # Setup: everything that can fail because of the settings happens here
 
 
-@dataclasses.dataclass
 class Run:
-    """Everything setup() builds for the training loop, evaluation and saving."""
+    """Everything setup() builds for the training loop, evaluation and saving: each
+    attribute below, which setup() sets where it makes it."""
 
     cfg: Settings  # the model keys are the model's own (a checkpoint's, or GPT-2's)
     rank: int  # this process among all (torchrun's RANK); 0 prints, logs and saves
@@ -113,10 +109,8 @@ class Run:
     split_unit: int  # a context-parallel sequence's length is a multiple of this
     device: torch.device
     dtype: str  # 'float32', 'bfloat16' or 'float16': the forward pass's autocast
-    ctx: Callable  # a new precision_context for this device, dtype and block_size
-    raw: GPT  # the model itself: what is saved and what the whole val split scores
-    model: torch.nn.Module  # raw, compiled if compile is on: what ddp_model wraps
-    ddp_model: torch.nn.Module  # model, inside DDP with more than one process: what trains
+    raw: GPT  # the model itself: what is saved and what evaluations run
+    ddp_model: torch.nn.Module  # raw, compiled if compile is on, in DDP with several processes
     optimizers: list  # [AdamW], or [Muon, AdamW]; they step together
     scaler: torch.amp.GradScaler  # loss scaling, enabled for float16 only
     data_gen: torch.Generator  # draws the training batches, the same on every process
@@ -135,154 +129,147 @@ class Run:
     # while training, those seconds as the processes last agreed on them: what the
     # lr schedule by time (lr_decay_time) reads and what a checkpoint saves
     seconds: float
-    # the modules of the features a setting turns on (setup imports them), None where off
-    hellaswag: Any = None  # support/hellaswag.py: HellaSwag scored at every evaluation
-    timeline: Any = None  # support/timeline.py: snapshots, and the heads in the log
-    mfu: Any = None  # support/mfu.py: a GPU's model FLOPs utilisation
-    run_estimate: Any = None  # support/run_estimate.py: no device named, and no GPU found
+    # the module of each feature a setting turns on, by name (setup imports them):
+    # "hellaswag" scores HellaSwag at every evaluation, "timeline" saves snapshots and
+    # logs the heads, "mfu" measures a GPU's model FLOPs utilisation, "run_estimate"
+    # says what a run costs where no device was named and no GPU was found
+    features: dict
     signals: "StopSignals | None" = None  # set while training, for evaluations and steps
 
     @property
     def master(self):
         return self.rank == 0
 
+    def ctx(self):
+        """A new precision_context for this run's device, dtype and block_size."""
+        return precision_context(self.device.type, self.dtype, self.cfg.block_size)
+
 
 def setup(cfg):
     """The Run that cfg describes: processes joined, data loaded, model built (or
     resumed) and wrapped, optimizers ready."""
+    run = Run()
     # set by torchrun
-    rank = int(os.environ.get("RANK", 0))
+    run.rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    device = pick_device(cfg.device, local_rank, world > 1)
-    dtype, why = training_dtype(cfg.dtype, device)
+    run.world = int(os.environ.get("WORLD_SIZE", 1))
+    run.device = pick_device(cfg.device, local_rank, run.world > 1)
+    run.dtype, why = training_dtype(cfg.dtype, run.device)
 
     # The features a setting turns on: each module is imported here, when its setting is
     # on, and nowhere else, so that a plain run loads none of them
     # (tests/test_footprint.py). Their checks come before any process group, data or model.
+    run.features = {}
     context_parallel = None
     if cfg.context_parallel > 1:
         from support import context_parallel
 
-        context_parallel.check(cfg, world)
-    hellaswag = None
+        context_parallel.check(cfg, run.world)
     if cfg.hellaswag:
         from support import hellaswag
 
         # a missing or malformed file stops the run before it starts
         hellaswag.training_examples(cfg.hellaswag_data)
-    timeline = None
+        run.features["hellaswag"] = hellaswag
     if cfg.snapshots or cfg.log_heads:
         from support import timeline
-    mfu = None
-    if device.type == "cuda":
+
+        run.features["timeline"] = timeline
+    if run.device.type == "cuda":
         from support import mfu
-    run_estimate = None
-    if cfg.device == "auto" and device.type == "cpu" and world == 1:
+
+        run.features["mfu"] = mfu
+    if cfg.device == "auto" and run.device.type == "cpu" and run.world == 1:
         from support import run_estimate
+
+        run.features["run_estimate"] = run_estimate
     use_compile = cfg.compile
     if use_compile is None:
-        use_compile = device.type == "cuda" and cfg.context_parallel == 1
+        use_compile = run.device.type == "cuda" and cfg.context_parallel == 1
     distributed = None
-    if world > 1 or use_compile:
+    if run.world > 1 or use_compile:
         from support import distributed  # torchrun's processes, and the model compiled or in DDP
 
-    dp_world = world // cfg.context_parallel  # the ranks of one sequence share its batches
-    if cfg.gradient_accumulation_steps % dp_world:
+    # the ranks of one sequence share its batches
+    run.dp_rank = run.rank // cfg.context_parallel
+    run.dp_world = run.world // cfg.context_parallel
+    if cfg.gradient_accumulation_steps % run.dp_world:
         raise ValueError(
             f"gradient_accumulation_steps ({cfg.gradient_accumulation_steps}) must be "
-            f"divisible by the number of data-parallel processes ({dp_world})"
+            f"divisible by the number of data-parallel processes ({run.dp_world})"
         )
-    if rank == 0 and cfg.note:
+    if run.master and cfg.note:
         print(cfg.note, flush=True)
-    if rank == 0:
-        explain_device(cfg, device, dtype)
+    if run.master:
+        explain_device(cfg, run.device, run.dtype)
     # first: a logger that cannot start should stop the run before any data or model work
-    wandb = None
-    if cfg.wandb_log and rank == 0:
-        wandb = start_wandb(cfg)
-    if world > 1:
-        distributed.join_processes(device, datetime.timedelta(seconds=cfg.ddp_timeout))
+    run.wandb = None
+    if cfg.wandb_log and run.master:
+        run.wandb = start_wandb(cfg)
+    if run.world > 1:
+        distributed.join_processes(run.device, cfg.ddp_timeout)
     cp = None
+    run.split = lambda t: t
+    run.split_unit = 1
     if context_parallel is not None:
         cp = context_parallel.ContextParallel(
             cfg.context_parallel, cfg.context_parallel_layout == "zigzag"
         )
-    if device.type == "cuda":
+        run.split = cp.split
+        run.split_unit = cp.unit
+    if run.device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 matmuls
-    if device.type == "cpu":
+    if run.device.type == "cpu":
         keep_freed_memory()
-    torch.manual_seed(cfg.seed + rank)  # model init, then dropout
+    torch.manual_seed(cfg.seed + run.rank)  # model init, then dropout
 
     if local_rank == 0:  # prepares a missing dataset while the other processes wait
         ensure_dataset(cfg.dataset, cfg.data_root)
-    if world > 1:
+    if run.world > 1:
         dist.barrier()
     dataset_dir = ensure_dataset(cfg.dataset, cfg.data_root)
-    meta = load_meta(dataset_dir)
-    raw, ckpt, cfg = training_model(cfg, meta)
-    raw.to(device)
-    splits = {
-        split: load_split(dataset_dir, split, cfg.block_size, meta["vocab_size"], device)
+    run.meta = load_meta(dataset_dir)
+    run.raw, ckpt, cfg = training_model(cfg, run.meta)
+    run.cfg = cfg
+    run.raw.to(run.device)
+    run.splits = {
+        split: load_split(dataset_dir, split, cfg.block_size, run.meta["vocab_size"], run.device)
         for split in ("train", "val")
     }
-    if cfg.dtype == "auto" and device.type == "cpu" and dtype == "bfloat16":
+    if cfg.dtype == "auto" and run.device.type == "cpu" and run.dtype == "bfloat16":
         # timed on rank 0 alone, so before the ring is attached: it would wait for the others
-        choice = [time_cpu_dtypes(cfg, raw, splits["val"]) if rank == 0 else None]
-        if world > 1:
+        choice = [time_cpu_dtypes(cfg, run.raw, run.splits["val"]) if run.master else None]
+        if run.world > 1:
             dist.broadcast_object_list(choice)  # every process trains in the same precision
-        dtype, why = choice[0]
+        run.dtype, why = choice[0]
     if cp is not None:
-        cp.attach(raw)
-    optimizers = make_optimizers(raw, cfg, device.type, dtype)
-    scaler = torch.amp.GradScaler(device.type, enabled=dtype == "float16")
-    data_gen = torch.Generator().manual_seed(cfg.seed)  # the same on every process
-    if ckpt is not None:
-        restore(ckpt, cfg, optimizers, scaler, data_gen, device, rank)
+        cp.attach(run.raw)
+    run.optimizers = make_optimizers(run.raw, cfg, run.device.type, run.dtype)
+    run.scaler = torch.amp.GradScaler(run.device.type, enabled=run.dtype == "float16")
+    run.data_gen = torch.Generator().manual_seed(cfg.seed)  # the same on every process
+    run.resumed = ckpt is not None
+    if run.resumed:
+        from support import resume
 
-    model = raw
-    ddp_model = raw
+        resume.restore(ckpt, cfg, run.optimizers, run.scaler, run.data_gen, run.device, run.rank)
+    run.start_iter = ckpt["iter_num"] if ckpt else 0
+    run.start_evaluated = ckpt.get("evaluated", True) if ckpt else not cfg.eval_at_start
+    run.best_val_loss = ckpt["best_val_loss"] if ckpt else float("inf")
+    run.seconds = ckpt.get("seconds", 0.0) if ckpt else 0.0
+
+    run.ddp_model = run.raw
     if distributed is not None:
-        model, ddp_model = distributed.wrap_model(raw, device, world, use_compile)
-    tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
-    if rank == 0:
-        start_log(cfg.out_dir, resumed=ckpt is not None)
-        split = f" ({dp_world} x {cfg.context_parallel} per sequence)" if cp else ""
+        run.ddp_model = distributed.wrap_model(run.raw, run.device, run.world, use_compile)
+    run.tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
+    if run.master:
+        start_log(cfg.out_dir, resumed=run.resumed)
+        split = f" ({run.dp_world} x {cfg.context_parallel} per sequence)" if cp else ""
         print(
-            f"{raw.num_params() / 1e6:.2f}M parameters | {device}, {dtype} ({why}) | "
-            f"{world} process(es){split} | {tokens_per_iter:,} tokens per iter | {dataset_dir}"
+            f"{run.raw.num_params() / 1e6:.2f}M parameters | {run.device}, {run.dtype} "
+            f"({why}) | {run.world} process(es){split} | {run.tokens_per_iter:,} tokens per "
+            f"iter | {dataset_dir}"
         )
-    return Run(
-        cfg=cfg,
-        rank=rank,
-        world=world,
-        dp_rank=rank // cfg.context_parallel,
-        dp_world=dp_world,
-        split=cp.split if cp else (lambda t: t),
-        split_unit=cp.unit if cp else 1,
-        device=device,
-        dtype=dtype,
-        ctx=functools.partial(precision_context, device.type, dtype, cfg.block_size),
-        raw=raw,
-        model=model,
-        ddp_model=ddp_model,
-        optimizers=optimizers,
-        scaler=scaler,
-        data_gen=data_gen,
-        splits=splits,
-        meta=meta,
-        tokens_per_iter=tokens_per_iter,
-        wandb=wandb,
-        resumed=ckpt is not None,
-        start_iter=ckpt["iter_num"] if ckpt else 0,
-        start_evaluated=ckpt.get("evaluated", True) if ckpt else not cfg.eval_at_start,
-        best_val_loss=ckpt["best_val_loss"] if ckpt else float("inf"),
-        seconds=ckpt.get("seconds", 0.0) if ckpt else 0.0,
-        hellaswag=hellaswag,
-        timeline=timeline,
-        mfu=mfu,
-        run_estimate=run_estimate,
-    )
+    return run
 
 
 # -----------------------------------------------------------------------------
@@ -308,10 +295,10 @@ def train(run):
     bar = progress_bar(cfg, iter_num, run.master)
     with StopSignals() as signals, bar:
         run.signals = signals  # evaluations and steps look at it too (stop_requested)
-        if run.run_estimate is not None:
+        if "run_estimate" in run.features:
             tqdm.write("timing one step for an estimate of the run time...")
-            run.run_estimate.print_run_estimate(run)  # no GPU was found: say what that costs
-            clock.restart()  # timing the estimate is not training
+            run.features["run_estimate"].print_run_estimate(run)  # no GPU: what that costs
+            clock = Clock(iter_num)  # timing the estimate is not training
         try:
             while True:
                 # evaluate, and save, every eval_interval and at the end
@@ -360,9 +347,11 @@ def train(run):
                         grad_norm=grad_norm.item(),
                         tok_per_s=run.tokens_per_iter / dt,
                     )
-                    if run.mfu is not None:
+                    if "mfu" in run.features:
                         # None for a GPU of unknown peak
-                        mfu = run.mfu.estimate_mfu(run.raw, run.tokens_per_iter // run.world, dt)
+                        mfu = run.features["mfu"].estimate_mfu(
+                            run.raw, run.tokens_per_iter // run.world, dt
+                        )
                         if mfu is not None:
                             step["mfu"] = mfu
                     if run.master:
@@ -385,12 +374,9 @@ class Clock:
     """Seconds of training: wall time less the time spent evaluating and saving."""
 
     def __init__(self, iter_num):
-        self.restart()
-        self.last_log = (iter_num, 0.0)  # (iter, seconds of training) at the last log step
-
-    def restart(self):
         self.start = time.perf_counter()
         self.excluded = 0.0
+        self.last_log = (iter_num, 0.0)  # (iter, seconds of training) at the last log step
 
     def seconds(self):
         return time.perf_counter() - self.start - self.excluded
@@ -554,8 +540,8 @@ def evaluate(run, iter_num, elapsed, final):
     )
     if final and run.cfg.eval_full_val:
         rec["val_loss_full"] = full_val_loss(run)
-    if run.hellaswag is not None:
-        scores = run.hellaswag.training_scores(
+    if "hellaswag" in run.features:
+        scores = run.features["hellaswag"].training_scores(
             run.raw,
             run.meta["tokenizer"],
             run.cfg.hellaswag_data,
@@ -567,10 +553,9 @@ def evaluate(run, iter_num, elapsed, final):
         rec.update(scores)
     if not (math.isfinite(rec["train_loss"]) and math.isfinite(rec["val_loss"])):
         raise diverged(rec["val_loss"], iter_num)
-    if run.master and run.timeline is not None:
-        rec.update(
-            run.timeline.at_evaluation(run.cfg, run.raw, run.meta, run.splits["val"], iter_num)
-        )
+    if run.master and "timeline" in run.features:
+        timeline = run.features["timeline"]
+        rec.update(timeline.at_evaluation(run.cfg, run.raw, run.meta, run.splits["val"], iter_num))
     if run.master:
         log_evaluation(rec, run.cfg.out_dir, run.wandb)
     return rec
@@ -761,6 +746,8 @@ def fail(message, code):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if wants_help(argv):
+        from support.help import print_help  # here only: a run needs no help text
+
         print_help(__doc__, settings.describe())
         return
     try:

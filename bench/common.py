@@ -20,11 +20,10 @@ import torch
 from support import engine
 from support.configurator import (
     ConfigError,
-    describe_settings,
     parse_settings,
-    print_help,
     wants_help,
 )
+from support.help import describe_settings, print_help
 
 
 # The options every benchmark takes; each adds its own

@@ -51,11 +51,10 @@ from data.tokenizer import gpt2_encoding
 from model import GPT, GPTConfig
 from support.configurator import (
     ConfigError,
-    describe_settings,
     parse_settings,
-    print_help,
     wants_help,
 )
+from support.help import describe_settings, print_help
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

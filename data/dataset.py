@@ -37,6 +37,11 @@ def _prepare_hint(dataset_dir):
     return DATASETS.get(name, f"python data/prepare.py YOUR_CORPUS --name {name}")
 
 
+def _again(dataset_dir):
+    """The end of a message about a damaged dataset: how to prepare it anew."""
+    return f"prepare the dataset again with: {_prepare_hint(dataset_dir)}"
+
+
 def load_meta(dataset_dir):
     """The dataset's meta.json, checked for the fields training relies on."""
     path = os.path.join(dataset_dir, "meta.json")
@@ -44,21 +49,20 @@ def load_meta(dataset_dir):
         raise DataError(
             f"{path} is missing; prepare the dataset with: {_prepare_hint(dataset_dir)}"
         )
-    again = f"prepare the dataset again with: {_prepare_hint(dataset_dir)}"
     try:
         with open(path, "rb") as f:
             meta = json.loads(f.read().decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
-        raise DataError(f"{path} is not valid JSON; {again}") from None
+        raise DataError(f"{path} is not valid JSON; {_again(dataset_dir)}") from None
     if isinstance(meta, dict) and isinstance(meta.get("tokenizer"), dict):
-        meta["tokenizer"] = _saved_tokenizer(dataset_dir, meta["tokenizer"], again)
+        meta["tokenizer"] = _saved_tokenizer(dataset_dir, meta["tokenizer"])
     problem = _meta_problem(meta)
     if problem:
-        raise DataError(f"{path} is malformed ({problem}); {again}")
+        raise DataError(f"{path} is malformed ({problem}); {_again(dataset_dir)}")
     return meta
 
 
-def _saved_tokenizer(dataset_dir, desc, again):
+def _saved_tokenizer(dataset_dir, desc):
     """A 'bpe' tokenizer's description with its saved file read in, so that
     checkpoints hold the whole tokenizer and need no dataset folder."""
     if desc.get("kind") != "bpe" or not isinstance(desc.get("file"), str):
@@ -68,7 +72,9 @@ def _saved_tokenizer(dataset_dir, desc, again):
         with open(path, encoding="utf-8") as f:
             return {"kind": "bpe", "json": f.read()}
     except (OSError, UnicodeDecodeError):
-        raise DataError(f"cannot read the dataset's tokenizer {path}; {again}") from None
+        raise DataError(
+            f"cannot read the dataset's tokenizer {path}; {_again(dataset_dir)}"
+        ) from None
 
 
 def _meta_problem(meta):
@@ -86,28 +92,13 @@ def _meta_problem(meta):
         return "negative sizes"
     if meta["vocab_size"] > DTYPE_LIMITS[meta["dtype"]]:
         return f"vocab_size {meta['vocab_size']} does not fit {meta['dtype']}"
-    if "shards" in meta and _shards_problem(meta):
-        return _shards_problem(meta)
+    if "shards" in meta:
+        from data.shards import shards_problem  # here only: a sharded dataset
+
+        problem = shards_problem(meta)
+        if problem:
+            return problem
     return _tokenizer_problem(meta["tokenizer"], meta["vocab_size"])
-
-
-def _shards_problem(meta):
-    shards = meta["shards"]
-    if not isinstance(shards, dict) or set(shards) != set(SPLITS):
-        return "'shards' should map train and val to lists of shards"
-    for split in SPLITS:
-        if not isinstance(shards[split], list):
-            return f"the {split} shards should be a list"
-        for shard in shards[split]:
-            if not isinstance(shard, dict) or not isinstance(shard.get("file"), str):
-                return f"a {split} shard has no 'file'"
-            if shard["file"] != os.path.basename(shard["file"]):
-                return f"the shard {shard['file']!r} is not a plain file name"
-            if not isinstance(shard.get("tokens"), int) or shard["tokens"] < 0:
-                return f"the shard {shard['file']!r} has no token count"
-        if sum(shard["tokens"] for shard in shards[split]) != meta[f"{split}_tokens"]:
-            return f"the {split} shards do not add up to {split}_tokens"
-    return None
 
 
 def _tokenizer_problem(desc, vocab_size):
@@ -151,22 +142,27 @@ def load_tokens(dataset_dir, split):
     if split not in SPLITS:
         raise DataError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
     meta = load_meta(dataset_dir)
-    again = f"prepare the dataset again with: {_prepare_hint(dataset_dir)}"
     if "shards" in meta:
         from data.shards import ShardedTokens, check_shards
 
-        return ShardedTokens(check_shards(dataset_dir, meta, split, again), meta["dtype"])
+        return ShardedTokens(
+            check_shards(dataset_dir, meta, split, _again(dataset_dir)), meta["dtype"]
+        )
     path = os.path.join(dataset_dir, f"{split}.bin")
     if not os.path.exists(path):
-        raise DataError(f"{path} is missing; {again}")
+        raise DataError(f"{path} is missing; {_again(dataset_dir)}")
     size = os.path.getsize(path)
     expected = meta[f"{split}_tokens"]
     if size % 2:
-        raise DataError(f"{path} has an odd number of bytes ({size}), so it is truncated; {again}")
+        raise DataError(
+            f"{path} has an odd number of bytes ({size}), so it is truncated; {_again(dataset_dir)}"
+        )
     if size // 2 != expected:
-        raise DataError(f"{path} holds {size // 2} tokens but meta.json says {expected}; {again}")
+        raise DataError(
+            f"{path} holds {size // 2} tokens but meta.json says {expected}; {_again(dataset_dir)}"
+        )
     if size == 0:
-        raise DataError(f"{path} is empty; {again}")
+        raise DataError(f"{path} is empty; {_again(dataset_dir)}")
     return np.memmap(path, dtype=np.uint16, mode="r")
 
 

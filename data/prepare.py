@@ -35,11 +35,10 @@ from data.text import prepare_text, read_corpus
 from data.tiny_shakespeare import prepare_shakespeare, shakespeare_dir
 from support.configurator import (
     ConfigError,
-    describe_settings,
     parse_settings,
-    print_help,
     wants_help,
 )
+from support.help import describe_settings, print_help
 
 
 def summary(dataset_dir, meta):

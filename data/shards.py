@@ -9,6 +9,7 @@ end to end, each memory-mapped, none of them read whole.
 
     dtype_for       the smallest unsigned dtype that holds a vocabulary
     ShardWriter     a split's tokens into shards of a fixed size, each complete or absent
+    shards_problem  meta.json's list of shards checked
     check_shards    the shards meta.json lists are all there, whole
     ShardedTokens   the shards of a split read as one array of tokens
 """
@@ -95,6 +96,26 @@ class ShardWriter:
         self.shards.append({"file": os.path.basename(path), "tokens": self.count})
         self.file = None
         self.count = 0
+
+
+def shards_problem(meta):
+    """What is wrong with meta.json's list of shards, or None."""
+    shards = meta["shards"]
+    if not isinstance(shards, dict) or set(shards) != set(SPLITS):
+        return "'shards' should map train and val to lists of shards"
+    for split in SPLITS:
+        if not isinstance(shards[split], list):
+            return f"the {split} shards should be a list"
+        for shard in shards[split]:
+            if not isinstance(shard, dict) or not isinstance(shard.get("file"), str):
+                return f"a {split} shard has no 'file'"
+            if shard["file"] != os.path.basename(shard["file"]):
+                return f"the shard {shard['file']!r} is not a plain file name"
+            if not isinstance(shard.get("tokens"), int) or shard["tokens"] < 0:
+                return f"the shard {shard['file']!r} has no token count"
+        if sum(shard["tokens"] for shard in shards[split]) != meta[f"{split}_tokens"]:
+            return f"the {split} shards do not add up to {split}_tokens"
+    return None
 
 
 def check_shards(folder, meta, split, again):

@@ -1,16 +1,15 @@
 """
-Checkpoints: written atomically, read without running any code, and resumed
-exactly; the same reading for GPT-2's files in Hugging Face format
-(read_gpt2_files, for model.from_pretrained).
+Checkpoints: written atomically and read without running any code; the same
+reading for GPT-2's files in Hugging Face format (read_gpt2_files, for
+model.from_pretrained). Resuming from one: support/resume.py.
 
 A checkpoint is a dict of tensors and plain Python values:
   model, optimizer, model_args, iter_num, best_val_loss, config   (nanoGPT's keys)
   tokenizer   the tokenizer's description, so sampling needs only the folder
   rng, data   RNG and data-sampling state, so a resumed run repeats exactly
 
-Resuming exactly: the RNG state saved beside the weights, the checks that a
-checkpoint holds what resuming reads, and putting the optimizer, RNG and
-data-sampling state back as they were right before the checkpoint's iter (restore).
+Resuming exactly needs the RNG state saved beside the weights (rng_state, and
+set_rng_state to put it back).
 """
 
 import json
@@ -23,17 +22,6 @@ import zlib
 import torch
 
 CKPT_NAME = "ckpt.pt"
-# What resuming reads from a checkpoint, and the type each must have.
-RESUME_FIELDS = {
-    "model": dict,
-    "model_args": dict,
-    "optimizer": (dict, list),
-    "iter_num": int,
-    "best_val_loss": (int, float),
-    "config": dict,
-    "rng": dict,
-    "data": dict,
-}
 # What loading a damaged (but unpicklable) checkpoint or weights file raises.
 LOAD_ERRORS = (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError, EOFError)
 
@@ -148,13 +136,13 @@ def first_line(e):
     return line if len(line) <= 200 else line[:200] + "..."
 
 
-# -----------------------------------------------------------------------------
-# Resuming
-
-
 def out_of_memory(e):
     """Whether e is running out of memory, which no damaged file explains."""
     return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(e)
+
+
+# -----------------------------------------------------------------------------
+# The random state, saved so that a resumed run repeats exactly (support/resume.py)
 
 
 def rng_state(device):
@@ -168,52 +156,6 @@ def set_rng_state(rng, device):
     torch.set_rng_state(rng["cpu"])
     if device.type == "cuda" and "cuda" in rng:
         torch.cuda.set_rng_state(rng["cuda"], device)
-
-
-def check_resumable(ckpt, path):
-    missing = sorted(set(RESUME_FIELDS) - set(ckpt))
-    if missing:
-        raise CheckpointError(f"cannot resume from {path}: it lacks {', '.join(missing)}")
-    bad = [
-        key
-        for key, kind in RESUME_FIELDS.items()
-        if not isinstance(ckpt[key], kind) or isinstance(ckpt[key], bool)
-    ]
-    if bad:
-        raise CheckpointError(
-            f"cannot resume from {path}: its {', '.join(bad)} entry has the wrong type; "
-            "the file is damaged, resume from another copy"
-        )
-
-
-def restore(ckpt, cfg, optimizers, scaler, data_gen, device, rank):
-    """Optimizer, RNG and data-sampling state as they were right before iter ckpt['iter_num']."""
-    if ckpt["iter_num"] >= cfg.max_iters and not cfg.eval_only:
-        raise ValueError(
-            f"the checkpoint is at iter {ckpt['iter_num']} and max_iters is {cfg.max_iters}; "
-            "raise --max_iters to train further"
-        )
-    states = ckpt["optimizer"] if isinstance(ckpt["optimizer"], list) else [ckpt["optimizer"]]
-    if len(states) != len(optimizers):
-        raise ValueError(
-            f"the checkpoint was trained with optimizer={ckpt['config'].get('optimizer')!r}; "
-            "resume with the same one"
-        )
-    try:
-        for opt, state in zip(optimizers, states):
-            opt.load_state_dict(state)
-        if "scaler" in ckpt:
-            scaler.load_state_dict(ckpt["scaler"])
-        data_gen.set_state(ckpt["data"]["generator"])
-        if rank > 0:  # only rank 0's RNG is saved; the others need dropout masks of their own
-            torch.manual_seed(cfg.seed + rank + 1000 * ckpt["iter_num"])
-            return
-        set_rng_state(ckpt["rng"], device)
-    except LOAD_ERRORS as e:
-        raise CheckpointError(
-            f"cannot resume from {checkpoint_path(cfg.out_dir)}: its optimizer, RNG or "
-            f"data-sampling state is damaged ({first_line(e)}); resume from another copy"
-        ) from None
 
 
 # -----------------------------------------------------------------------------

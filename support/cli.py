@@ -18,13 +18,12 @@ from support.configurator import (
     FAILED,
     INTERRUPTED,
     ConfigError,
-    describe_settings,
     error,
     parse_settings,
-    print_help,
     wants_help,
 )
 from support.device import DeviceError
+from support.help import describe_settings, print_help
 from support.loading import LoadError
 
 # what a command's user can fix: a bad option, file, checkpoint, tokenizer or dataset

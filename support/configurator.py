@@ -1,6 +1,7 @@
 """
 Plain-Python configuration: defaults, then config files, then --key=value overrides;
 and how every command says what the user can fix: one line on stderr and an exit code.
+`--help` is support/help.py.
 
 A config file is Python that sets variables (it runs as code: only run config
 files you trust). Overrides on the command line are parsed as literals and never
@@ -19,8 +20,6 @@ loads no more than it uses, takes them from here.
 
 import ast
 import dataclasses
-import difflib
-import inspect
 import os
 import sys
 import types
@@ -35,6 +34,8 @@ class ConfigError(Exception):
 
 
 def _unknown(key, known):
+    import difflib  # here only: a mistyped key
+
     close = difflib.get_close_matches(key, known, n=1)
     hint = f"; did you mean '{close[0]}'?" if close else ""
     return ConfigError(f"unknown config key {key!r}{hint}")
@@ -177,57 +178,8 @@ def follows_key(argv, i):
     return i > 0 and argv[i - 1].startswith("--") and "=" not in argv[i - 1]
 
 
-def describe_settings(cls, keys=None):
-    """For --help: the body of the dataclass cls as written, its comments included,
-    each field (of keys, if given) shown as --key=default; the fields of the classes
-    it extends come first, as dataclasses order them."""
-    defaults = {field.name: field.default for field in dataclasses.fields(cls)}
-    if keys is not None:
-        defaults = {key: defaults[key] for key in keys}
-    lines = []
-    described = set()
-    for klass in reversed(cls.__mro__):
-        if dataclasses.is_dataclass(klass):
-            lines += _field_lines(klass, defaults, described)
-    return "\n".join(lines)
-
-
-def _field_lines(klass, defaults, described):
-    """The help lines of the fields klass's own body declares (and its comments),
-    less those already described. A class made at run time has no body to read
-    (train.py describes its model keys from GPTConfig); one in a module run by
-    runpy, which inspect cannot read back, has its fields listed without comments."""
-    try:
-        source = inspect.getsource(klass).splitlines()
-    except (OSError, TypeError):
-        if klass.__module__ != "__main__":
-            return []  # made at run time
-        fields = klass.__dict__.get("__annotations__", {})
-        source = ["class Fields:", *(f"{name}: ..." for name in fields)]
-    start = next(i for i, line in enumerate(source) if line.lstrip().startswith("class "))
-    lines = []
-    for line in source[start + 1 :]:
-        text = line.strip()
-        if text.startswith(("def ", "@")):
-            break  # the fields end where the methods begin
-        key = text.partition(":")[0]
-        if text.startswith("#"):
-            lines.append(f"  {text}")
-        elif key in defaults and key not in described:
-            described.add(key)
-            comment = text.partition("  # ")[2]
-            lines.append(f"  --{key}={defaults[key]!r}" + (f"  # {comment}" if comment else ""))
-    return lines
-
-
 def wants_help(argv):
     return "-h" in argv or "--help" in argv
-
-
-def print_help(doc, options):
-    """The command's docstring, then its options, one a line with its default and
-    comment (describe_settings)."""
-    print(doc.strip() + "\n\noptions (defaults):\n" + options)
 
 
 def error(message):

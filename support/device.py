@@ -22,15 +22,8 @@ class DeviceError(ValueError):
     """A device or precision this machine cannot use; one line saying what to do."""
 
 
-# the torch dtype of each --dtype name a command takes
-DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
+# the short names a command's --dtype also takes
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def pick_device(name, local_rank=0, ddp=False):
@@ -89,11 +82,12 @@ def inference_dtype(name, device):
         if device.type == "cuda" and native_bf16("cuda")[0]:
             return torch.bfloat16
         return torch.float32
-    if name not in DTYPES:
+    dtype = DTYPE_ALIASES.get(name, name)
+    if dtype not in ("float32", "bfloat16", "float16"):
         raise DeviceError(f"unknown --dtype {name!r}; use auto, float32, bfloat16 or float16")
-    if DTYPES[name] == torch.bfloat16 and (error := bf16_error(device.type)):
+    if dtype == "bfloat16" and (error := bf16_error(device.type)):
         raise DeviceError(error)
-    return DTYPES[name]
+    return getattr(torch, dtype)
 
 
 def explain_device(cfg, device, dtype):

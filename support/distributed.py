@@ -15,8 +15,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from support.device import pin_cpu_vector_width
 
 
-def join_processes(device, timeout):
-    """Join the other processes: NCCL between GPUs, gloo between CPUs."""
+def join_processes(device, timeout_s):
+    """Join the other processes: NCCL between GPUs, gloo between CPUs; a collective
+    that waits more than timeout_s seconds for the others fails."""
+    timeout = datetime.timedelta(seconds=timeout_s)
     if device.type != "cuda":
         dist.init_process_group("gloo", timeout=timeout)
         return
@@ -46,15 +48,16 @@ def join_forked(rank, size, init_file, timeout_s):
 
 
 def wrap_model(raw, device, world, use_compile):
-    """(model, ddp_model): model is raw, compiled if use_compile (evaluation runs
-    it); ddp_model is what trains. The compiled module goes inside DDP, the order
-    PyTorch's guide "Where to apply torch.compile?" gives: compiled inside DDP's
-    forward, the graph is split at DDP's gradient buckets (DDPOptimizer), so each
-    bucket's all-reduce overlaps the rest of the backward pass."""
+    """What trains: raw, compiled if use_compile, inside DDP with more than one
+    process (its .module is then the compiled model). The compiled module goes
+    inside DDP, the order PyTorch's guide "Where to apply torch.compile?" gives:
+    compiled inside DDP's forward, the graph is split at DDP's gradient buckets
+    (DDPOptimizer), so each bucket's all-reduce overlaps the rest of the backward
+    pass."""
     if use_compile and device.type == "cpu":
         pin_cpu_vector_width()
     model = torch.compile(raw) if use_compile else raw
     if world == 1:
-        return model, model
+        return model
     device_ids = [device.index] if device.type == "cuda" else None
-    return model, DDP(model, device_ids=device_ids)
+    return DDP(model, device_ids=device_ids)

@@ -83,14 +83,10 @@ def machine_key():
     """What the verdict depends on: the CPU model and flags, torch's version, the
     oneDNN cap and a simulated class."""
     model, flags = read_cpuinfo()
-    try:
-        torch_version = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        torch_version = "none"
     parts = [
         model,
         hashlib.sha256(flags.encode()).hexdigest()[:16],
-        torch_version,
+        importlib.metadata.version("torch"),  # read without importing torch
         os.environ.get(ISA, "").upper(),
         os.environ.get(SIMULATE, ""),
     ]
@@ -171,8 +167,17 @@ def measured(when):
     return f"; measured {when}, python -m support.hardware --again measures again"
 
 
-def cpu_bf16():
-    """(True or False, why): whether bfloat16 runs on this CPU, natively."""
+def native_bf16(device_type):
+    """(True or False, why) for the device type ('cuda', 'cpu', 'mps'): whether
+    bfloat16 runs there, natively."""
+    if device_type == "cuda":
+        import torch
+
+        # including_emulation=False: pre-Ampere GPUs (V100, T4) run bf16 emulated
+        native = torch.cuda.is_bf16_supported(including_emulation=False)
+        return native, "native bfloat16" if native else "no native bfloat16 on this GPU"
+    if device_type != "cpu":
+        return False, f"bfloat16 not used on {device_type}"
     v = check_bf16()
     note = measured(v.get("measured_at"))
     if not v["runs"]:
@@ -191,19 +196,6 @@ def cpu_bf16():
             f"({v['amx_crashed']}){note}"
         )
     return True, f"native bfloat16{note}"
-
-
-def native_bf16(device_type):
-    """(True or False, why) for the device type ('cuda', 'cpu', 'mps')."""
-    if device_type == "cuda":
-        import torch
-
-        # including_emulation=False: pre-Ampere GPUs (V100, T4) run bf16 emulated
-        native = torch.cuda.is_bf16_supported(including_emulation=False)
-        return native, "native bfloat16" if native else "no native bfloat16 on this GPU"
-    if device_type == "cpu":
-        return cpu_bf16()
-    return False, f"bfloat16 not used on {device_type}"
 
 
 def auto_dtype(device_type):

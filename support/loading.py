@@ -13,7 +13,6 @@ from model import GPT, GPTConfig
 from support.checkpoint import (
     LOAD_ERRORS,
     CheckpointError,
-    check_resumable,
     checkpoint_path,
     first_line,
     load_checkpoint,
@@ -95,6 +94,8 @@ def training_model(cfg, meta):
     if init == "scratch":
         model = GPT(GPTConfig(**model_args(cfg, meta["vocab_size"])))
     elif init == "resume":
+        from support.resume import check_resumable
+
         ckpt = load_checkpoint(cfg.out_dir)
         path = checkpoint_path(cfg.out_dir)
         check_resumable(ckpt, path)

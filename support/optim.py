@@ -25,10 +25,8 @@ class Muon(torch.optim.Muon):
             return super().step(closure)
         # torch.optim._muon looks its iteration up at every step: lend it ours
         module = torch.optim._muon
-        bf16_iteration, module._zeropower_via_newtonschulz = (
-            module._zeropower_via_newtonschulz,
-            newton_schulz,
-        )
+        bf16_iteration = module._zeropower_via_newtonschulz
+        module._zeropower_via_newtonschulz = newton_schulz
         try:
             return super().step(closure)
         finally:
@@ -54,9 +52,14 @@ def newton_schulz(g, ns_coefficients, ns_steps, eps):
 
 
 def configure_optimizers(model, weight_decay, learning_rate, betas, device_type):
-    """AdamW for a GPT, decaying its matrices only (not biases, LayerNorm gains); the fused
-    kernel updates every parameter in one pass (CUDA and CPU)."""
+    """AdamW for a GPT, decaying its matrices only (not biases, LayerNorm gains)."""
     params = [p for p in model.parameters() if p.requires_grad]
+    return adamw(params, weight_decay, learning_rate, betas, device_type)
+
+
+def adamw(params, weight_decay, learning_rate, betas, device_type):
+    """AdamW for params, decaying the matrices among them only; the fused kernel
+    updates every parameter in one pass (CUDA and CPU)."""
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
@@ -86,35 +89,21 @@ def make_optimizers(model, cfg, device_type, dtype):
         ns_steps=cfg.muon_ns_steps,
         float32=dtype != "bfloat16",
     )
-    adamw = torch.optim.AdamW(
-        [
-            {"params": [p for p in rest if p.dim() >= 2], "weight_decay": wd},
-            {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
-        ],
-        lr=lr,
-        betas=betas,
-        fused=device_type in ("cuda", "cpu"),
-    )
-    return [muon, adamw]
+    return [muon, adamw(rest, wd, lr, betas, device_type)]
 
 
 def get_lr(it, cfg, seconds=0.0):
     """Linear warmup, then cosine decay to min_lr at lr_decay_iters, then min_lr.
     seconds: of training so far; with lr_decay_time the decay is also by time,
     whichever of the two is further along."""
-    lr, warmup, end, min_lr = (
-        cfg.learning_rate,
-        cfg.warmup_iters,
-        cfg.lr_decay_iters,
-        cfg.min_lr,
-    )
     if not cfg.decay_lr:
-        return lr
-    if it < warmup:
-        return lr * (it + 1) / (warmup + 1)
-    if it >= end:
-        return min_lr
-    progress = (it - warmup) / (end - warmup)  # 0 -> 1
+        return cfg.learning_rate
+    if it < cfg.warmup_iters:
+        return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
+    if it >= cfg.lr_decay_iters:
+        return cfg.min_lr
+    progress = (it - cfg.warmup_iters) / (cfg.lr_decay_iters - cfg.warmup_iters)  # 0 -> 1
     if cfg.lr_decay_time > 0:
         progress = max(progress, min(seconds / cfg.lr_decay_time, 1.0))
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * progress))  # 1 -> 0
+    return cfg.min_lr + coeff * (cfg.learning_rate - cfg.min_lr)

@@ -7,10 +7,7 @@ before anything slow happens. The keys are nanoGPT's; the defaults train GPT-2 1
 import dataclasses
 import math
 
-import torch
-
 from model import GPTConfig
-from support.configurator import describe_settings
 
 # The settings that make the model's shape: GPTConfig's fields, written once in
 # model.py, but vocab_size, which the dataset's tokenizer sets. A checkpoint's
@@ -102,6 +99,8 @@ class Settings(ModelSettings):
 def describe():
     """For `python train.py --help`: every key with its default and its comments,
     the model keys as GPTConfig (model.py) writes them."""
+    from support.help import describe_settings  # here only: a run needs no help text
+
     lines = [
         describe_settings(Settings),
         "  # the model (GPTConfig in model.py); block_size is also the training context",
@@ -165,10 +164,6 @@ def check(cfg):
         raise ValueError(f"unknown dtype {cfg.dtype!r}; use one of {', '.join(DTYPES)}")
     if cfg.optimizer not in ("adamw", "muon"):
         raise ValueError(f"unknown optimizer {cfg.optimizer!r}; use 'adamw' or 'muon'")
-    if cfg.optimizer == "muon" and not hasattr(torch.optim, "Muon"):
-        raise ValueError(
-            "optimizer='muon' needs torch.optim.Muon (torch >= 2.9); use --optimizer=adamw"
-        )
     if cfg.compile not in (None, True, False):
         raise ValueError(f"compile must be True, False or None (auto), got {cfg.compile!r}")
     for key in ("data_root", "wandb_run_name"):

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from support.configurator import ConfigError, describe_settings, parse_args, parse_settings
+from support.configurator import ConfigError, parse_args, parse_settings
+from support.help import describe_settings
 
 DEFAULTS = dict(
     batch_size=12,

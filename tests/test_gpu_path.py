@@ -403,12 +403,12 @@ def test_nccl_raises_instead_of_aborting(monkeypatch):
     )
     monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # what torchrun sets
     timeout = datetime.timedelta(seconds=5)
-    distributed.join_processes(torch.device("cuda", 1), timeout)
+    distributed.join_processes(torch.device("cuda", 1), 5)
     # mode 2: on a timeout or error NCCL's watchdog aborts the communicator, not
     # the process, and the next collective raises in the training loop
     assert calls == [("nccl", dict(timeout=timeout, device_id=torch.device("cuda", 1)), "2")]
     monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-    distributed.join_processes(torch.device("cpu"), timeout)
+    distributed.join_processes(torch.device("cpu"), 5)
     assert calls[1] == ("gloo", dict(timeout=timeout), "1")
 
 
@@ -434,7 +434,8 @@ def test_ddp_splits_the_compiled_graph_at_its_buckets(tmp_path, monkeypatch):
         raw = GPT(
             GPTConfig(block_size=16, vocab_size=37, n_layer=4, n_head=4, n_embd=256, dropout=0.0)
         )
-        model, ddp_model = distributed.wrap_model(raw, torch.device("cpu"), 2, use_compile=True)
+        ddp_model = distributed.wrap_model(raw, torch.device("cpu"), 2, use_compile=True)
+        model = ddp_model.module  # compiled
         x = torch.randint(0, 37, (2, 16))
         with torch.no_grad():  # evaluation comes first in train.py, outside DDP: one graph
             model.eval()

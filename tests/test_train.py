@@ -612,7 +612,7 @@ def test_an_evaluation_compiles_nothing(data_root, tmp_path):
 
     cfg = train.get_config(tiny_run(data_root, tmp_path / "out", "--compile=True"))
     r = train.setup(cfg)
-    assert r.model is not r.raw  # compiled, lazily: nothing compiles before the first call
+    assert r.ddp_model is not r.raw  # compiled, lazily: nothing compiles before the first call
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     losses = train.estimate_loss(r, seed=3)

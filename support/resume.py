@@ -1,0 +1,74 @@
+"""
+Resuming exactly (--init_from=resume): the checks that a checkpoint holds what
+resuming reads, and the optimizer, RNG and data-sampling state put back as they
+were right before the checkpoint's iter (restore). Imported only to resume.
+"""
+
+import torch
+
+from support.checkpoint import (
+    LOAD_ERRORS,
+    CheckpointError,
+    checkpoint_path,
+    first_line,
+    set_rng_state,
+)
+
+# What resuming reads from a checkpoint, and the type each must have.
+RESUME_FIELDS = {
+    "model": dict,
+    "model_args": dict,
+    "optimizer": (dict, list),
+    "iter_num": int,
+    "best_val_loss": (int, float),
+    "config": dict,
+    "rng": dict,
+    "data": dict,
+}
+
+
+def check_resumable(ckpt, path):
+    """Refuse a checkpoint that lacks what resuming reads, or holds it damaged."""
+    missing = sorted(set(RESUME_FIELDS) - set(ckpt))
+    if missing:
+        raise CheckpointError(f"cannot resume from {path}: it lacks {', '.join(missing)}")
+    bad = [
+        key
+        for key, kind in RESUME_FIELDS.items()
+        if not isinstance(ckpt[key], kind) or isinstance(ckpt[key], bool)
+    ]
+    if bad:
+        raise CheckpointError(
+            f"cannot resume from {path}: its {', '.join(bad)} entry has the wrong type; "
+            "the file is damaged, resume from another copy"
+        )
+
+
+def restore(ckpt, cfg, optimizers, scaler, data_gen, device, rank):
+    """Optimizer, RNG and data-sampling state as they were right before iter ckpt['iter_num']."""
+    if ckpt["iter_num"] >= cfg.max_iters and not cfg.eval_only:
+        raise ValueError(
+            f"the checkpoint is at iter {ckpt['iter_num']} and max_iters is {cfg.max_iters}; "
+            "raise --max_iters to train further"
+        )
+    states = ckpt["optimizer"] if isinstance(ckpt["optimizer"], list) else [ckpt["optimizer"]]
+    if len(states) != len(optimizers):
+        raise ValueError(
+            f"the checkpoint was trained with optimizer={ckpt['config'].get('optimizer')!r}; "
+            "resume with the same one"
+        )
+    try:
+        for opt, state in zip(optimizers, states):
+            opt.load_state_dict(state)
+        if "scaler" in ckpt:
+            scaler.load_state_dict(ckpt["scaler"])
+        data_gen.set_state(ckpt["data"]["generator"])
+        if rank > 0:  # only rank 0's RNG is saved; the others need dropout masks of their own
+            torch.manual_seed(cfg.seed + rank + 1000 * ckpt["iter_num"])
+            return
+        set_rng_state(ckpt["rng"], device)
+    except LOAD_ERRORS as e:
+        raise CheckpointError(
+            f"cannot resume from {checkpoint_path(cfg.out_dir)}: its optimizer, RNG or "
+            f"data-sampling state is damaged ({first_line(e)}); resume from another copy"
+        ) from None
