@@ -119,8 +119,8 @@ def find_corpus():
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection(session):
-    """In the first process, before any worker starts: a worker that stopped for the
-    corpus would be reported as crashed, its line lost."""
+    """In the first process alone: a worker that stopped for the corpus would be
+    reported as crashed, its line lost."""
     if not hasattr(session.config, "workerinput"):
         # its progress lines would stand beside pytest's own; a failure says it all
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):

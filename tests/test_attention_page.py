@@ -128,8 +128,9 @@ def query_title(position, token):
     return html.escape(f'token {position} "{am.display_token(token)}" attends to:', quote=False)
 
 
+# Not marked exclusive: the browser loads one file, runs its scripts and writes out
+# the page, in under a second, with nothing timed and no server beside it.
 @needs_chromium
-@pytest.mark.exclusive
 def test_a_browser_runs_the_page(written, tmp_path):
     """The script ran: the head buttons carry the labels, the last token is the query."""
     dom = browser_dom(written["path"], tmp_path / "profile")
@@ -152,7 +153,6 @@ document.querySelectorAll("#tokens span")[20].dispatchEvent(new MouseEvent("mous
 
 
 @needs_chromium
-@pytest.mark.exclusive
 def test_picking_a_head_and_hovering_a_token_shows_its_weights(written, tmp_path):
     page = tmp_path / "index.html"
     page.write_text(written["html"].replace("</body>", PICK_AND_HOVER), encoding="utf-8")
