@@ -54,16 +54,16 @@ from support.run_log import read_evaluations
 # would keep one worker busy while the other has nothing left to do.
 LONGEST_FIRST = [
     "test_precision.py",
-    "test_bench.py",
     "test_gpu_path.py",
     "test_train.py",
+    "test_bench.py",
+    "test_corpus.py",
     "test_recipe_15min.py",
     "test_reliability.py",
-    "test_model.py",
-    "test_data.py",
-    "test_corpus.py",
     "test_sample.py",
+    "test_model.py",
     "test_footprint.py",
+    "test_data.py",
     "test_context_parallel.py",
 ]
 

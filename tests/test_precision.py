@@ -458,6 +458,8 @@ def test_main_command_runs_in_float32_where_bfloat16_crashes(data_root, tmp_path
     ],
 )
 def test_cpu_recipe_where_bfloat16_crashes(data_root, tmp_path, mode, dtype, why):
+    # uncompiled: a simulated class changes the verdict, not the machine, and compiling
+    # here would try this machine's compiler (tests/test_recipe_15min.py does) for 20 s
     r = run(
         [
             "train.py",
@@ -467,6 +469,7 @@ def test_cpu_recipe_where_bfloat16_crashes(data_root, tmp_path, mode, dtype, why
             "--max_iters=3",
             "--eval_iters=1",
             "--eval_full_val=False",
+            "--compile=False",
         ],
         crashing(tmp_path, mode),
     )
@@ -505,6 +508,8 @@ def test_tests_that_need_bfloat16_are_skipped_with_the_probes_reason(tmp_path):
             "-rs",
             "-p",
             "no:cacheprovider",
+            "-n",
+            "0",  # one test: no workers to start
             "tests/test_train.py",
             "-k",
             "bfloat16_training_on_cpu_learns",
