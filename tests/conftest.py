@@ -86,11 +86,6 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=rank)  # stable: each file's tests keep their order
 
 
-# -----------------------------------------------------------------------------
-# Every core: one worker per core, and the tests that start several busy processes
-# alone (tests/cores.py)
-
-
 # The corpus is never committed. The tests find it where the prepare scripts
 # do (data/prepare.find_shakespeare), or in the folder beside the checkout.
 BESIDE = os.path.join(os.path.dirname(ROOT), "shared", "data", "tinyshakespeare", "input.txt")
