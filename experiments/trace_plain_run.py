@@ -5,10 +5,10 @@ tracing it. A markdown table, then the files one a line.
     python -m experiments.trace_plain_run [--key=value ...]
 
 The run: `python train.py config/shakespeare_cpu.py --max_iters=4 --compile=False`, into a
-temporary out_dir, with any --key=value given here added. It runs twice, in fresh processes
-that both start from the same folder, and the second is traced: the first does what happens
-once per machine (the dataset prepared, this CPU's bfloat16 probed and cached), so the trace
-is what a user's every later run reads. GPT_SIMULATE_CPU is left out of their environment:
+temporary out_dir, with any --key=value given here added, in a fresh process, traced. A
+run that did what happens once per machine (the dataset prepared, this CPU's bfloat16 probed
+and cached: ONCE_PER_MACHINE's files ran) is traced again from the same folder, so that the
+trace is what a user's every later run reads. GPT_SIMULATE_CPU is left out of their environment:
 the trace is of this machine as a user runs it. sys.settrace (and threading.settrace) records every
 line event in a file of this repository, the config file run by train.py included. The
 columns:
@@ -35,6 +35,11 @@ from experiments.readability import code_lines, read
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMAND = ["train.py", "config/shakespeare_cpu.py", "--max_iters=4", "--compile=False"]
+# the files only a machine's first run executes
+ONCE_PER_MACHINE = {
+    "support/cpu_probe.py",  # this CPU's bfloat16 probed, then cached
+    "data/tiny_shakespeare.py",  # the dataset prepared
+}
 
 
 def traced_child(argv, report):
@@ -88,26 +93,21 @@ def traced_child(argv, report):
         write_report()
 
 
-def run(argv, trace=False):
-    """One run of the command with argv added, in a fresh process from ROOT: its
-    {path: executed line numbers} when traced."""
+def run(argv):
+    """One traced run of the command with argv added, in a fresh process from ROOT: its
+    {path: executed line numbers}."""
     with tempfile.TemporaryDirectory(prefix="trace-plain-run-") as scratch:
         argv = COMMAND[1:] + [f"--out_dir={os.path.join(scratch, 'out')}"] + argv
         report = os.path.join(scratch, "lines.json")
-        if trace:
-            code = (
-                "import sys; from experiments.trace_plain_run import traced_child; "
-                "traced_child(sys.argv[2:], sys.argv[1])"
-            )
-            cmd = [sys.executable, "-c", code, report] + argv
-        else:
-            cmd = [sys.executable, COMMAND[0]] + argv
+        code = (
+            "import sys; from experiments.trace_plain_run import traced_child; "
+            "traced_child(sys.argv[2:], sys.argv[1])"
+        )
+        cmd = [sys.executable, "-c", code, report] + argv
         env = {key: value for key, value in os.environ.items() if key != "GPT_SIMULATE_CPU"}
         done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if done.returncode != 0:
             sys.exit(f"error: the run failed (exit {done.returncode}): {done.stderr.strip()}")
-        if not trace:
-            return None
         with open(report) as f:
             return json.load(f)
 
@@ -124,8 +124,10 @@ def count(executed):
 
 def footprint(argv=()):
     """{path: code lines executed} of the traced plain run, largest first."""
-    run(list(argv))
-    return count(run(list(argv), trace=True))
+    executed = run(list(argv))
+    if ONCE_PER_MACHINE & set(executed):
+        executed = run(list(argv))
+    return count(executed)
 
 
 def main(argv):

@@ -62,6 +62,7 @@ def test_train_section(quick):
     nano = rows["nanoGPT CPU settings"]
     assert nano["model"] == dict(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=65)
     assert nano["batch"] == 12 and nano["tokens_per_step"] == 12 * 64
+    assert rows["baby model"]["batch"] == 1  # --quick on a CPU: one sequence a step
     for r in rows.values():
         assert r["max_logit_diff_vs_hf"] < 1e-3  # same weights, same function
         for key in ("ours", "hf", "hf_fused_gelu"):

@@ -26,7 +26,8 @@ from support.export_hf import ExportError, export, read_model, read_tokenizer, w
 from support.loading import load_model
 
 transformers = pytest.importorskip("transformers")
-transformer_lens = pytest.importorskip("transformer_lens")
+# TransformerLens (requirements-dev.txt) is imported by the tests that use it, through
+# support/export_lens.py: it takes seconds to load, and every worker collects this file
 
 # 3.9.0 says HookedTransformer goes in 4.0: the oracle is pinned to 3.9.0
 pytestmark = pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated:DeprecationWarning")

@@ -459,13 +459,15 @@ def test_main_command_runs_in_float32_where_bfloat16_crashes(data_root, tmp_path
 )
 def test_cpu_recipe_where_bfloat16_crashes(data_root, tmp_path, mode, dtype, why):
     # uncompiled: a simulated class changes the verdict, not the machine, and compiling
-    # here would try this machine's compiler (tests/test_recipe_15min.py does) for 20 s
+    # here would try this machine's compiler (tests/test_recipe_15min.py does) for 20 s;
+    # two sequences a batch: amx_sigill times both precisions (bfloat16 emulated here)
     r = run(
         [
             "train.py",
             "config/shakespeare_cpu.py",
             f"--data_root={data_root}",
             f"--out_dir={tmp_path}/out",
+            "--batch_size=2",
             "--max_iters=3",
             "--eval_iters=1",
             "--eval_full_val=False",
