@@ -551,6 +551,8 @@ def test_smoke_test_without_cuda_says_so_and_does_nothing(tmp_path):
 def test_smoke_test_commands_are_valid_settings(tmp_path, monkeypatch):
     # config/shakespeare.py is found from the repo root, where bench.smoke_gpu runs
     monkeypatch.chdir(REPO)
+    # read as on the GPU the smoke test is for: config/shakespeare.py times no CPU iter
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     parsers = {
         "train.py": train.get_config,
         "sample.py": lambda argv: sample.check_options(
