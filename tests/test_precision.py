@@ -167,10 +167,13 @@ def test_every_class_is_simulated():
 
 
 @pytest.mark.parametrize("simulated", CLASSES)
-def test_each_cpu_class_gets_its_verdict_its_cache_and_its_dtype(tmp_path, simulated):
+def test_each_cpu_class_gets_its_verdict_its_cache_and_its_dtype(data_root, tmp_path, simulated):
+    """The verdict of each class, probed once and cached; then train.py with dtype=auto
+    reads it: its start-up line names the precision, why, and when the choice was
+    measured, and it trains."""
     runs, dtype, why, refused = CLASSES[simulated]
     without = (hardware.ISA, hardware.SIMULATE)
-    env = dict(XDG_CACHE_HOME=str(tmp_path), GPT_SIMULATE_CPU=simulated)
+    env = dict(XDG_CACHE_HOME=str(tmp_path / "cache"), GPT_SIMULATE_CPU=simulated)
     code_rc, out, err = python(VERDICT_CODE, without, **env)
     assert code_rc == 0, err
     verdict = json.loads(out)
@@ -186,8 +189,23 @@ def test_each_cpu_class_gets_its_verdict_its_cache_and_its_dtype(tmp_path, simul
         assert verdict["slowdown"] > hardware.NATIVE_SLOWDOWN
     # the second process reads the same verdict from the cache, measured_at included
     assert json.loads(python(VERDICT_CODE, without, **env)[1]) == verdict
-    cache = json.loads((tmp_path / "hackable-gpt" / "bf16.json").read_text())
+    cache = json.loads((tmp_path / "cache" / "hackable-gpt" / "bf16.json").read_text())
     assert [entry["verdict"]["simulated"] for entry in cache.values()] == [simulated]
+
+    kept = {k: v for k, v in os.environ.items() if k not in without}
+    argv = ["train.py", "--dataset=shakespeare_char", f"--data_root={data_root}"]
+    argv += [f"--out_dir={tmp_path}/out", *TINY, "--max_iters=1"]
+    r = run(argv, dict(kept, OMP_NUM_THREADS="1", **env))
+    assert r.returncode == 0, r.stderr[-2000:]
+    line = next(line for line in r.stdout.splitlines() if "parameters |" in line)
+    assert "python -m support.hardware --again measures again" in line
+    if dtype == "bfloat16":
+        # native: the faster of the two on this model, timed
+        assert re.search(r"\| cpu, (bfloat16|float32) \(faster than", line), line
+    else:
+        # the cached verdict, not a new one
+        assert f"| cpu, float32 ({why}" in line and verdict["measured_at"] in line, line
+    assert "done at iter 1" in r.stdout
 
 
 def test_an_unknown_class_is_one_line(tmp_path):
@@ -197,27 +215,6 @@ def test_an_unknown_class_is_one_line(tmp_path):
         "error: GPT_SIMULATE_CPU=avx3 is no CPU class; use one of "
         "avx2, avx512_bf16, amx, amx_sigill, sigill"
     )
-
-
-@pytest.mark.parametrize("simulated", CLASSES)
-def test_training_starts_in_each_classs_precision(data_root, tmp_path, simulated):
-    """train.py with dtype=auto on each class: its start-up line names the precision,
-    why, and when the choice was measured; then it trains."""
-    runs, dtype, why, refused = CLASSES[simulated]
-    env = {k: v for k, v in os.environ.items() if k not in (hardware.ISA, hardware.SIMULATE)}
-    env = dict(env, XDG_CACHE_HOME=str(tmp_path / "cache"), GPT_SIMULATE_CPU=simulated)
-    argv = ["train.py", "--dataset=shakespeare_char", f"--data_root={data_root}"]
-    argv += [f"--out_dir={tmp_path}/out", *TINY]
-    r = run([*argv, "--max_iters=1"], dict(env, OMP_NUM_THREADS="1"))
-    assert r.returncode == 0, r.stderr[-2000:]
-    line = next(line for line in r.stdout.splitlines() if "parameters |" in line)
-    assert "measured " in line and "python -m support.hardware --again measures again" in line
-    if dtype == "bfloat16":
-        # native: the faster of the two on this model, timed
-        assert re.search(r"\| cpu, (bfloat16|float32) \(faster than", line), line
-    else:
-        assert f"| cpu, float32 ({why}" in line, line
-    assert "done at iter 1" in r.stdout
 
 
 def test_the_fix_comes_too_late_once_torch_is_loaded(fresh, monkeypatch):

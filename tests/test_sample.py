@@ -1,12 +1,12 @@
 """sample.py and attention_maps.py, on a tiny character model trained here.
 
-The command-line runs are started together (they are mostly Python and torch
-start-up) and checked by the tests below; the attention maps are compared with
-one full forward of the model over the final sequence.
+The command-line runs are started together (most of them forked from one process
+that has imported torch, tests/forker.py) and checked by the tests below; the
+attention maps are compared with one full forward of the model over the final
+sequence.
 """
 
 import base64
-import concurrent.futures
 import dataclasses
 import json
 import math
@@ -153,26 +153,30 @@ def _runs(trained, tmp):
 
 
 @pytest.fixture(scope="module")
-def runs(trained, tmp_path_factory, repo_root):
+def runs(trained, tmp_path_factory, repo_root, forker):
     tmp = str(tmp_path_factory.mktemp("runs"))
     argvs = _runs(trained, tmp)
-    # several tiny runs share two cores. The --compile run's autotuner picks among
-    # ATen's kernels only: C++ GEMM templates would add some 25 s of compiling, and
-    # test_model.py's compiled generation already runs the full autotuner.
+    # the --compile run is a process of its own, as a user starts it; its autotuner picks
+    # among ATen's kernels only: C++ GEMM templates would add some 25 s of compiling, and
+    # test_model.py's compiled generation already runs the full autotuner
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS="ATEN")
-
-    def run(argv):
-        return subprocess.run(
-            [sys.executable, os.path.join(repo_root, "sample.py"), *argv],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tmp,
-            timeout=600,  # a hang guard: --compile on a slow, busy CPU takes minutes
-        )
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
-        results = dict(zip(argvs, pool.map(run, argvs.values())))
+    compiled = subprocess.Popen(
+        [sys.executable, os.path.join(repo_root, "sample.py"), *argvs.pop("greedy_compiled")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp,
+    )
+    # the others forked from one process that has imported torch (forker.py): the same
+    # command lines without an interpreter's start-up each
+    jobs = [("sample.py", argv, {"cwd": tmp}) for argv in argvs.values()]
+    results = dict(zip(argvs, forker.run(jobs, workers=2)))
+    # a hang guard: --compile on a slow, busy CPU takes minutes
+    stdout, stderr = compiled.communicate(timeout=600)
+    results["greedy_compiled"] = subprocess.CompletedProcess(
+        compiled.args, compiled.returncode, stdout, stderr
+    )
     results["tmp"] = tmp
     return results
 
