@@ -7,6 +7,7 @@ sequence.
 """
 
 import base64
+import concurrent.futures
 import dataclasses
 import json
 import math
@@ -160,23 +161,18 @@ def runs(trained, tmp_path_factory, repo_root, forker):
     # among ATen's kernels only: C++ GEMM templates would add some 25 s of compiling, and
     # test_model.py's compiled generation already runs the full autotuner
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS="ATEN")
-    compiled = subprocess.Popen(
-        [sys.executable, os.path.join(repo_root, "sample.py"), *argvs.pop("greedy_compiled")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=tmp,
-    )
-    # the others forked from one process that has imported torch (forker.py): the same
-    # command lines without an interpreter's start-up each
-    jobs = [("sample.py", argv, {"cwd": tmp}) for argv in argvs.values()]
-    results = dict(zip(argvs, forker.run(jobs, workers=2)))
-    # a hang guard: --compile on a slow, busy CPU takes minutes
-    stdout, stderr = compiled.communicate(timeout=600)
-    results["greedy_compiled"] = subprocess.CompletedProcess(
-        compiled.args, compiled.returncode, stdout, stderr
-    )
+    command = [sys.executable, os.path.join(repo_root, "sample.py"), *argvs.pop("greedy_compiled")]
+    # its output read as it comes (a full pipe would stall it) while the others run
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        # a hang guard: --compile on a slow, busy CPU takes minutes
+        compiled = pool.submit(
+            subprocess.run, command, capture_output=True, text=True, env=env, cwd=tmp, timeout=600
+        )
+        # the others forked from one process that has imported torch (forker.py): the
+        # same command lines without an interpreter's start-up each
+        jobs = [("sample.py", argv, {"cwd": tmp}) for argv in argvs.values()]
+        results = dict(zip(argvs, forker.run(jobs, workers=2)))
+        results["greedy_compiled"] = compiled.result()
     results["tmp"] = tmp
     return results
 
