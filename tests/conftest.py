@@ -2,6 +2,7 @@ import atexit
 import contextlib
 import copy
 import hashlib
+import importlib.util
 import io
 import os
 import re
@@ -36,6 +37,8 @@ os.environ["XDG_CACHE_HOME"] = folder
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(os.environ["XDG_CACHE_HOME"], "inductor")
 from support import hardware
 
+if importlib.util.find_spec("torch") is None:
+    sys.exit("the tests need the project's packages: pip install -r requirements-dev.txt")
 BF16 = hardware.check_bf16()
 
 import pytest
