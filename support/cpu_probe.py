@@ -28,6 +28,7 @@ from support.hardware import (
     AMX_FREE_ISA,
     ISA,
     ISAS_WITHOUT_BF16,
+    NATIVE_BF16_FLAGS,
     NATIVE_SLOWDOWN,
     SIMULATE,
     read_cpuinfo,
@@ -53,8 +54,6 @@ SIMULATED_CLASSES = {
     "amx_sigill": AMX_FLAGS,
     "sigill": AMX_FLAGS,
 }
-# the flags that promise native bfloat16 (x86; Arm's bf16 extension)
-NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
 # oneDNN's ISA levels below AMX (its "CPU dispatcher control" docs)
 ISAS_WITHOUT_AMX = ISAS_WITHOUT_BF16 | {"AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16"}
 

@@ -7,14 +7,16 @@ on, and x86 CPUs with AVX512-BF16 or AMX. Elsewhere PyTorch emulates it, and a
 CPU matrix multiply in bfloat16 is then about 40x slower than in float32
 (docs/benchmarks.md).
 
-A CPU's flags are not proof. Some virtual machines advertise AMX and then do not
-let a process use it: oneDNN (PyTorch's CPU bfloat16 matmul library) picks its
-AMX kernels and the process dies with SIGILL, no message. So every entry point
-calls check_bf16() before it imports torch. Its verdict is cached per CPU model,
-flags, torch version and oneDNN cap, in the user's cache folder, so that a run
-reads it there; only where none is cached yet does the probe run, in child
-processes, with oneDNN capped at AVX512-BF16 if bfloat16 kills the first
-(support/cpu_probe.py, with the CPU classes the tests simulate). Where the cap
+A CPU's flags prove absence, not presence. Where they name no bfloat16 instruction
+(AVX2 alone: most laptops and many cloud CPUs), bfloat16 is emulated and nothing
+needs trying (bf16_ruled_out). Where they promise it, they may lie: some virtual
+machines advertise AMX and then do not let a process use it: oneDNN (PyTorch's CPU
+bfloat16 matmul library) picks its AMX kernels and the process dies with SIGILL, no
+message. So on such a CPU every entry point calls check_bf16() before it imports
+torch. Its verdict is cached per CPU model, flags, torch version and oneDNN cap, in
+the user's cache folder, so that a run reads it there; only where none is cached yet
+does the probe run, in child processes, with oneDNN capped at AVX512-BF16 if bfloat16
+kills the first (support/cpu_probe.py, with the CPU classes the tests simulate). Where the cap
 was needed, this process sets it before torch loads (ONEDNN_MAX_CPU_ISA, which
 oneDNN reads then), and says so. `python -m support.hardware` prints the verdict
 (and probes again with --again).
@@ -25,8 +27,8 @@ forward and backward pass of the run's own model is faster than in float32
 the training precision.
 
 Capping oneDNN below AVX512-BF16 (ONEDNN_MAX_CPU_ISA=AVX2) makes bfloat16 really
-emulated on a CPU that has it: how the float32 path of a CPU without native
-bfloat16 is measured here.
+emulated on a CPU that has it, and rules it out as the flags of a CPU without it
+do: how the float32 path of such a CPU is measured on one that has it.
 """
 
 import hashlib
@@ -77,6 +79,30 @@ def read_cpuinfo():
         pass
     model = model or platform.processor() or platform.machine()
     return model, flags
+
+
+# the flags that promise native bfloat16: x86's AVX512-BF16 and AMX, Arm's bf16 extension
+NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
+
+
+def bf16_ruled_out():
+    """Why bfloat16 cannot be native here, where that is certain without trying it;
+    else "". Flags prove absence, not presence: a CPU whose flags name none of
+    NATIVE_BF16_FLAGS has no bfloat16 instruction for oneDNN to use (most laptops and
+    many cloud CPUs: AVX2 alone), and oneDNN capped below AVX512-BF16 uses none. A
+    CPU whose flags promise it is tried (check_bf16)."""
+    isa = os.environ.get(ISA, "").upper()
+    if isa in ISAS_WITHOUT_BF16:
+        return f"{ISA}={isa} leaves out its instructions"
+    if os.environ.get(SIMULATE):
+        from support.cpu_probe import cpu_flags  # the simulated class's flags
+
+        flags = cpu_flags()
+    else:
+        flags = set(read_cpuinfo()[1].split())
+    if flags and not flags & NATIVE_BF16_FLAGS:
+        return "the CPU's flags name none of avx512_bf16, amx_bf16, bf16"
+    return ""
 
 
 def machine_key():
@@ -178,16 +204,17 @@ def native_bf16(device_type):
         return native, "native bfloat16" if native else "no native bfloat16 on this GPU"
     if device_type != "cpu":
         return False, f"bfloat16 not used on {device_type}"
+    ruled_out = bf16_ruled_out()
+    if ruled_out:
+        return False, f"no native bfloat16: {ruled_out}"
     v = check_bf16()
     note = measured(v.get("measured_at"))
     if not v["runs"]:
         return False, v["why"] + note
     if v["slowdown"] > NATIVE_SLOWDOWN:
-        isa = os.environ.get(ISA, "").upper()
-        cap = f"{ISA}={isa}, " if isa in ISAS_WITHOUT_BF16 else ""
         return (
             False,
-            f"no native bfloat16: {cap}a matrix multiply takes {v['slowdown']:.0f}x "
+            f"no native bfloat16: a matrix multiply takes {v['slowdown']:.0f}x "
             f"float32's time{note}",
         )
     if v["env"]:

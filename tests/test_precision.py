@@ -46,6 +46,13 @@ def fresh(monkeypatch, tmp_path):
     return tmp_path / "cache"
 
 
+def given_verdict(monkeypatch, verdict):
+    """This process's verdict, on a CPU whose flags promise native bfloat16: the
+    verdict decides, whatever this machine's flags say (bf16_ruled_out)."""
+    monkeypatch.setattr(hardware, "bf16_ruled_out", lambda: "")
+    monkeypatch.setattr(hardware, "_verdict", verdict)
+
+
 def python(code, without=(), **env):
     """Run code in a fresh interpreter from the repo root, in this environment less
     the variables named in without, plus env: (exit code, stdout, stderr)."""
@@ -138,7 +145,13 @@ def test_a_cpu_where_bfloat16_always_crashes_falls_back_to_float32(tmp_path):
 # tested on any machine: (the verdict's runs, auto's dtype, the start of auto's
 # reason, whether an explicit --dtype=bfloat16 is refused)
 CLASSES = {
-    "avx2": (True, "float32", "no native bfloat16: a matrix multiply takes ", False),
+    # from the flags alone: nothing to measure
+    "avx2": (
+        True,
+        "float32",
+        "no native bfloat16: the CPU's flags name none of avx512_bf16, amx_bf16, bf16",
+        False,
+    ),
     "avx512_bf16": (True, "bfloat16", "native bfloat16; measured ", False),
     "amx": (True, "bfloat16", "native bfloat16; measured ", False),
     "amx_sigill": (
@@ -179,13 +192,18 @@ def test_each_cpu_class_gets_its_verdict_its_cache_and_its_dtype(data_root, tmp_
     verdict = json.loads(out)
     assert verdict["simulated"] == simulated and verdict["runs"] == runs
     assert verdict["auto"][0] == dtype and verdict["auto"][1].startswith(why), verdict
-    assert verdict["auto"][1].endswith("python -m support.hardware --again measures again")
+    measured = simulated != "avx2"
+    if measured:
+        assert verdict["auto"][1].endswith("python -m support.hardware --again measures again")
+    else:
+        assert verdict["auto"][1] == why
     if refused:
         assert verdict["error"].startswith("--dtype=bfloat16 cannot run here: bfloat16 crashes")
     else:
         assert verdict["error"] is None
     if simulated == "avx2":
-        # really emulated in the probe's child: oneDNN and ATen capped there
+        # tried all the same (an explicit --dtype=bfloat16 asks whether it runs): really
+        # emulated in the probe's child, oneDNN and ATen capped there
         assert verdict["slowdown"] > hardware.NATIVE_SLOWDOWN
     # the second process reads the same verdict from the cache, measured_at included
     assert json.loads(python(VERDICT_CODE, without, **env)[1]) == verdict
@@ -198,10 +216,13 @@ def test_each_cpu_class_gets_its_verdict_its_cache_and_its_dtype(data_root, tmp_
     r = run(argv, dict(kept, OMP_NUM_THREADS="1", **env))
     assert r.returncode == 0, r.stderr[-2000:]
     line = next(line for line in r.stdout.splitlines() if "parameters |" in line)
-    assert "python -m support.hardware --again measures again" in line
+    if measured:
+        assert "python -m support.hardware --again measures again" in line
     if dtype == "bfloat16":
         # native: the faster of the two on this model, timed
         assert re.search(r"\| cpu, (bfloat16|float32) \(faster than", line), line
+    elif not measured:
+        assert f"| cpu, float32 ({why}) |" in line, line
     else:
         # the cached verdict, not a new one
         assert f"| cpu, float32 ({why}" in line and verdict["measured_at"] in line, line
@@ -246,22 +267,63 @@ def test_the_fix_comes_too_late_once_torch_is_loaded(fresh, monkeypatch):
 )
 def test_auto_dtype_follows_the_verdict(monkeypatch, verdict, dtype, why):
     monkeypatch.delenv(hardware.ISA, raising=False)
-    monkeypatch.setattr(hardware, "_verdict", verdict)
+    given_verdict(monkeypatch, verdict)
     chosen, reason = hardware.auto_dtype("cpu")
     assert chosen == dtype and reason.startswith(why)
 
 
-def test_onednn_cap_below_bf16_is_named(monkeypatch):
+def test_onednn_cap_below_bf16_is_named_and_nothing_is_tried(monkeypatch):
     monkeypatch.setenv(hardware.ISA, "avx2")
-    monkeypatch.setattr(hardware, "_verdict", dict(runs=True, env={}, slowdown=42.0))
+    monkeypatch.setattr(hardware, "check_bf16", lambda again=False: pytest.fail("tried"))
     assert hardware.auto_dtype("cpu") == (
         "float32",
-        "no native bfloat16: ONEDNN_MAX_CPU_ISA=AVX2, a matrix multiply takes 42x float32's time",
+        "no native bfloat16: ONEDNN_MAX_CPU_ISA=AVX2 leaves out its instructions",
     )
 
 
+@pytest.mark.parametrize(
+    "flags, ruled_out",
+    [
+        ("fpu sse2 avx avx2 fma", True),  # x86 with AVX2 alone: most laptops
+        ("fpu avx2 avx512f avx512_bf16", False),
+        ("fpu avx2 avx512f avx512_bf16 amx_tile amx_bf16", False),
+        ("fp asimd sve bf16", False),  # Arm with its bf16 extension
+        ("fp asimd", True),
+        ("", False),  # no /proc/cpuinfo (macOS): tried, not assumed
+    ],
+)
+def test_only_flags_without_bfloat16_rule_it_out(monkeypatch, flags, ruled_out):
+    monkeypatch.delenv(hardware.ISA, raising=False)
+    monkeypatch.delenv(hardware.SIMULATE, raising=False)
+    monkeypatch.setattr(hardware, "read_cpuinfo", lambda: ("some CPU", flags))
+    why = hardware.bf16_ruled_out()
+    assert bool(why) == ruled_out
+    if ruled_out:
+        assert why == "the CPU's flags name none of avx512_bf16, amx_bf16, bf16"
+
+
+def test_a_cpu_without_bfloat16_flags_runs_no_probe(tmp_path):
+    """An entry point on an AVX2-only CPU (simulated): dtype='auto' is float32 from
+    the flags alone: no child process, no cache written, the reason said."""
+    code = (
+        "import support.before_torch; from support import hardware; import sys; "
+        "print(hardware.auto_dtype('cpu')); print('support.cpu_probe' in sys.modules)"
+    )
+    cache = tmp_path / "cache"
+    code_rc, out, err = python(
+        code, (hardware.ISA,), XDG_CACHE_HOME=str(cache), GPT_SIMULATE_CPU="avx2"
+    )
+    assert code_rc == 0, err
+    assert out.splitlines() == [
+        "('float32', \"no native bfloat16: the CPU's flags name none of avx512_bf16, amx_bf16, "
+        'bf16")',
+        "True",  # imported for the simulated class's flags, but nothing probed
+    ]
+    assert not cache.exists()
+
+
 def test_the_faster_precision_wins_and_is_timed_once(fresh, monkeypatch):
-    monkeypatch.setattr(hardware, "_verdict", dict(runs=True, env={}, slowdown=0.5))
+    given_verdict(monkeypatch, dict(runs=True, env={}, slowdown=0.5))
     calls = []
 
     def seconds(dtype):
@@ -288,7 +350,7 @@ def test_the_faster_precision_wins_and_is_timed_once(fresh, monkeypatch):
 def test_a_burst_of_load_does_not_decide_the_precision(fresh, monkeypatch):
     """Other work on the machine while one precision is timed (here: bfloat16's first
     pass, five times slower) is outvoted by the rounds after it."""
-    monkeypatch.setattr(hardware, "_verdict", dict(runs=True, env={}, slowdown=0.5))
+    given_verdict(monkeypatch, dict(runs=True, env={}, slowdown=0.5))
     passes = []
 
     def seconds(dtype):
@@ -332,7 +394,7 @@ def test_a_slowdown_that_contradicts_the_flags_is_measured_again(monkeypatch):
 
 @pytest.mark.bf16
 def test_the_real_timing_measures_both_precisions(fresh, data_root, monkeypatch):
-    monkeypatch.setattr(hardware, "_verdict", dict(runs=True, env={}, slowdown=0.5))
+    given_verdict(monkeypatch, dict(runs=True, env={}, slowdown=0.5))
     cfg = Settings(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=2)
     from model import GPT, GPTConfig
 
@@ -361,7 +423,7 @@ def test_cuda_counts_only_native_bf16(monkeypatch, native, dtype):
 
 
 def test_training_start_line_names_the_choice_and_why(data_root, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(hardware, "_verdict", dict(runs=True, env={}, slowdown=35.0))  # AVX2 only
+    given_verdict(monkeypatch, dict(runs=True, env={}, slowdown=35.0))  # emulated after all
     # as on an AVX2 CPU, where nothing caps oneDNN (a cap set here would be named)
     monkeypatch.delenv(hardware.ISA, raising=False)
     train.main(
