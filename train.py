@@ -269,6 +269,10 @@ def setup(cfg):
             f"({why}) | {run.world} process(es){split} | {run.tokens_per_iter:,} tokens per "
             f"iter | {dataset_dir}"
         )
+        if use_compile:
+            # torch.compile works on the first call: without this line the bar would
+            # stand still at 0 for as long (about 20 s on a 2-core CPU)
+            print("compiling the model: the first step waits for it (faster once cached)")
     return run
 
 

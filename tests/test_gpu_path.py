@@ -476,6 +476,8 @@ def test_ddp_compiled_with_no_sync_matches_one_process(data_root, tmp_path, core
     with cores_alone():
         pair = torchrun(2, train_args(data_root, two, *common), timeout=300)
     assert pair.returncode == 0, (pair.stdout[-2000:], pair.stderr[-4000:])
+    # the wait for the compiler is said once, by the process that prints
+    assert single.stdout.count("compiling the model") == pair.stdout.count("compiling") == 1
     log_one, log_two = read_log(one), read_log(two)
     assert [r["iter"] for r in log_one] == [r["iter"] for r in log_two] == [0, 2, 4]
     for a, b in zip(log_one, log_two):

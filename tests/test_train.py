@@ -605,7 +605,7 @@ def test_main_command_without_a_gpu_trains_a_model_that_sample_finds(data_root, 
     assert sampled.stdout.startswith("ROMEO:") and (out / "attention").is_dir()
 
 
-def test_an_evaluation_compiles_nothing(data_root, tmp_path):
+def test_an_evaluation_compiles_nothing(data_root, tmp_path, capsys):
     """A compiled run evaluates the model as written: estimate_loss gives the losses the
     uncompiled model gives, and dynamo compiles no graph for it."""
     import torch._dynamo
@@ -613,9 +613,14 @@ def test_an_evaluation_compiles_nothing(data_root, tmp_path):
     cfg = train.get_config(tiny_run(data_root, tmp_path / "out", "--compile=True"))
     r = train.setup(cfg)
     assert r.ddp_model is not r.raw  # compiled, lazily: nothing compiles before the first call
+    # and the wait at the first step is said before it
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "compiling the model: the first step waits for it (faster once cached)"
+    )
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     losses = train.estimate_loss(r, seed=3)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0
     plain = train.setup(dataclasses.replace(cfg, compile=False))
+    assert "compiling" not in capsys.readouterr().out
     assert losses == train.estimate_loss(plain, seed=3)
