@@ -28,7 +28,7 @@ FEATURE_MODULES = {
     "support/mfu.py": "a CUDA GPU",
     "support/run_estimate.py": "--device=auto where no GPU is found",
     "support/distributed.py": "torchrun, or --compile",
-    "support/cpu_probe.py": "a CPU whose bfloat16 verdict is not cached yet",
+    "support/cpu_probe.py": "flags that promise bfloat16 and no verdict cached yet",
     "support/resume.py": "--init_from=resume",
     "data/tokenizer.py": "a dataset whose tokenizer must be built to be checked",
 }
