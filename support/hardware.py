@@ -285,4 +285,5 @@ def faster_cpu_dtype(key, seconds_per_pass, rounds=3):
 if __name__ == "__main__":
     verdict = check_bf16(again="--again" in sys.argv)
     print(json.dumps(verdict, indent=1))
-    print("cpu:", ", ".join(auto_dtype("cpu")), f"(cached in {cache_path()})")
+    print(f"(the verdict above is cached in {cache_path()})")
+    print("cpu:", ", ".join(auto_dtype("cpu")))
