@@ -335,10 +335,13 @@ def train(run):
                 advance(bar, cfg, seconds)
 
                 # the processes agree on the loss and on stopping at log steps only,
-                # as that waits for the device
-                wants_stop = signals.name is not None or 0 < cfg.max_time <= seconds
+                # as that waits for the device; a signal to one process stops them all
+                signalled = signals.name is not None
+                timed_out = 0 < cfg.max_time <= seconds
                 if iter_num % cfg.log_interval == 0 or iter_num == cfg.max_iters:
-                    loss, wants_stop, seconds = agree(run, loss_sum, wants_stop, seconds)
+                    loss, signalled, timed_out, seconds = agree(
+                        run, loss_sum, signalled, timed_out, seconds
+                    )
                     run.seconds = seconds_before + seconds
                     if not math.isfinite(loss):
                         raise diverged(loss, iter_num - 1)
@@ -362,10 +365,12 @@ def train(run):
                         bar.set_postfix_str(progress(step, timed=cfg.max_time > 0))
                         log_step(step, cfg.out_dir, run.wandb)
                 elif run.world > 1:
-                    wants_stop = False  # not before the processes agree, at the next log step
-                if wants_stop and signals.name is not None:
+                    # not before the processes agree, at the next log step
+                    signalled = False
+                    timed_out = False
+                if signalled:
                     break  # no evaluation: the process may have little time left
-                out_of_time = wants_stop
+                out_of_time = timed_out
         except Stopped:  # in an evaluation, or between micro-steps (the step is undone)
             pass
     if not done:
@@ -465,19 +470,21 @@ def optimizer_step(run):
         opt.zero_grad(set_to_none=True)
 
 
-def agree(run, loss_sum, wants_stop, seconds):
-    """(mean loss of the step, whether any process wants to stop, their mean seconds
-    of training): the processes agree on all three (this waits for the device), so
-    that an lr schedule by time is the same in every process. Every micro-batch's
-    loss is the mean of its context_parallel ranks' losses."""
+def agree(run, loss_sum, signalled, timed_out, seconds):
+    """(mean loss of the step, whether any process has a stop signal, whether any has
+    reached max_time, their mean seconds of training): the processes agree on all
+    four (this waits for the device), so that they stop together and an lr schedule
+    by time is the same in every process. Every micro-batch's loss is the mean of its
+    context_parallel ranks' losses."""
     micro_batches = run.cfg.gradient_accumulation_steps * run.cfg.context_parallel
-    stop = torch.tensor(float(wants_stop), device=run.device)
+    signal_count = torch.tensor(float(signalled), device=run.device)
+    timed_out_count = torch.tensor(float(timed_out), device=run.device)
     seconds_share = torch.tensor(seconds / run.world, device=run.device)  # summed: the mean
-    measures = torch.stack([loss_sum / micro_batches, stop, seconds_share])
+    measures = torch.stack([loss_sum / micro_batches, signal_count, timed_out_count, seconds_share])
     if run.world > 1:
         dist.all_reduce(measures)
-    loss, stop, seconds = measures.tolist()
-    return loss, stop > 0, seconds
+    loss, signal_count, timed_out_count, seconds = measures.tolist()
+    return loss, signal_count > 0, timed_out_count > 0, seconds
 
 
 # a timed run's bar counts the seconds of training (evaluations are off the clock)
@@ -716,7 +723,9 @@ def stopped(run, signal_name, iter_num, best, during_final):
     """After SIGINT or SIGTERM: save the state at iter_num, unless nothing was
     trained since the run began (the checkpoint on disk, if any, already holds it).
     No evaluation: the process may have little time left."""
-    where = f"stopped by {signal_name} at iter {iter_num}"
+    # under torchrun the signal may have reached another process only
+    name = signal_name or "a signal to another process"
+    where = f"stopped by {name} at iter {iter_num}"
     if iter_num == run.start_iter:
         if run.master:
             kept = "the checkpoint is unchanged" if run.resumed else "nothing was saved"

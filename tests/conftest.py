@@ -304,19 +304,24 @@ def read_log(out_dir):
     return read_evaluations(out_dir)
 
 
+def torchrun_command(processes, argv, script="train.py"):
+    """The command line that starts script in `processes` processes under torchrun."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={processes}",
+        script,
+        *argv,
+    ]
+
+
 def torchrun(processes, argv, timeout, script="train.py"):
     """script (train.py, or a wrapper of it) in `processes` processes started by
     torchrun, from the repo root; they join over gloo on the CPU."""
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={processes}",
-            script,
-            *argv,
-        ],
+        torchrun_command(processes, argv, script),
         cwd=ROOT,
         env=child_env(),
         capture_output=True,

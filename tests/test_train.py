@@ -19,7 +19,17 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import child_env, losses, read_log, run_in_process, tiny_run, torchrun, train_step
+from conftest import (
+    ROOT,
+    child_env,
+    losses,
+    read_log,
+    run_in_process,
+    tiny_run,
+    torchrun,
+    torchrun_command,
+    train_step,
+)
 
 import train
 from data import batches
@@ -251,6 +261,57 @@ def test_torchrun_two_processes_match_one(data_root, tmp_path, cores_alone):
     c1, c2 = load_checkpoint(str(one)), load_checkpoint(str(two))
     for key in c1["model"]:
         torch.testing.assert_close(c1["model"][key], c2["model"][key], rtol=1e-4, atol=1e-5)
+
+
+def workers(parent):
+    """{rank: pid} of the processes that parent (torchrun) started, read from /proc."""
+    ranks = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+        except OSError:
+            continue  # it has already exited
+        for item in environ:
+            if ppid == parent and item.startswith(b"RANK="):
+                ranks[int(item[len(b"RANK=") :])] = int(pid)
+    return ranks
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds torchrun's processes in /proc")
+def test_a_signal_to_one_process_stops_them_all_and_saves(data_root, tmp_path, cores_alone):
+    out = tmp_path / "out"
+    endless = ["--max_iters=100000", "--lr_decay_iters=100000", "--eval_interval=100000"]
+    argv = tiny_run(data_root, out, "--gradient_accumulation_steps=2", "--log_interval=4", *endless)
+    log = out / "log.jsonl"
+    with cores_alone():
+        child = subprocess.Popen(
+            torchrun_command(2, argv),
+            cwd=ROOT,
+            env=child_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.time() + 120
+            # the evaluation at iter 0 and two log steps (rank 0 alone writes the log)
+            while not (log.exists() and len(log.read_text().splitlines()) >= 3):
+                assert time.time() < deadline and child.poll() is None, child.stderr.read()
+                time.sleep(0.05)
+            # a scheduler or a kill that reaches the second process alone
+            os.kill(workers(child.pid)[1], signal.SIGTERM)
+            stdout, stderr = child.communicate(timeout=120)
+        finally:
+            child.kill()
+    assert child.returncode == 0, stderr[-3000:]
+    # rank 0, which saves, had no signal: the processes agreed to stop at a log step
+    iter_num = load_checkpoint(str(out))["iter_num"]
+    assert iter_num > 0 and iter_num % 4 == 0
+    assert f"stopped by a signal to another process at iter {iter_num}; saved" in stdout
+    assert "error" not in stderr
 
 
 def test_gradient_accumulation_must_divide_among_processes(
