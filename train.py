@@ -42,7 +42,6 @@ from support import settings
 from support.checkpoint import (
     CheckpointError,
     checkpoint_path,
-    clean_state_dict,
     first_line,
     out_of_memory,
     rng_state,
@@ -701,7 +700,8 @@ def save(run, iter_num, best_val_loss, evaluated=True):
         return
     states = [opt.state_dict() for opt in run.optimizers]
     ckpt = dict(
-        model=clean_state_dict(run.raw.state_dict()),
+        # the model itself, never its compiled or DDP wrapper: its keys have no prefixes
+        model=run.raw.state_dict(),
         optimizer=states[0] if len(states) == 1 else states,
         model_args=dataclasses.asdict(run.raw.config),
         iter_num=iter_num,

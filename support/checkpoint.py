@@ -115,16 +115,6 @@ def load_checkpoint(path, map_location="cpu"):
     return ckpt
 
 
-def clean_state_dict(state_dict):
-    """Drop the prefixes torch.compile and DDP add, so any model can load it."""
-    out = {}
-    for key, value in state_dict.items():
-        for prefix in ("_orig_mod.", "module."):
-            key = key.removeprefix(prefix)
-        out[key] = value
-    return out
-
-
 def first_line(e):
     """The gist of an exception in one line, for messages about files that fail
     to load: its first line, or the first detail under a heading like

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from data.tokenizer import get_tokenizer
 from support import head_measures
-from support.checkpoint import checkpoint_path, clean_state_dict, save_checkpoint
+from support.checkpoint import checkpoint_path, save_checkpoint
 from support.run_log import read_evaluations
 
 SNAPSHOT_DIR = "snapshots"
@@ -86,7 +86,7 @@ def logged_iters(out_dir):
 def write_snapshot(cfg, model, meta, iter_num):
     """The weights at iter_num, as ckpt.pt holds them, less the optimizer and RNG state."""
     snapshot = dict(
-        model=clean_state_dict(model.state_dict()),
+        model=model.state_dict(),
         model_args=dataclasses.asdict(model.config),
         iter_num=iter_num,
         config=dataclasses.asdict(cfg),

@@ -29,6 +29,7 @@ from bench.common import BenchError
 from data import batches
 from model import GPT, GPTConfig, attention, causal_mask
 from support import distributed, engine
+from support.checkpoint import load_checkpoint
 from support.configurator import parse_settings
 from support.engine import compiled_decoder, generate_compiled
 from support.mfu import estimate_mfu, flops_per_token
@@ -484,6 +485,11 @@ def test_ddp_compiled_with_no_sync_matches_one_process(data_root, tmp_path, core
         assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-4)
         assert a["val_loss"] == pytest.approx(b["val_loss"], abs=1e-4)
     assert log_one[-1]["train_loss"] < log_one[0]["train_loss"]  # it trained
+    # the checkpoints hold the model's own keys, not those of the compiled or DDP wrapper
+    for out in (one, two):
+        ckpt = load_checkpoint(str(out))
+        keys = GPT(GPTConfig(**ckpt["model_args"])).state_dict().keys()
+        assert ckpt["model"].keys() == keys
 
 
 # -----------------------------------------------------------------------------
