@@ -373,7 +373,7 @@ def train(run):
         except Stopped:  # in an evaluation, or between micro-steps (the step is undone)
             pass
     if not done:
-        stopped(run, signals.name, iter_num, best_val_loss, during_final=final)
+        stopped(run, signals.cause, iter_num, best_val_loss, during_final=final)
     elif run.master:
         finished(run, iter_num, best_val_loss, clock.seconds(), max_time=out_of_time)
 
@@ -641,7 +641,7 @@ def evaluate_only(run):
             evaluate(run, run.start_iter, 0.0, final=True)
         except Stopped:
             if run.master:
-                print(f"stopped by {signals.name} during the evaluation; nothing was saved")
+                print(f"stopped by {signals.cause} during the evaluation; nothing was saved")
 
 
 # -----------------------------------------------------------------------------
@@ -660,6 +660,12 @@ class StopSignals:
     def __init__(self):
         self.name = None  # the first signal's name, once one has arrived
         self.saved = {}  # the handlers this one replaced, put back on exit
+
+    @property
+    def cause(self):
+        """What stopped the run: under torchrun the signal may have reached another
+        process only (the processes agree on stopping, not on which signal)."""
+        return self.name or "a signal to another process"
 
     def handle(self, signum, frame):
         self.name = signal.Signals(signum).name
@@ -723,9 +729,7 @@ def stopped(run, signal_name, iter_num, best, during_final):
     """After SIGINT or SIGTERM: save the state at iter_num, unless nothing was
     trained since the run began (the checkpoint on disk, if any, already holds it).
     No evaluation: the process may have little time left."""
-    # under torchrun the signal may have reached another process only
-    name = signal_name or "a signal to another process"
-    where = f"stopped by {name} at iter {iter_num}"
+    where = f"stopped by {signal_name} at iter {iter_num}"
     if iter_num == run.start_iter:
         if run.master:
             kept = "the checkpoint is unchanged" if run.resumed else "nothing was saved"

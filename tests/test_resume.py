@@ -267,6 +267,24 @@ def test_stop_during_a_later_evaluation_saves_and_resumes_exactly(
         assert torch.equal(a["model"][key], b["model"][key]), key
 
 
+def test_stop_during_eval_only_leaves_everything_as_it_was(
+    data_root, tmp_path, monkeypatch, capsys
+):
+    out = tmp_path / "out"
+    run_in_process(tiny_run(data_root, out, "--max_iters=4", "--eval_interval=2"))
+    before = file_hash(out / "ckpt.pt"), (out / "log.jsonl").read_text()
+    evaluate = train.estimate_loss
+
+    def signal_in_the_evaluation(r, seed):
+        os.kill(os.getpid(), signal.SIGTERM)  # handled at once, in this main thread
+        return evaluate(r, seed)
+
+    monkeypatch.setattr(train, "estimate_loss", signal_in_the_evaluation)
+    run_in_process(tiny_run(data_root, out, "--init_from=resume", "--eval_only=True"))
+    assert "stopped by SIGTERM during the evaluation; nothing was saved" in capsys.readouterr().out
+    assert (file_hash(out / "ckpt.pt"), (out / "log.jsonl").read_text()) == before
+
+
 def test_stop_between_micro_steps_undoes_the_step(data_root, tmp_path, monkeypatch, capsys):
     base = [
         "--gradient_accumulation_steps=4",
