@@ -551,6 +551,7 @@ def evaluate(run, iter_num, elapsed, final):
     if final and run.cfg.eval_full_val:
         rec["val_loss_full"] = full_val_loss(run)
     if "hellaswag" in run.features:
+        # a stop signal ends the scoring between two examples, as it ends the losses between batches
         scores = run.features["hellaswag"].training_scores(
             run.raw,
             run.meta["tokenizer"],
@@ -559,7 +560,10 @@ def evaluate(run, iter_num, elapsed, final):
             run.ctx,
             run.dp_rank,
             run.dp_world,
+            stop=lambda: stop_requested(run.signals, run.world, run.device, agree=True),
         )
+        if scores is None:
+            raise Stopped()
         rec.update(scores)
     if not (math.isfinite(rec["train_loss"]) and math.isfinite(rec["val_loss"])):
         raise diverged(rec["val_loss"], iter_num)

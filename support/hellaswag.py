@@ -158,15 +158,20 @@ def ending_losses(model, tokens, mask, autocast):
     return summed, summed / counted.sum(dim=1)
 
 
-def score(model, tok, examples, device, autocast, indices=None, progress=True):
+def score(model, tok, examples, device, autocast, indices=None, progress=True, stop=None):
     """One record per example: its index, the 4 summed and mean losses,
-    pred (by summed loss), pred_norm (by mean loss) and the label."""
+    pred (by summed loss), pred_norm (by mean loss) and the label. stop, if given, is
+    asked before each index; an index None is only that question. None if stop said so."""
     was_training = model.training
     model.eval()
     records = []
     indices = range(len(examples)) if indices is None else indices
     try:
         for i in tqdm(indices, desc="HellaSwag", unit="example", disable=not progress):
+            if stop is not None and stop():
+                return None
+            if i is None:
+                continue
             tokens, mask = render(tok, examples[i], model.config.block_size)
             summed, mean = ending_losses(model, tokens.to(device), mask.to(device), autocast)
             records.append(
@@ -201,14 +206,20 @@ def training_examples(path):
     return read_examples(path or fetch_official())
 
 
-def training_scores(model, tokenizer_desc, path, device, autocast, rank=0, world=1):
+def training_scores(model, tokenizer_desc, path, device, autocast, rank=0, world=1, stop=None):
     """{'hellaswag_acc', 'hellaswag_acc_norm'} for train.py's evaluation: each
-    process scores every world-th example, and the counts are summed."""
+    process scores every world-th example, and the counts are summed. stop (a
+    collective under torchrun) is asked before every example, as often in every
+    process; None if it said to stop."""
     examples = training_examples(path)
     tok = get_tokenizer(tokenizer_desc)
-    records = score(
-        model, tok, examples, device, autocast, range(rank, len(examples), world), progress=False
-    )
+    mine = list(range(rank, len(examples), world))
+    rounds = -(-len(examples) // world)
+    # a process with one example fewer still asks stop in the last round
+    indices = mine + [None] * (rounds - len(mine))
+    records = score(model, tok, examples, device, autocast, indices, progress=False, stop=stop)
+    if records is None:
+        return None
     counts = torch.tensor(
         [
             sum(r["pred"] == r["label"] for r in records),

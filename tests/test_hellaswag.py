@@ -4,6 +4,7 @@ Hugging Face GPT-2 as the oracle for the command line."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -194,3 +195,27 @@ def test_train_logs_hellaswag_at_every_evaluation(tmp_path, data_root):
     for r in log:
         assert r["hellaswag_acc_norm"] in (0, 1 / 3, 2 / 3, 1)
         assert r["hellaswag_acc"] in (0, 1 / 3, 2 / 3, 1)
+
+
+def test_a_stop_signal_ends_the_scoring_between_two_examples(
+    tmp_path, data_root, monkeypatch, capsys
+):
+    import train
+
+    write_examples(tmp_path / "hs.jsonl", EXAMPLES)
+    out = tmp_path / "out"
+    hellaswag_data = f"--hellaswag_data={tmp_path / 'hs.jsonl'}"
+    keys = dict(n_layer=1, batch_size=4, max_iters=3, eval_interval=1, eval_iters=1)
+    ending_losses, scored = hellaswag.ending_losses, []
+
+    def signal_at_the_first_example_of_iter_1(*args):
+        scored.append(1)
+        if len(scored) == len(EXAMPLES) + 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # handled at once, in this main thread
+        return ending_losses(*args)
+
+    monkeypatch.setattr(hellaswag, "ending_losses", signal_at_the_first_example_of_iter_1)
+    train.main(tiny_run(data_root, out, "--hellaswag=True", hellaswag_data, **keys))
+    assert "stopped by SIGTERM at iter 1; saved" in capsys.readouterr().out
+    assert len(scored) == len(EXAMPLES) + 1  # no example after the signal
+    assert [r["iter"] for r in read_evaluations(out)] == [0]  # iter 1's was cut short
