@@ -270,12 +270,14 @@ def workers(parent):
         try:
             with open(f"/proc/{pid}/stat") as f:
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != parent:
+                continue
             with open(f"/proc/{pid}/environ", "rb") as f:
                 environ = f.read().split(b"\0")
         except OSError:
             continue  # it has already exited
         for item in environ:
-            if ppid == parent and item.startswith(b"RANK="):
+            if item.startswith(b"RANK="):
                 ranks[int(item[len(b"RANK=") :])] = int(pid)
     return ranks
 
