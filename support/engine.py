@@ -14,6 +14,7 @@ sample.py, the explorer and the benchmarks decode through it.
         ...
 """
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -79,7 +80,10 @@ def frozen_step(model, cache):
 
     def step(token):
         token = fresh_token(token)
-        with torch._inductor.config.patch(FROZEN):
+        with torch._inductor.config.patch(FROZEN), warnings.catch_warnings():
+            # max-autotune's C++ templates call a deprecated storage API inside
+            # inductor: a warning about torch's own code, nothing a user can change
+            warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning)
             logits = compiled(token, cache.at, cache)  # (B, vocab)
         cache.advance(1)
         return logits[:, None]  # (B, 1, vocab)
