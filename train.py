@@ -125,8 +125,9 @@ class Run:
     start_evaluated: bool
     best_val_loss: float  # the best evaluation yet, in this run or the one it resumes
     # seconds of training before the run started (a resumed run's checkpoint's); then,
-    # while training, those seconds as the processes last agreed on them: what the
-    # lr schedule by time (lr_decay_time) reads and what a checkpoint saves
+    # while training, the seconds in all, after each iter in one process, as the
+    # processes last agreed on them in several: what the lr schedule by time
+    # (lr_decay_time) reads and what a checkpoint saves
     seconds: float
     # the module of each feature a setting turns on, by name (setup imports them):
     # "hellaswag" scores HellaSwag at every evaluation, "timeline" saves snapshots and
@@ -291,11 +292,14 @@ def train(run):
     # a resumed run was usually evaluated just before its checkpoint was saved
     evaluated = run.start_evaluated
     clock = Clock(iter_num)
-    seconds_before = run.seconds  # of training before this run began
+    # of training before this run began: max_time and the lr schedule by time count
+    # them, as max_iters counts the iters, so that a resumed run ends where the
+    # run it resumes would have
+    seconds_before = run.seconds
     out_of_time = False  # max_time reached: evaluate, save and stop
     final = False  # whether the final evaluation has begun
     done = False  # whether the final evaluation is done
-    bar = progress_bar(cfg, iter_num, run.master)
+    bar = progress_bar(cfg, iter_num, seconds_before, run.master)
     with StopSignals() as signals, bar:
         run.signals = signals  # evaluations and steps look at it too (stop_requested)
         if "run_estimate" in run.features:
@@ -308,7 +312,7 @@ def train(run):
                 final = iter_num >= cfg.max_iters or out_of_time
                 if final or (iter_num % cfg.eval_interval == 0 and not evaluated):
                     with clock.paused(run.device):
-                        rec = evaluate(run, iter_num, clock.seconds(), final)
+                        rec = evaluate(run, iter_num, seconds_before + clock.seconds(), final)
                         improved = rec["val_loss"] < best_val_loss
                         best_val_loss = min(best_val_loss, rec["val_loss"])
                         if final or (iter_num > 0 and (improved or cfg.always_save_checkpoint)):
@@ -330,7 +334,9 @@ def train(run):
                 grad_norm = clip_gradients(run)
                 optimizer_step(run)
                 iter_num += 1
-                seconds = clock.seconds()
+                seconds = seconds_before + clock.seconds()
+                if run.world == 1:
+                    run.seconds = seconds  # several processes agree on theirs at log steps
                 advance(bar, cfg, seconds)
 
                 # the processes agree on the loss and on stopping at log steps only,
@@ -341,7 +347,7 @@ def train(run):
                     loss, signalled, timed_out, seconds = agree(
                         run, loss_sum, signalled, timed_out, seconds
                     )
-                    run.seconds = seconds_before + seconds
+                    run.seconds = seconds
                     if not math.isfinite(loss):
                         raise diverged(loss, iter_num - 1)
                     dt = clock.per_iter(iter_num)  # seconds per iter since the last log step
@@ -490,19 +496,24 @@ def agree(run, loss_sum, signalled, timed_out, seconds):
 TIMED_BAR = "{l_bar}{bar}| {n:.0f}/{total:g}s of training [{elapsed}<{remaining}{postfix}]"
 
 
-def progress_bar(cfg, iter_num, master):
+def progress_bar(cfg, iter_num, seconds, master):
     """The bar to what ends the run: max_iters, or the seconds of max_time where it is
     set, since a timed run's max_iters is only a bound and an ETA for it would be
-    wrong. The timed bar's ETA is in wall time, evaluations included."""
+    wrong. Either starts where a resumed run stood. The timed bar's ETA is in wall
+    time, evaluations included."""
     if cfg.max_time > 0:
         return tqdm(
-            total=cfg.max_time, bar_format=TIMED_BAR, dynamic_ncols=True, disable=not master
+            total=cfg.max_time,
+            initial=min(seconds, cfg.max_time),
+            bar_format=TIMED_BAR,
+            dynamic_ncols=True,
+            disable=not master,
         )
     return tqdm(total=cfg.max_iters, initial=iter_num, dynamic_ncols=True, disable=not master)
 
 
 def advance(bar, cfg, seconds):
-    """The bar after one more iter: one iter, or up to this run's seconds of training."""
+    """The bar after one more iter: one iter, or up to the seconds of training."""
     if cfg.max_time > 0:
         bar.update(min(seconds, cfg.max_time) - bar.n)
     else:
@@ -538,7 +549,8 @@ def finished(run, iter_num, best, seconds, max_time):
 
 
 def evaluate(run, iter_num, elapsed, final):
-    """Evaluate; print and log one line to out_dir/log.jsonl (and wandb)."""
+    """Evaluate; print and log one line to out_dir/log.jsonl (and wandb). elapsed:
+    the seconds of training so far, those before a resume included."""
     losses = estimate_loss(run, run.cfg.seed + iter_num)
     rec = dict(
         iter=iter_num,
@@ -642,7 +654,7 @@ def evaluate_only(run):
     with StopSignals() as signals:
         run.signals = signals  # the evaluation stops within a batch on a stop signal
         try:
-            evaluate(run, run.start_iter, 0.0, final=True)
+            evaluate(run, run.start_iter, run.seconds, final=True)
         except Stopped:
             if run.master:
                 print(f"stopped by {signals.cause} during the evaluation; nothing was saved")

@@ -51,6 +51,12 @@ def restore(ckpt, cfg, optimizers, scaler, data_gen, device, rank):
             f"the checkpoint is at iter {ckpt['iter_num']} and max_iters is {cfg.max_iters}; "
             "raise --max_iters to train further"
         )
+    seconds = ckpt.get("seconds", 0.0)
+    if 0 < cfg.max_time <= seconds and not cfg.eval_only:
+        raise ValueError(
+            f"the checkpoint has {seconds:.0f} s of training and max_time is "
+            f"{cfg.max_time:g} s; raise --max_time to train further"
+        )
     states = ckpt["optimizer"] if isinstance(ckpt["optimizer"], list) else [ckpt["optimizer"]]
     if len(states) != len(optimizers):
         raise ValueError(

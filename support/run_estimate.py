@@ -109,11 +109,14 @@ def timed_iter(cfg, device_name, vocab_size, tokens):
     return step_s
 
 
-def run_seconds(cfg, start_iter, start_evaluated, step_s, eval_batch_s, val_tokens):
+def run_seconds(
+    cfg, start_iter, start_evaluated, step_s, eval_batch_s, val_tokens, start_seconds=0.0
+):
     """(seconds, how) the rest of a run takes at step_s per iter and eval_batch_s
     per evaluation batch: its iters (up to max_time), the evaluations at every
     eval_interval (but an evaluated start) and the final one, with the whole val
-    split if eval_full_val."""
+    split if eval_full_val. start_seconds: of training before the run, which
+    max_time counts."""
     iters, every = cfg.max_iters - start_iter, cfg.eval_interval
     # the multiples of every in [start_iter, max_iters), then the final evaluation
     evals = -(-cfg.max_iters // every) - -(-start_iter // every) + 1
@@ -123,7 +126,7 @@ def run_seconds(cfg, start_iter, start_evaluated, step_s, eval_batch_s, val_toke
         batches += -(-(val_tokens - 1) // (cfg.block_size * cfg.batch_size))
     train_s = iters * step_s
     if cfg.max_time > 0:
-        train_s = min(train_s, cfg.max_time)
+        train_s = min(train_s, cfg.max_time - start_seconds)
     how = (
         f"{iters:,} iters x {step_s:.3g} s + {evals} evaluations, "
         f"{batches:,} batches x {eval_batch_s:.3g} s"
@@ -136,7 +139,7 @@ def print_run_estimate(run):
     step_s, eval_batch_s = time_iter(run)
     val_tokens = len(run.splits["val"])
     seconds, how = run_seconds(
-        run.cfg, run.start_iter, run.start_evaluated, step_s, eval_batch_s, val_tokens
+        run.cfg, run.start_iter, run.start_evaluated, step_s, eval_batch_s, val_tokens, run.seconds
     )
     for unit, size in (("h", 3600), ("min", 60), ("s", 1)):
         if seconds >= size or unit == "s":

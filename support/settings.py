@@ -82,7 +82,9 @@ class Settings(ModelSettings):
     # timed in minutes ends at min_lr on a slow machine and a fast one alike
     lr_decay_time: float = 0.0
     min_lr: float = 6e-5
-    max_time: float = 0.0  # seconds of training after which to evaluate, save and stop; 0: no limit
+    # seconds of training after which to evaluate, save and stop, a resumed run's
+    # checkpoint's included (as max_iters counts its iters); 0: no limit
+    max_time: float = 0.0
     # system
     device: str = "auto"  # 'auto' (cuda, then mps, then cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
     # 'auto': bfloat16 where it runs natively (and on a CPU, is faster), else float16 on CUDA,

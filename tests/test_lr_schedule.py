@@ -5,9 +5,10 @@ ends at min_lr, and a resumed run goes on from the seconds its checkpoint holds.
 import json
 
 import pytest
-from conftest import run_in_process, tiny_run, tiny_settings
+from conftest import file_hash, run_in_process, tiny_run, tiny_settings
 
 from support.checkpoint import load_checkpoint
+from support.configurator import BAD_INPUT
 from support.optim import get_lr
 from support.run_log import read_evaluations
 
@@ -67,13 +68,38 @@ def test_a_run_timed_in_seconds_ends_at_min_lr_and_resumes_from_its_seconds(
     assert after_warmup == sorted(after_warmup, reverse=True)
     assert (LR + MIN_LR) / 2 <= lrs[-1] < get_lr(2, cfg, 1.2)
 
-    # resumed: the lr goes on from the checkpoint's seconds, not from the top
+    # resumed: the lr goes on from the checkpoint's seconds, not from the top, and
+    # max_time counts them, as max_iters counts a checkpoint's iters: the run ends at
+    # 4.5 s of training in all, not 4.5 s after it resumed
     n_before = len(lrs)
-    run_in_process([*base, "--max_time=3.0", "--init_from=resume"])
+    run_in_process([*base, "--max_time=4.5", "--init_from=resume"])
+    assert "/4.5s of training" in capsys.readouterr().err
     resumed = steps(out)[n_before:]
     assert resumed[0]["lr"] == pytest.approx(get_lr(first["iter_num"], cfg, first["seconds"]))
     last = load_checkpoint(str(out))
-    assert last["seconds"] >= first["seconds"] + 3.0
+    assert 4.5 <= last["seconds"] < first["seconds"] + 4.5
     # past lr_decay_time, the last steps and the final evaluation are at min_lr
     assert resumed[-1]["lr"] == pytest.approx(MIN_LR)
-    assert read_evaluations(str(out))[-1]["lr"] == pytest.approx(MIN_LR)
+    final = read_evaluations(str(out))[-1]
+    assert final["lr"] == pytest.approx(MIN_LR)
+    # its log counts the seconds in all too: a curve by training time goes on, not back
+    assert final["elapsed_s"] == pytest.approx(last["seconds"], abs=0.1)
+
+    # between log steps too (none here but the last), the checkpoint has every second
+    run_in_process([*base, "--max_time=5.5", "--log_interval=1000000", "--init_from=resume"])
+    assert load_checkpoint(str(out))["seconds"] >= 5.5
+
+    # a finished run resumed with the same limits: one line that says which to raise,
+    # and the checkpoint left as it was
+    last = load_checkpoint(str(out))
+    saved = file_hash(out / "ckpt.pt")
+    limits = {
+        "--max_time=5.5": "raise --max_time to train further",
+        f"--max_time=0 --max_iters={last['iter_num']}": "raise --max_iters to train further",
+    }
+    for limit, advice in limits.items():
+        with pytest.raises(SystemExit) as stop:
+            run_in_process([*base, *limit.split(), "--init_from=resume"])
+        assert stop.value.code == BAD_INPUT
+        assert advice in capsys.readouterr().err
+    assert file_hash(out / "ckpt.pt") == saved

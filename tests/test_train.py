@@ -468,6 +468,11 @@ def test_run_estimate_counts_every_step_and_evaluation():
         dataclasses.replace(cfg, max_time=60.0), 0, False, 2.0, 0.5, val_tokens
     )
     assert capped == pytest.approx(60.0 + (11 * 400 + 7) * 0.5)
+    # a resumed timed run has only what its checkpoint's seconds leave of max_time
+    rest, _ = run_estimate.run_seconds(
+        dataclasses.replace(cfg, max_time=60.0), 0, False, 2.0, 0.5, val_tokens, 45.0
+    )
+    assert rest == pytest.approx(15.0 + (11 * 400 + 7) * 0.5)
 
 
 def test_no_evaluation_at_start_and_muon_ns_steps(data_root, tmp_path):
