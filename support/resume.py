@@ -44,19 +44,34 @@ def check_resumable(ckpt, path):
         )
 
 
+def check_unfinished(ckpt, cfg):
+    """Refuse to train a run that has reached max_iters or max_time (both count what
+    the checkpoint holds): say which to raise, and where the lr has decayed to
+    min_lr, that its schedule's end must move with it, or the lr stays there."""
+    iter_num = ckpt["iter_num"]
+    seconds = ckpt.get("seconds", 0.0)
+    if iter_num >= cfg.max_iters:
+        reached = f"is at iter {iter_num} and max_iters is {cfg.max_iters}"
+        limit, decay = "max_iters", "lr_decay_iters"
+        decayed = iter_num >= cfg.lr_decay_iters
+    elif 0 < cfg.max_time <= seconds:
+        reached = f"has {seconds:.0f} s of training and max_time is {cfg.max_time:g} s"
+        limit, decay = "max_time", "lr_decay_time"
+        decayed = 0 < cfg.lr_decay_time <= seconds
+    else:
+        return
+    advice = f"raise --{limit} to train further"
+    if cfg.decay_lr and decayed:
+        advice += (
+            f", and --{decay} with it: the lr has reached min_lr ({cfg.min_lr:g}) and stays there"
+        )
+    raise ValueError(f"the checkpoint {reached}; {advice}")
+
+
 def restore(ckpt, cfg, optimizers, scaler, data_gen, device, rank):
     """Optimizer, RNG and data-sampling state as they were right before iter ckpt['iter_num']."""
-    if ckpt["iter_num"] >= cfg.max_iters and not cfg.eval_only:
-        raise ValueError(
-            f"the checkpoint is at iter {ckpt['iter_num']} and max_iters is {cfg.max_iters}; "
-            "raise --max_iters to train further"
-        )
-    seconds = ckpt.get("seconds", 0.0)
-    if 0 < cfg.max_time <= seconds and not cfg.eval_only:
-        raise ValueError(
-            f"the checkpoint has {seconds:.0f} s of training and max_time is "
-            f"{cfg.max_time:g} s; raise --max_time to train further"
-        )
+    if not cfg.eval_only:
+        check_unfinished(ckpt, cfg)
     states = ckpt["optimizer"] if isinstance(ckpt["optimizer"], list) else [ckpt["optimizer"]]
     if len(states) != len(optimizers):
         raise ValueError(

@@ -93,9 +93,13 @@ def test_a_run_timed_in_seconds_ends_at_min_lr_and_resumes_from_its_seconds(
     # and the checkpoint left as it was
     last = load_checkpoint(str(out))
     saved = file_hash(out / "ckpt.pt")
+    # where the lr has decayed to min_lr, the end of its decay must move too
     limits = {
-        "--max_time=5.5": "raise --max_time to train further",
-        f"--max_time=0 --max_iters={last['iter_num']}": "raise --max_iters to train further",
+        "--max_time=5.5": "raise --max_time to train further, and --lr_decay_time with it",
+        f"--max_time=0 --max_iters={last['iter_num']}": "raise --max_iters to train further\n",
+        f"--max_time=0 --max_iters={last['iter_num']} --lr_decay_time=0 "
+        f"--lr_decay_iters={last['iter_num']}": "raise --max_iters to train further, and "
+        "--lr_decay_iters with it: the lr has reached min_lr (0.0001) and stays there",
     }
     for limit, advice in limits.items():
         with pytest.raises(SystemExit) as stop:
