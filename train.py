@@ -538,9 +538,12 @@ def finished(run, iter_num, best, seconds, max_time):
     steps = iter_num - run.start_iter
     why = " (max_time reached)" if max_time else ""
     per_iter = f" ({1000 * seconds / steps:.1f} ms/iter)" if steps else ""
+    # max_time counts the seconds before a resume too: a resumed run says both
+    here = " in this run" if run.resumed else ""
+    in_all = f", {run.seconds:.1f}s in all" if run.resumed else ""
     print(
         f"done at iter {iter_num}{why}: best val loss {best:.4f}, {seconds:.1f}s of training"
-        f"{per_iter}; checkpoint {checkpoint_path(run.cfg.out_dir)}"
+        f"{here}{per_iter}{in_all}; checkpoint {checkpoint_path(run.cfg.out_dir)}"
     )
 
 

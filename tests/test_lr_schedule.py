@@ -56,8 +56,10 @@ def test_a_run_timed_in_seconds_ends_at_min_lr_and_resumes_from_its_seconds(
     base = [*base, *[f"--{key}={value}" for key, value in keys.items()]]
     run_in_process([*base, "--max_time=1.5"])
     # its progress bar counts to the seconds that end it, not to the million iters
-    bar = capsys.readouterr().err
+    said = capsys.readouterr()
+    bar = said.err
     assert "/1.5s of training" in bar and "iter " in bar and "/1000000" not in bar
+    assert "done at iter" in said.out and " in all" not in said.out  # a run of its own
     first = load_checkpoint(str(out))
     assert first["seconds"] >= 1.5
     cfg = tiny_settings(**first["config"])
@@ -73,11 +75,17 @@ def test_a_run_timed_in_seconds_ends_at_min_lr_and_resumes_from_its_seconds(
     # 4.5 s of training in all, not 4.5 s after it resumed
     n_before = len(lrs)
     run_in_process([*base, "--max_time=4.5", "--init_from=resume"])
-    assert "/4.5s of training" in capsys.readouterr().err
+    said = capsys.readouterr()
+    assert "/4.5s of training" in said.err
     resumed = steps(out)[n_before:]
     assert resumed[0]["lr"] == pytest.approx(get_lr(first["iter_num"], cfg, first["seconds"]))
     last = load_checkpoint(str(out))
     assert 4.5 <= last["seconds"] < first["seconds"] + 4.5
+    # its last line gives this run's seconds and those in all, as max_time counts them
+    done = [line for line in said.out.splitlines() if line.startswith("done at iter")]
+    assert len(done) == 1 and "(max_time reached)" in done[0], done
+    assert "s of training in this run (" in done[0], done
+    assert f"ms/iter), {last['seconds']:.1f}s in all;" in done[0], done
     # past lr_decay_time, the last steps and the final evaluation are at min_lr
     assert resumed[-1]["lr"] == pytest.approx(MIN_LR)
     final = read_evaluations(str(out))[-1]
