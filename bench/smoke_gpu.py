@@ -21,6 +21,7 @@ import functools
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +30,8 @@ import time
 import torch
 
 OUT = "out-smoke-gpu"
+# the folders under out that the steps train into
+TRAINED = ("train", "context_parallel")
 STEP_TIMEOUT = 900  # seconds; compiling is the slow part
 MIN_STEP_S = 10  # under a deadline, a step with less time left is not started
 SEPARATOR = "-" * 40  # what sample.py prints after each sample
@@ -51,7 +54,7 @@ def steps(out, gpus=None):
     """[(name, command)], in the order they run; gpus (default: this machine's)
     decides whether the sequence is also split over two GPUs."""
     gpus = torch.cuda.device_count() if gpus is None else gpus
-    python, ckpt = sys.executable, os.path.join(out, "train")
+    python, ckpt = sys.executable, os.path.join(out, TRAINED[0])
     train = [python, "train.py", "config/shakespeare.py", f"--out_dir={ckpt}"]
     sample = [
         python,
@@ -71,7 +74,7 @@ def steps(out, gpus=None):
         "--nproc_per_node=2",
         "train.py",
         "config/shakespeare.py",
-        f"--out_dir={os.path.join(out, 'context_parallel')}",
+        f"--out_dir={os.path.join(out, TRAINED[1])}",
         "--max_iters=20",
         "--context_parallel=2",
         "--dropout=0.0",
@@ -198,6 +201,9 @@ def run_steps(out, deadline=None, log=print):
     """Every step in order, then the checks across them, each line printed as it ends.
     deadline (time.monotonic()): a step gets at most the time left before it, and the
     steps with under MIN_STEP_S left are not run. The records, in order."""
+    # the training steps start anew: train.py refuses to replace an earlier run's checkpoint
+    for folder in TRAINED:
+        shutil.rmtree(os.path.join(out, folder), ignore_errors=True)
     records = []
     for step, command in steps(out):
         timeout = STEP_TIMEOUT

@@ -26,6 +26,7 @@ import math
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -89,6 +90,8 @@ RECIPE = ["--n_layer=4", "--max_iters=180", "--lr_decay_iters=180", "--muon_ns_s
 def train_one(kind, extra=()):
     out = OUT[kind]
     attention = "softmax" if kind == "softmax" else "linear"
+    # trained anew: train.py refuses to replace an earlier run's checkpoint
+    shutil.rmtree(os.path.join(ROOT, out), ignore_errors=True)
     t0 = time.perf_counter()
     run(
         [

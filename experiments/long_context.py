@@ -2,15 +2,15 @@
 Long context on the CPU recipe's rope model: does a window without attention
 sinks collapse, as StreamingLLM reports, and do 4 sinks hold it?
 
-    python train.py config/shakespeare_cpu.py --out_dir=out-shakespeare-char-cpu \\
+    python train.py config/shakespeare_cpu.py --out_dir=out-long-context-dense \\
         --n_layer=4 --max_iters=180 --lr_decay_iters=180 --muon_ns_steps=5
-    python train.py config/shakespeare_cpu.py --out_dir=out-shakespeare-char-cpu-window \\
+    python train.py config/shakespeare_cpu.py --out_dir=out-long-context-window \\
         --sliding_window=32 --sink_tokens=4 \\
         --n_layer=4 --max_iters=180 --lr_decay_iters=180 --muon_ns_steps=5
 
 (docs/long_context.md's figures: the CPU recipe as it was then, 4 layers and 180 iters.)
-    python -m experiments.long_context --dense=out-shakespeare-char-cpu \\
-        --windowed=out-shakespeare-char-cpu-window
+    python -m experiments.long_context --dense=out-long-context-dense \\
+        --windowed=out-long-context-window
 
 Every val token from the start of the split is scored one at a time, as
 generation would see it, through:

@@ -38,6 +38,7 @@ import dataclasses
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -129,6 +130,8 @@ def train(name, tokenizer, recurring, changes, threads):
         eval_interval=max(steps // 15, 1),
         log_interval=max(steps // 15, 1),
     )
+    # trained anew: train.py refuses to replace an earlier run's checkpoint
+    shutil.rmtree(settings["out_dir"], ignore_errors=True)
     argv = ["config/shakespeare_cpu.py", *[f"--{k}={v}" for k, v in settings.items()]]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -59,8 +59,10 @@ def test_resume_repeats_the_uninterrupted_run(data_root, tmp_path, optimizer):
 
 def test_checkpoint_holds_plain_data_only(data_root, tmp_path):
     out = tmp_path / "out"
-    for _ in range(2):  # the second run from scratch starts the log afresh
-        run_in_process(tiny_run(data_root, out, "--max_iters=2", "--eval_interval=2"))
+    run_in_process(tiny_run(data_root, out, "--max_iters=2", "--eval_interval=2"))
+    # started over, as the refusal below says: a new run starts the log afresh
+    os.remove(out / "ckpt.pt")
+    run_in_process(tiny_run(data_root, out, "--max_iters=2", "--eval_interval=2"))
     assert [rec["iter"] for rec in read_log(out)] == [0, 2]
     ckpt = torch.load(out / "ckpt.pt", weights_only=True)  # refuses anything but plain data
     assert {
@@ -94,6 +96,28 @@ def test_checkpoint_holds_plain_data_only(data_root, tmp_path):
     last = read_log(out)[-1]
     assert last["iter"] == 2 and last["val_loss_full"] > 0
     assert file_hash(out / "ckpt.pt") == before
+
+
+def test_a_new_run_never_replaces_an_earlier_runs_checkpoint(data_root, tmp_path, capsys):
+    """The same command run twice: the second stops before any work, in one line,
+    and the first run's checkpoint and log are left byte for byte; it resumes."""
+    out = tmp_path / "out"
+    common = ["--eval_interval=2", "--lr_decay_iters=4"]
+    run_in_process(tiny_run(data_root, out, *common, "--max_iters=2"))
+    kept = {name: file_hash(out / name) for name in ("ckpt.pt", "log.jsonl")}
+    capsys.readouterr()
+    for again in ([], ["--eval_only=True"], ["--max_iters=4", "--seed=8"]):
+        with pytest.raises(SystemExit) as exit_info:
+            run_in_process(tiny_run(data_root, out, *common, "--max_iters=2", *again))
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert len(lines) == 1 and "Traceback" not in err, err
+        assert lines[0].startswith(f"error: {out} holds an earlier run's checkpoint"), err
+        assert "--init_from=resume" in lines[0] and "another --out_dir" in lines[0]
+        assert {name: file_hash(out / name) for name in kept} == kept
+    run_in_process(tiny_run(data_root, out, *common, "--max_iters=4", "--init_from=resume"))
+    assert [rec["iter"] for rec in read_log(out)] == [0, 2, 4]
 
 
 # -----------------------------------------------------------------------------

@@ -129,7 +129,9 @@ def test_a_new_run_drops_the_old_runs_snapshots_and_resume_never_reads_them(data
     out = tmp_path / "out"
     run_in_process(tiny_run(data_root, out, "--max_iters=3", *EVERY[:1], "--eval_interval=1"))
     assert list(timeline.list_snapshots(out)) == [0, 1, 2, 3]
-    # a fresh run in the same folder: the first run's snapshots are not of this run
+    # a fresh run in the same folder, started over as train.py's refusal to replace the
+    # checkpoint says: the first run's snapshots are not of this run
+    os.remove(out / "ckpt.pt")
     run_in_process(tiny_run(data_root, out, "--max_iters=4", *EVERY[:1], "--eval_interval=2"))
     assert list(timeline.list_snapshots(out)) == [0, 2, 4]
     for path in timeline.list_snapshots(out).values():

@@ -207,6 +207,8 @@ def test_init_from_a_local_gpt2_folder(data_root, corpus_path, tmp_path, gpt2_fo
     )
 
     capsys.readouterr()
+    # into another folder: out holds a checkpoint that a new run may not replace
+    base[2] = f"--out_dir={tmp_path / 'refused'}"
     with pytest.raises(SystemExit) as exit_info:
         run_in_process(base + ["--block_size=128"])
     assert exit_info.value.code == 2
