@@ -274,7 +274,7 @@ def setup(cfg):
         print(
             f"{run.raw.num_params() / 1e6:.2f}M parameters | {run.device}, {run.dtype} "
             f"({why}) | {run.world} process(es){split} | {run.tokens_per_iter:,} tokens per "
-            f"iter | {dataset_dir}"
+            f"iter | {dataset_dir} -> {cfg.out_dir}"
         )
         if use_compile:
             # torch.compile works on the first call: without this line the bar would

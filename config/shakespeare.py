@@ -90,6 +90,6 @@ elif device == "auto":
         eval_interval = 250
         note = (
             f"config/shakespeare.py: no GPU found, so a model sized for the CPU: the "
-            f"{max_time / 60:.0f}-minute CPU recipe ({n_layer} layers, {n_embd} wide) into "
-            f"{out_dir}; the baby GPT's {_baby}; --device=cpu trains it anyway"
+            f"{max_time / 60:.0f}-minute CPU recipe ({n_layer} layers, {n_embd} wide); "
+            f"the baby GPT's {_baby}; --device=cpu trains it anyway"
         )
