@@ -272,7 +272,8 @@ def setup(cfg):
         start_log(cfg.out_dir, resumed=run.resumed)
         split = f" ({run.dp_world} x {cfg.context_parallel} per sequence)" if cp else ""
         print(
-            f"{run.raw.num_params() / 1e6:.2f}M parameters | {run.device}, {run.dtype} "
+            f"{run.raw.num_params() / 1e6:.2f}M parameters | {cfg.n_layer} layers, {cfg.n_head} "
+            f"heads, {cfg.n_embd} wide | {run.device}, {run.dtype} "
             f"({why}) | {run.world} process(es){split} | {run.tokens_per_iter:,} tokens per "
             f"iter | {dataset_dir} -> {cfg.out_dir}"
         )

@@ -143,7 +143,8 @@ def train_run(config, env, out_dir, data_root=None, args=()):
         evaluations_s=stamps["done"] - stamps["start"] - last["elapsed_s"],
         exit_s=wall - stamps["done"],
     )
-    return wall, last, start.split("|")[1].strip(), phases
+    # the line: parameters | layers, heads, width | device, dtype (why) | processes | ...
+    return wall, last, start.split("|")[2].strip(), phases
 
 
 def nanogpt_run(path, env, out_dir):

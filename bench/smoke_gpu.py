@@ -46,7 +46,8 @@ FIGURES = [
     ("train_tokens_per_s", r"tok_per_s ([\d,]+)"),
     ("sample_tokens_per_s", r"([\d.]+) tokens/s"),
     ("compile_s", r"compiled the decode step in ([\d.]+) s"),
-    ("device_and_dtype", r"parameters \| (\S+, \w+) \("),  # then (why that dtype)
+    # train.py's second line: parameters | the shape | device, dtype (why) | ...
+    ("device_and_dtype", r"parameters \| [^|]+ \| (\S+, \w+) \("),
 ]
 
 

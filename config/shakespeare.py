@@ -63,7 +63,8 @@ warmup_iters = 100
 # iters would take more than an hour, this config trains the 15-minute CPU recipe
 # instead (config/shakespeare_cpu_15min.py, which says how it was chosen), into the
 # same out_dir, so that `python sample.py` finds it. The run's first line (note) says
-# which model it trains and why. --device=cpu (or mps) trains the baby GPT anyway.
+# which recipe it trains and why; the second, the model's size as trained (after any
+# --key=value). --device=cpu (or mps) trains the baby GPT anyway.
 
 if device == "auto" and torch.cuda.is_available():
     note = "config/shakespeare.py: a CUDA GPU was found, so the baby GPT"
@@ -90,6 +91,6 @@ elif device == "auto":
         eval_interval = 250
         note = (
             f"config/shakespeare.py: no GPU found, so a model sized for the CPU: the "
-            f"{max_time / 60:.0f}-minute CPU recipe ({n_layer} layers, {n_embd} wide); "
+            f"{max_time / 60:.0f}-minute CPU recipe; "
             f"the baby GPT's {_baby}; --device=cpu trains it anyway"
         )

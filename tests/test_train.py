@@ -640,10 +640,12 @@ def test_the_main_config_sizes_the_model_for_the_machine(monkeypatch):
 
 def test_main_command_without_a_gpu_trains_a_model_that_sample_finds(data_root, tmp_path):
     """The README's two commands on a CPU, the run cut to seconds: the first line says what
-    was chosen, nothing is evaluated before the first step, and sample.py reads the model."""
+    was chosen, the second the model as trained (an override of the recipe's size
+    included), nothing is evaluated before the first step, and sample.py reads the model."""
     out = tmp_path / "out-shakespeare-char"
     shrink = ["--max_time=2", "--lr_decay_time=2", "--compile=False", "--eval_iters=1"]
     shrink += ["--eval_full_val=False"]  # the whole val split: seconds that test nothing here
+    shrink += ["--n_layer=3"]  # the recipe has 4: the lines must give the model trained
     argv = ["config/shakespeare.py", f"--data_root={data_root}", f"--out_dir={out}", *shrink]
     env = child_env(CUDA_VISIBLE_DEVICES="")
     trained = subprocess.run(
@@ -661,7 +663,10 @@ def test_main_command_without_a_gpu_trains_a_model_that_sample_finds(data_root, 
     log = read_log(out)
     assert log[0]["iter"] > 0  # no evaluation at iter 0
     ckpt = load_checkpoint(os.path.join(out, "ckpt.pt"))
-    assert ckpt["model_args"]["n_layer"] == 4 and ckpt["config"]["max_time"] == 2
+    shape = ckpt["model_args"]
+    assert shape["n_layer"] == 3 and ckpt["config"]["max_time"] == 2
+    said = f"parameters | 3 layers, {shape['n_head']} heads, {shape['n_embd']} wide | cpu"
+    assert said in trained.stdout and "4 layers" not in trained.stdout, trained.stdout[:1000]
     sampled = subprocess.run(
         [sys.executable, "sample.py", f"--out_dir={out}", "--prompt=ROMEO:"]
         + ["--max_new_tokens=20", "--num_samples=1"],
