@@ -14,8 +14,9 @@ MAX_FILES = 15
 # CPU whose flags rule native bfloat16 out (AVX2 alone: 'auto' is float32 from the flags);
 # 1,239 where they promise it, the verdict is read from its cache and the model is timed
 # in both precisions (an AMD EPYC with avx512_bf16; 1,252 with GPT_SIMULATE_CPU=avx512_bf16,
-# less the simulation's own lines)
-MAX_CODE_LINES = {"flags rule bfloat16 out": 1_225, "flags promise bfloat16": 1_285}
+# less the simulation's own lines); 1,286 there when the timing picks float32 (Muon's
+# float32 path) and is taken in the run, not read from its cache
+MAX_CODE_LINES = {"flags rule bfloat16 out": 1_225, "flags promise bfloat16": 1_325}
 # what a plain CPU run, its features off, must not load, with what turns each on
 FEATURE_MODULES = {
     "support/hellaswag.py": "--hellaswag",
