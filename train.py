@@ -271,11 +271,11 @@ def setup(cfg):
     if run.master:
         start_log(cfg.out_dir, resumed=run.resumed)
         split = f" ({run.dp_world} x {cfg.context_parallel} per sequence)" if cp else ""
+        shape = f"{cfg.n_layer} layers, {cfg.n_head} heads, {cfg.n_embd} wide"
         print(
-            f"{run.raw.num_params() / 1e6:.2f}M parameters | {cfg.n_layer} layers, {cfg.n_head} "
-            f"heads, {cfg.n_embd} wide | {run.device}, {run.dtype} "
-            f"({why}) | {run.world} process(es){split} | {run.tokens_per_iter:,} tokens per "
-            f"iter | {dataset_dir} -> {cfg.out_dir}"
+            f"{run.raw.num_params() / 1e6:.2f}M parameters | {shape} | {run.device}, {run.dtype} "
+            f"({why}) | {run.world} process(es){split} | {run.tokens_per_iter:,} tokens per iter "
+            f"| {dataset_dir} -> {cfg.out_dir}"
         )
         if use_compile:
             # torch.compile works on the first call: without this line the bar would
