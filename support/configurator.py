@@ -23,6 +23,7 @@ import dataclasses
 import os
 import sys
 import types
+import typing
 
 BAD_INPUT = 2
 FAILED = 1
@@ -157,7 +158,14 @@ def parse_settings(cls, argv, allow_files=True, positional=None):
     defaults = {field.name: field.default for field in dataclasses.fields(cls)}
     if positional is not None:
         argv = with_positional(argv, positional)
-    return cls(**parse_args(defaults, argv, allow_files))
+    values = parse_args(defaults, argv, allow_files)
+    # coerce lets None through (a dict's keys have no types); a field's type says
+    # whether None means something there, as `top_k: int | None` does
+    types_of = typing.get_type_hints(cls)
+    for key, value in values.items():
+        if value is None and type(None) not in typing.get_args(types_of[key]):
+            raise ConfigError(f"{key} cannot be None; give it a value like {defaults[key]!r}")
+    return cls(**values)
 
 
 def with_positional(argv, key):

@@ -147,7 +147,9 @@ def test_parser_raises_only_its_own_error(argv):
         assert "\n" not in str(e)
         return
     for key, value in config.items():  # whatever got through kept its type
-        if DEFAULTS[key] is not None:
+        # or is None, which a dict of defaults cannot judge: parse_settings does, by the
+        # field's type (test_none_only_where_the_fields_type_admits_it)
+        if DEFAULTS[key] is not None and value is not None:
             assert type(value) is type(DEFAULTS[key])
 
 
@@ -160,6 +162,18 @@ class Example:
     # a comment above the field
     out_dir: str = "out"
     top_k: int | None = None
+
+
+def test_none_only_where_the_fields_type_admits_it(tmp_path):
+    assert parse_settings(Example, ["--top_k=None"]).top_k is None
+    for argv in (["--batch_size=None"], ["--batch_size", "None"]):
+        with pytest.raises(ConfigError) as e:
+            parse_settings(Example, argv)
+        assert str(e.value) == "batch_size cannot be None; give it a value like 12"
+    f = tmp_path / "c.py"
+    f.write_text("out_dir = None\n")  # a config file too
+    with pytest.raises(ConfigError, match="out_dir cannot be None; give it a value like 'out'"):
+        parse_settings(Example, [str(f)])
 
 
 def test_a_settings_dataclass_is_filled_as_a_dict_is(tmp_path):

@@ -90,6 +90,7 @@ def bad_inputs(ckpt, tmp):
         "corrupt_checkpoint": ([f"--out_dir={corrupt}", "--prompt=ROMEO:"], "not a checkpoint"),
         "zero_tokens": ([f"--out_dir={ckpt}", "--max_new_tokens=0"], "--max_new_tokens"),
         "negative_temperature": ([f"--out_dir={ckpt}", "--temperature=-1"], "--temperature"),
+        "none_samples": ([f"--out_dir={ckpt}", "--num_samples=None"], "num_samples cannot be None"),
         "unknown_option": ([f"--out_dir={ckpt}", "--temprature=0.5"], "did you mean 'temperature'"),
         "missing_prompt_file": (
             [f"--out_dir={ckpt}", f"--prompt=FILE:{tmp}/missing.txt"],
