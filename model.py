@@ -467,7 +467,11 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
     """Pick the next token (B, 1) from the last position's logits (B, vocab)."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.float() / temperature
+    logits = logits.float()
+    # the best logit at 0 (softmax is the same) and a temperature float32 can hold: near 0
+    # the others go to -inf and the best stays (greedy), where logits / 1e-300 gave nan
+    temperature = max(temperature, torch.finfo(torch.float32).tiny)
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -475,6 +479,8 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
         # nucleus: keep the fewest most likely tokens whose probability reaches top_p
         probs, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
         drop = probs.cumsum(dim=-1) - probs >= top_p  # (B, vocab), most likely first
+        # the most likely token stays whatever top_p: one below float32's least is 0 here
+        drop[:, 0] = False
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     probs = torch.softmax(logits, dim=-1)  # (B, vocab)
     return torch.multinomial(probs, num_samples=1, generator=generator)

@@ -324,6 +324,20 @@ def test_sampling_controls():
     assert torch.equal(sample_next(logits, 0.0), greedy)
     assert torch.equal(sample_next(logits, 1.0, top_k=1), greedy)
     assert torch.equal(sample_next(logits, 1.0, top_p=1e-6), greedy)
+    # the limits, where float32 would divide by 0 or keep no token: still greedy
+    for tiny in (1e-30, 1e-300, 5e-324):
+        assert torch.equal(sample_next(logits, tiny), greedy)
+        assert torch.equal(sample_next(logits.bfloat16(), tiny), greedy)
+        assert torch.equal(sample_next(logits, 1.0, top_p=tiny), greedy)
+    # against torch's own softmax and multinomial on the same generator: the same draws
+    for temperature in (0.5, 1.0, 1.7):
+        ours = torch.Generator().manual_seed(1)
+        theirs = torch.Generator().manual_seed(1)
+        for _ in range(100):
+            expected = torch.multinomial(
+                torch.softmax(logits / temperature, -1), 1, generator=theirs
+            )
+            assert torch.equal(sample_next(logits, temperature, generator=ours), expected)
     # top_k=3 only ever picks among the three largest logits
     top3 = logits.topk(3).indices
     g = torch.Generator().manual_seed(0)
