@@ -26,9 +26,11 @@ FOLDERS = {"char": "shakespeare_char", "gpt2": "shakespeare"}
 
 
 def _where_to_put(dataset_dir):
+    # what every command that prepares it on first use accepts (train.py, heads.py, the
+    # prepare scripts); only the prepare scripts take --input too, so it is not named here
     return (
         f"put tiny Shakespeare at {os.path.join(dataset_dir, 'input.txt')}, "
-        f"or pass --input PATH, or set {SHAKESPEARE_ENV}=PATH"
+        f"or set {SHAKESPEARE_ENV}=PATH to a copy of it"
     )
 
 

@@ -152,7 +152,8 @@ def test_offline_without_local_file_says_where_to_put_it(tmp_path, offline):
     assert len(offline) == 1
     assert "\n" not in message
     assert str(dataset_dir / "input.txt") in message
-    assert "--input" in message and tiny_shakespeare.SHAKESPEARE_ENV in message
+    # every command that prepares it takes these two; --input is the prepare scripts' alone
+    assert f"{tiny_shakespeare.SHAKESPEARE_ENV}=PATH" in message and "--input" not in message
 
 
 class FakeResponse(io.BytesIO):

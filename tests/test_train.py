@@ -365,6 +365,40 @@ def test_cuda_without_gpu_is_a_one_line_error(data_root, tmp_path):
     assert_one_line_error(result.stderr, "no CUDA GPU is available", "--device=cpu")
 
 
+def test_no_corpus_and_no_network_says_what_train_py_takes(corpus_path, tmp_path):
+    """Tiny Shakespeare neither on disk nor downloadable (a proxy that refuses, as a
+    machine offline does): after the download it tried, one line that says where to put
+    it and names only what train.py takes; done as it says, the run prepares and trains."""
+    argv = [
+        "config/shakespeare_cpu.py",
+        f"--data_root={tmp_path / 'data'}",
+        f"--out_dir={tmp_path / 'out'}",
+        "--max_iters=2",
+        "--eval_interval=2",
+        "--eval_iters=1",
+    ]
+    refused = "http://127.0.0.1:9"
+    env = child_env(https_proxy=refused, HTTPS_PROXY=refused, no_proxy="", NO_PROXY="")
+    env.pop("TINYSHAKESPEARE_PATH", None)
+    cli = [sys.executable, "train.py", *argv]
+    result = subprocess.run(cli, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    tried, line = [line for line in result.stderr.splitlines() if line.strip()]
+    assert tried.startswith("downloading tiny Shakespeare")
+    assert line.startswith("error: cannot download tiny Shakespeare"), line
+    keys = {field.name for field in dataclasses.fields(Settings)}
+    assert set(re.findall(r"--(\w+)", line)) <= keys, line
+    where = str(tmp_path / "data" / "shakespeare_char" / "input.txt")
+    assert f"put tiny Shakespeare at {where}" in line and "TINYSHAKESPEARE_PATH=" in line
+    # done as it says: the copy where the line puts it
+    os.makedirs(os.path.dirname(where))
+    with open(corpus_path, "rb") as f, open(where, "wb") as g:
+        g.write(f.read())
+    result = subprocess.run(cli, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert os.path.exists(tmp_path / "out" / "ckpt.pt")
+
+
 def test_wandb_without_an_api_key_stops_in_one_line_before_any_work(data_root, tmp_path):
     """A machine where wandb was never logged in, with no terminal to ask on: one line that
     names both ways out, before the data or the model is touched. No network is needed to
