@@ -49,8 +49,8 @@ class ExploreError(Exception):
 
 def start_server(cfg):
     """Load the model and bind the server; return it (not yet serving)."""
-    if not isinstance(cfg.port, int) or not 0 <= cfg.port <= 65535:
-        raise ExploreError(f"--port must be from 0 to 65535, got {cfg.port!r}")
+    if not 0 <= cfg.port <= 65535:
+        raise ExploreError(f"--port must be from 0 to 65535, got {cfg.port}")
     if cfg.threads < 0:
         raise ExploreError(f"--threads must be 0 (torch's default) or more, got {cfg.threads}")
     if cfg.threads:

@@ -61,21 +61,17 @@ class SampleError(Exception):
 
 
 def check_options(cfg):
-    """cfg with its values checked (SampleError) and a few tidied."""
+    """cfg, its values checked (SampleError)."""
     if cfg.max_new_tokens < 1:
         raise SampleError(f"--max_new_tokens must be at least 1, got {cfg.max_new_tokens}")
     if cfg.num_samples < 1:
         raise SampleError(f"--num_samples must be at least 1, got {cfg.num_samples}")
     if cfg.temperature < 0:
         raise SampleError(f"--temperature must be >= 0 (0 is greedy), got {cfg.temperature}")
-    if cfg.top_k is not None and (not isinstance(cfg.top_k, int) or cfg.top_k < 1):
-        raise SampleError(f"--top_k must be a positive integer or None, got {cfg.top_k!r}")
-    if cfg.top_p is None:
-        cfg.top_p = 1.0
-    if not isinstance(cfg.top_p, (int, float)) or not 0 < cfg.top_p <= 1:
-        raise SampleError(f"--top_p must be in (0, 1], got {cfg.top_p!r}")
-    if cfg.attn_dir is not None:
-        cfg.attn_dir = str(cfg.attn_dir)
+    if cfg.top_k is not None and cfg.top_k < 1:
+        raise SampleError(f"--top_k must be a positive integer or None, got {cfg.top_k}")
+    if not 0 < cfg.top_p <= 1:
+        raise SampleError(f"--top_p must be in (0, 1], got {cfg.top_p}")
     if cfg.compile and cfg.no_cache:
         raise SampleError("--compile decodes through the KV cache; drop --no_cache or --compile")
     if (cfg.window is not None or cfg.sinks) and (cfg.compile or cfg.no_cache):

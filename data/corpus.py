@@ -360,6 +360,8 @@ def prepare_corpus(
         raise DataError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
     if val_docs is not None and val_docs < 1:
         raise DataError(f"--val_docs must be 1 or more, got {val_docs}")
+    if shard_tokens < 1:
+        raise DataError(f"--shard_tokens must be 1 or more, got {shard_tokens}")
     reading = open_source(source, text_column, subset)
     os.makedirs(folder, exist_ok=True)
     clear_dataset(folder)

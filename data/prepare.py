@@ -159,6 +159,13 @@ def run(command, argv, doc, settings, positional=None):
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except OSError as e:
+        # a folder that cannot be made or written (a read-only place, a full disk)
+        print(
+            f"error: cannot read or write {e.filename or 'a file'} ({e.strerror or e})",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -42,31 +42,35 @@ def _unknown(key, known):
     return ConfigError(f"unknown config key {key!r}{hint}")
 
 
-def coerce(key, value, default):
-    """Return value converted to the type of default, or raise ConfigError."""
-    if default is None or value is None:
-        return value  # optional keys (default None) take any literal
-    if isinstance(default, bool):
+def coerce(key, value, kind, default):
+    """value as a kind (a type; None: any), or ConfigError; None passes, as a dict's
+    keys have no types to judge it by (parse_settings judges it by the field's)."""
+    if value is None or kind in (None, type(None)):
+        return value  # a dict's optional keys (default None) take any literal
+    if kind is bool:
         if isinstance(value, bool):
             return value
         if isinstance(value, str) and value.lower() in ("true", "false"):
             return value.lower() == "true"
         if isinstance(value, int) and value in (0, 1):
             return bool(value)
-    elif isinstance(default, int):
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
+    elif kind is int:
         if isinstance(value, float) and value.is_integer():
-            return int(value)  # 5e3 is a fine way to write 5000
-    elif isinstance(default, float):
+            value = int(value)  # 5e3 is a fine way to write 5000
+        if isinstance(value, int) and not isinstance(value, bool):
+            if -(2**63) <= value < 2**63:
+                return value
+            raise ConfigError(f"{key} must fit in a signed 64-bit integer, got {value:.3g}")
+    elif kind is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-    elif isinstance(default, str):
+    elif kind is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
-    elif isinstance(default, (tuple, list)) and isinstance(value, (tuple, list)):
-        return type(default)(value)
-    raise ConfigError(f"{key} expects {type(default).__name__} (like {default!r}), got {value!r}")
+    elif kind in (tuple, list) and isinstance(value, (tuple, list)):
+        return kind(value)
+    like = " or None" if default is None else f" (like {default!r})"
+    raise ConfigError(f"{key} expects {kind.__name__}{like}, got {value!r}")
 
 
 def parse_value(text):
@@ -77,9 +81,9 @@ def parse_value(text):
         return text
 
 
-def run_config_file(path, config):
-    """Execute a config file on top of config; return the keys it set. Its
-    __file__ is its path, so that it can find the files beside it."""
+def run_config_file(path, config, kinds):
+    """Execute a config file on top of config; return the keys it set, each of its
+    kind. Its __file__ is its path, so that it can find the files beside it."""
     if not os.path.isfile(path):
         shown = path if path.isprintable() else repr(path)  # the message stays one line
         raise ConfigError(f"config file not found: {shown}")
@@ -100,28 +104,29 @@ def run_config_file(path, config):
         if key not in config:
             raise _unknown(key, list(config))
         if value is not config[key]:
-            updates[key] = coerce(key, value, config[key])
+            updates[key] = coerce(key, value, kinds[key], config[key])
     return updates
 
 
-def parse_args(defaults, argv, allow_files=True):
+def parse_args(defaults, argv, allow_files=True, kinds=None):
     """defaults: dict of every known key. argv: config files and overrides in the
     forms --key=value, --key value, and --flag for a boolean set to True. The
     config files run in order, each on top of the last and of the overrides;
-    the overrides then win. Returns a new dict."""
-    files, overrides = split_args(defaults, argv)
+    the overrides then win. kinds: each key's type (parse_settings gives a
+    dataclass's); by default its default's. Returns a new dict."""
+    kinds = kinds or {key: type(value) for key, value in defaults.items()}
+    files, overrides = split_args(defaults, argv, kinds)
     if files and not allow_files:
         raise ConfigError(f"unexpected argument {files[0]!r}; options look like --key=value")
     config = dict(defaults)
     for path in files:
-        config.update(run_config_file(path, dict(config, **overrides)))
+        config.update(run_config_file(path, dict(config, **overrides), kinds))
     config.update(overrides)
     return config
 
 
-def split_args(defaults, argv):
-    """(config files, {key: value} of the overrides) in argv, each value of its
-    default's type."""
+def split_args(defaults, argv, kinds):
+    """(config files, {key: value} of the overrides) in argv, each value of its kind."""
     files = []
     overrides = {}
     i = 0
@@ -136,7 +141,7 @@ def split_args(defaults, argv):
             raise _unknown(key, list(defaults))
         if not sep:
             bare = i == len(argv) or argv[i].startswith("--")
-            if bare and (isinstance(defaults[key], bool) or defaults[key] is None):
+            if bare and kinds[key] in (bool, type(None)):
                 text = "True"  # a bare --flag switches a boolean on
             elif i < len(argv):
                 text = argv[i]
@@ -144,28 +149,40 @@ def split_args(defaults, argv):
             else:
                 raise ConfigError(f"--{key} needs a value")
         value = parse_value(text)
-        if isinstance(defaults[key], str) and not isinstance(value, str):
-            value = text  # a text option keeps what was typed: --prompt=1e3 stays "1e3"
-        overrides[key] = coerce(key, value, defaults[key])
+        if kinds[key] is str and not isinstance(value, str):
+            # a text option keeps what was typed (--prompt=1e3 stays "1e3"), but for None
+            # where None is its default (--attn_dir=None)
+            if value is not None or defaults[key] is not None:
+                value = text
+        overrides[key] = coerce(key, value, kinds[key], defaults[key])
     return files, overrides
 
 
 def parse_settings(cls, argv, allow_files=True, positional=None):
     """An instance of the dataclass cls, its fields set from config files and
-    overrides in argv as parse_args sets a dict's keys. positional: the field a
-    bare argument sets (data/prepare.py's SOURCE), where a command takes one
-    rather than config files."""
+    overrides in argv as parse_args sets a dict's keys, each of its field's type
+    (None only where that type has it, as `top_k: int | None` does). positional:
+    the field a bare argument sets (data/prepare.py's SOURCE), where a command
+    takes one rather than config files."""
     defaults = {field.name: field.default for field in dataclasses.fields(cls)}
     if positional is not None:
         argv = with_positional(argv, positional)
-    values = parse_args(defaults, argv, allow_files)
-    # coerce lets None through (a dict's keys have no types); a field's type says
-    # whether None means something there, as `top_k: int | None` does
-    types_of = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls)
+    kinds = {key: value_type(hints[key]) for key in defaults}
+    values = parse_args(defaults, argv, allow_files, kinds)
     for key, value in values.items():
-        if value is None and type(None) not in typing.get_args(types_of[key]):
+        if value is None and type(None) not in typing.get_args(hints[key]):
             raise ConfigError(f"{key} cannot be None; give it a value like {defaults[key]!r}")
     return cls(**values)
+
+
+def value_type(hint):
+    """The type of a field's values besides None: int for `int` and `int | None`, tuple
+    for `tuple[int, ...]`; None (any) for a union of several."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        others = [kind for kind in typing.get_args(hint) if kind is not type(None)]
+        return others[0] if len(others) == 1 else None
+    return typing.get_origin(hint) or hint
 
 
 def with_positional(argv, key):

@@ -39,7 +39,7 @@ BAD_INPUT = {
         "beta2=1": (["--beta2=1.0"], ["beta2 must be in [0, 1)"]),
         "dropout=1.5": (["--dropout=1.5"], ["dropout must be in [0, 1)"]),
         "attn_dropout=2": (["--attn_dropout=2"], ["attn_dropout must be None or in [0, 1)"]),
-        "attn_dropout=abc": (["--attn_dropout=abc"], ["attn_dropout must be None or in"]),
+        "attn_dropout=abc": (["--attn_dropout=abc"], ["attn_dropout expects float or None"]),
         "n_embd not divisible by n_head": (
             ["--n_embd=30", "--n_head=4"],
             ["n_embd (30) must be divisible by n_head (4)"],
@@ -73,6 +73,7 @@ BAD_INPUT = {
         "sample: max_new_tokens=0": (["--max_new_tokens=0"], ["--max_new_tokens must be"]),
         "sample: num_samples=-1": (["--num_samples=-1"], ["--num_samples must be"]),
         "sample: top_p=1.5": (["--top_p=1.5"], ["--top_p must be in (0, 1]"]),
+        "sample: seed past 64 bits": (["--seed=1e30"], ["seed must fit in a signed 64-bit"]),
         "sample: character outside the vocabulary": (
             ["--prompt=ROMEO \u2603"],
             ["'\u2603'", "not in the vocabulary"],
@@ -85,11 +86,13 @@ BAD_INPUT = {
         "heads: max_windows=-1": (["--max_windows=-1"], ["--max_windows"]),
         "heads: misspelt option": (["--max_windos=3"], ["did you mean 'max_windows'"]),
         "heads: unknown dataset": (["--dataset=nothing-here"], ["unknown dataset 'nothing-here'"]),
+        "heads: seed past 64 bits": ([f"--seed={2**64}"], ["seed must fit in a signed 64-bit"]),
     },
     "explore.py": {
         "explore: port=70000": (["--port=70000"], ["--port"]),
         "explore: out_dir nowhere": (["--out_dir=/nonexistent/folder"], ["/nonexistent/folder"]),
         "explore: misspelt option": (["--prot=8000"], ["did you mean 'port'"]),
+        "explore: threads past 64 bits": ([f"--threads={2**70}"], ["threads must fit"]),
     },
     "data/prepare.py": {
         "prepare: too little text": (

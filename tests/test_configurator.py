@@ -176,6 +176,57 @@ def test_none_only_where_the_fields_type_admits_it(tmp_path):
         parse_settings(Example, [str(f)])
 
 
+@dataclasses.dataclass(frozen=True)
+class OptionalFields:
+    """Fields whose default is None and whose type has one type beside it."""
+
+    num_proc: int | None = None
+    val_fraction: float | None = None
+    run_name: str | None = None
+    compile: bool | None = None
+    lengths: tuple | None = None
+
+
+def test_an_optional_field_takes_none_or_its_type(tmp_path):
+    """Each value of its field's type beside None, as a non-optional field's is of its
+    default's; a text option keeps what was typed, and None where None is its default."""
+    got = parse_settings(
+        OptionalFields,
+        ["--num_proc=4e0", "--val_fraction=1", "--run_name=2024", "--compile", "--lengths=[1, 2]"],
+    )
+    assert got == OptionalFields(
+        num_proc=4, val_fraction=1.0, run_name="2024", compile=True, lengths=(1, 2)
+    )
+    assert type(got.val_fraction) is float
+    assert parse_settings(OptionalFields, ["--run_name=1e400"]).run_name == "1e400"
+    assert parse_settings(OptionalFields, ["--run_name=None"]).run_name is None
+    for argv, message in (
+        (["--num_proc=abc"], "num_proc expects int or None, got 'abc'"),
+        (["--val_fraction=abc"], "val_fraction expects float or None, got 'abc'"),
+        (["--val_fraction=[]"], "val_fraction expects float or None, got []"),
+        (["--compile=maybe"], "compile expects bool or None, got 'maybe'"),
+        (["--num_proc"], "--num_proc needs a value"),
+    ):
+        with pytest.raises(ConfigError) as e:
+            parse_settings(OptionalFields, argv)
+        assert str(e.value) == message
+    f = tmp_path / "c.py"
+    f.write_text("num_proc = 'four'\n")  # a config file too
+    with pytest.raises(ConfigError, match="num_proc expects int or None, got 'four'"):
+        parse_settings(OptionalFields, [str(f)])
+
+
+def test_an_integer_fits_in_64_bits():
+    """What torch's seeds, sizes and thread counts take: beyond, one line, not an overflow."""
+    assert parse_settings(Example, [f"--batch_size={2**63 - 1}"]).batch_size == 2**63 - 1
+    assert parse_settings(Example, [f"--batch_size={-(2**63)}"]).batch_size == -(2**63)
+    for value in (2**63, -(2**63) - 1, "1e30"):
+        with pytest.raises(ConfigError, match="batch_size must fit in a signed 64-bit integer"):
+            parse_settings(Example, [f"--batch_size={value}"])
+    with pytest.raises(ConfigError, match="top_k must fit in a signed 64-bit integer"):
+        parse_settings(Example, [f"--top_k={2**64}"])
+
+
 def test_a_settings_dataclass_is_filled_as_a_dict_is(tmp_path):
     f = tmp_path / "c.py"
     f.write_text("batch_size = 64\n")

@@ -518,6 +518,8 @@ def bad_sources(tmp_path):
         ("nocolpq", ["--text_column=body", "--num_proc=0"], ["--num_proc must be 1 or more"]),
         ("nocolpq", ["--text_column=body", "--tokenizer=bpe:100"], ["too small"]),
         ("nocolpq", ["--text_column=body", "--val_docs=5"], ["too few"]),
+        # shards of no tokens: the writer looped for ever
+        ("nocolpq", ["--text_column=body", "--shard_tokens=0"], ["--shard_tokens must be 1"]),
         ("nocol/d.jsonl", ["--tokenizer=char"], ["--tokenizer char reads one text"]),
     ],
 )
@@ -528,6 +530,22 @@ def test_bad_sources_get_one_line_and_no_dataset(bad_sources, source, extra, wor
     assert not (bad_sources / "data" / "out" / "meta.json").exists()
     if (bad_sources / "data" / "out").exists():
         assert os.listdir(bad_sources / "data" / "out") == []  # nothing half-written
+
+
+def test_a_bad_option_or_an_unwritable_root_is_one_line(bad_sources):
+    """An optional number that is not one (exit 2, as every bad option), and a data
+    root where no folder can be made (exit 1, a run that failed): one line each."""
+    source = [str(bad_sources / "nocolpq"), "--tokenizer=gpt2", "--text_column=body"]
+    root = f"--data_root={bad_sources / 'data'}"
+    for option in ("--val_fraction=abc", "--num_proc=four", f"--val_docs={2**63}"):
+        result = run_prepare(*source, root, option)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr.startswith(f"error: {option[2:].split('=')[0]} ")
+        assert len(result.stderr.splitlines()) == 1, result.stderr
+    a_file = bad_sources / "a_file"
+    a_file.write_text("not a folder")
+    result = run_prepare(*source, f"--data_root={a_file}")
+    assert_one_line_error(result, "cannot read or write", str(a_file))
 
 
 @pytest.mark.parametrize("layout", ["jsonl", "parquet"])
