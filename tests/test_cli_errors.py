@@ -6,6 +6,7 @@ lists what each test proves.
 
 import dataclasses
 import os
+import typing
 
 import pytest
 import torch
@@ -13,8 +14,14 @@ from conftest import error_line, small_run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import bench.__main__
+import explore
+import export
+import heads
+import sample
 import train
-from support.configurator import ConfigError
+from data import prepare
+from support.configurator import ConfigError, parse_settings
 
 # -----------------------------------------------------------------------------
 # Bad input through the command lines: one line each, and nothing written
@@ -198,3 +205,42 @@ def test_train_settings_raise_only_user_errors(argv):
     for field in dataclasses.fields(cfg):
         if field.default is not None:
             assert type(getattr(cfg, field.name)) is type(field.default), field.name
+
+
+# -----------------------------------------------------------------------------
+# Every command's settings: what its parser accepts is of each field's type
+
+COMMANDS = {
+    "train.py": train.Settings,
+    "sample.py": sample.Settings,
+    "heads.py": heads.Settings,
+    "explore.py": explore.Settings,
+    "export.py": export.Settings,
+    "data/prepare.py": prepare.Settings,
+    "python -m bench": bench.__main__.Settings,
+}
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+@settings(max_examples=150, deadline=None)
+@given(draws=st.data())
+def test_every_command_takes_each_setting_of_its_type_or_says_why(command, draws):
+    """A value a command's parser lets through is of its field's type (None only where
+    the type has it, an integer within the 64 bits torch takes), or it is one line: what
+    a command then checks (a range, a file) meets the type it was written for."""
+    cls = COMMANDS[command]
+    keys = sorted(field.name for field in dataclasses.fields(cls))
+    option = st.builds(lambda k, v: f"--{k}={v}", st.sampled_from(keys), VALUES)
+    argv = draws.draw(st.lists(option, max_size=6))
+    try:
+        cfg = parse_settings(cls, argv, allow_files=False)
+    except ConfigError as e:
+        assert str(e) and "\n" not in str(e)
+        return
+    hints = typing.get_type_hints(cls)
+    for key in keys:
+        value = getattr(cfg, key)
+        kinds = typing.get_args(hints[key]) or (hints[key],)
+        assert type(value) in kinds, (key, value)
+        if type(value) is int:
+            assert -(2**63) <= value < 2**63, (key, value)
