@@ -369,14 +369,9 @@ def test_no_corpus_and_no_network_says_what_train_py_takes(corpus_path, tmp_path
     """Tiny Shakespeare neither on disk nor downloadable (a proxy that refuses, as a
     machine offline does): after the download it tried, one line that says where to put
     it and names only what train.py takes; done as it says, the run prepares and trains."""
-    argv = [
-        "config/shakespeare_cpu.py",
-        f"--data_root={tmp_path / 'data'}",
-        f"--out_dir={tmp_path / 'out'}",
-        "--max_iters=2",
-        "--eval_interval=2",
-        "--eval_iters=1",
-    ]
+    # the CPU recipe's config file, its model and evaluations the tests' tiny ones
+    tiny = tiny_run(tmp_path / "data", tmp_path / "out", max_iters=2, eval_interval=2)
+    argv = ["config/shakespeare_cpu.py", *tiny, "--eval_full_val=False"]
     refused = "http://127.0.0.1:9"
     env = child_env(https_proxy=refused, HTTPS_PROXY=refused, no_proxy="", NO_PROXY="")
     env.pop("TINYSHAKESPEARE_PATH", None)
