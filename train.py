@@ -37,7 +37,7 @@ from tqdm import tqdm
 from data import DataError
 from data.batches import get_batch, load_split, step_batches
 from data.dataset import ensure_dataset, load_meta
-from model import GPT
+from model import GPT, GPTConfig
 from support import settings
 from support.checkpoint import (
     CheckpointError,
@@ -65,14 +65,13 @@ from support.device import (
     time_cpu_dtypes,
     training_dtype,
 )
-from support.loading import LoadError, training_model
 from support.optim import get_lr, make_optimizers
 from support.run_log import LogError, log_evaluation, log_step, start_log, start_wandb
 from support.settings import Settings, check
 
 # what the user can fix: a bad option, file, dataset or checkpoint (the settings' checks,
-# the device's and the tokenizer's raise ValueError)
-USER_ERRORS = (ConfigError, DataError, CheckpointError, LoadError, ValueError)
+# the device's, the tokenizer's and a model's loading raise ValueError)
+USER_ERRORS = (ConfigError, DataError, CheckpointError, ValueError)
 
 
 class TrainingError(Exception):
@@ -236,7 +235,17 @@ def setup(cfg):
         dist.barrier()
     dataset_dir = ensure_dataset(cfg.dataset, cfg.data_root)
     run.meta = load_meta(dataset_dir)
-    run.raw, ckpt, cfg = training_model(cfg, run.meta)
+    # the model: a new one of the settings' shape, or one init_from loads (out_dir's
+    # checkpoint, GPT-2's weights); from here on the model keys are the model's own
+    ckpt = None
+    if cfg.init_from == "scratch":
+        run.raw = GPT(GPTConfig(**settings.model_args(cfg, run.meta["vocab_size"])))
+    else:
+        from support import loading
+
+        run.raw, ckpt = loading.training_model(cfg, run.meta)
+    model_keys = {key: getattr(run.raw.config, key) for key in settings.MODEL_KEYS}
+    cfg = dataclasses.replace(cfg, **model_keys)
     run.cfg = cfg
     run.raw.to(run.device)
     run.splits = {

@@ -1,12 +1,11 @@
 """
-Every way a command gets a model: a new one, a checkpoint (a run's ckpt.pt or
-one of its snapshots), or GPT-2's weights (a Hugging Face folder or a 'gpt2*'
-name). train.py starts from any of them (training_model); sample.py, heads.py,
-explore.py and HellaSwag load one to use it (load_model). Every failure the
-user can fix is one line.
+Every way a command gets a model from files: a checkpoint (a run's ckpt.pt or one
+of its snapshots), or GPT-2's weights (a Hugging Face folder or a 'gpt2*' name).
+train.py starts from either (training_model; a new model it makes itself, and then
+imports none of this); sample.py, heads.py, explore.py and HellaSwag load one to use
+it (load_model). Every failure the user can fix is one line.
 """
 
-import dataclasses
 import os
 
 from model import GPT, GPTConfig
@@ -18,7 +17,6 @@ from support.checkpoint import (
     load_checkpoint,
     out_of_memory,
 )
-from support.settings import MODEL_KEYS, model_args
 
 
 class LoadError(Exception):
@@ -86,14 +84,12 @@ def is_gpt2(source):
 
 
 def training_model(cfg, meta):
-    """(model, checkpoint or None, cfg with the model keys set to the model's own)
-    for train.py's init_from: 'scratch', 'resume' (out_dir's checkpoint), or
-    GPT-2's weights."""
+    """(model, checkpoint or None) for train.py's init_from other than 'scratch' (a new
+    model, which train.py makes itself): 'resume' (out_dir's checkpoint), or GPT-2's
+    weights. Every failure the user can fix is a ValueError or a CheckpointError."""
     init, ckpt = cfg.init_from, None
     run_choices = dict(dropout=cfg.dropout, attn_dropout=cfg.attn_dropout, fused=cfg.fused)
-    if init == "scratch":
-        model = GPT(GPTConfig(**model_args(cfg, meta["vocab_size"])))
-    elif init == "resume":
+    if init == "resume":
         from support.resume import check_resumable
 
         ckpt = load_checkpoint(cfg.out_dir)
@@ -135,8 +131,7 @@ def training_model(cfg, meta):
             f"the model's vocabulary ({model.config.vocab_size}) is smaller than the "
             f"dataset's ({meta['vocab_size']})"
         )
-    cfg = dataclasses.replace(cfg, **{key: getattr(model.config, key) for key in MODEL_KEYS})
-    return model, ckpt, cfg
+    return model, ckpt
 
 
 # -----------------------------------------------------------------------------
