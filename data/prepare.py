@@ -115,6 +115,11 @@ def prepare(cfg):
         raise DataError("name the corpus: python data/prepare.py SOURCE (see --help)")
     name = _dataset_name(cfg.source, cfg.name)
     out_dir = os.path.join(cfg.data_root, name)
+    if cfg.subset is not None and os.path.exists(cfg.source):
+        raise DataError(
+            f"--subset names a subset of a Hugging Face dataset, and {cfg.source} is local "
+            "files, which have none; leave --subset out"
+        )
     if cfg.tokenizer == "char" and not (os.path.isdir(cfg.source) or cfg.source.endswith(".txt")):
         raise DataError(
             f"--tokenizer char reads one text, a .txt file or a folder of them; "

@@ -521,6 +521,9 @@ def bad_sources(tmp_path):
         # shards of no tokens: the writer looped for ever
         ("nocolpq", ["--text_column=body", "--shard_tokens=0"], ["--shard_tokens must be 1"]),
         ("nocol/d.jsonl", ["--tokenizer=char"], ["--tokenizer char reads one text"]),
+        # a hub dataset's subset, given to local files: it was ignored
+        ("nocolpq", ["--text_column=body", "--subset=sample-10BT"], ["--subset", "local"]),
+        ("nocol/d.jsonl", ["--tokenizer=char", "--subset=x"], ["--subset", "local"]),
     ],
 )
 def test_bad_sources_get_one_line_and_no_dataset(bad_sources, source, extra, words):
