@@ -190,6 +190,9 @@ def markdown(rep):
         ]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     n_pruned = sum(h["prune"] for h in rep["heads"])
+    pruned = f"{n_pruned} heads"
+    if n_pruned == 1:
+        pruned = "1 head"
     layers = ", ".join(f"layer {i} {v:+.3f}" for i, v in enumerate(rep["layer_ablation_nats"]))
     lines += [
         "",
@@ -198,7 +201,7 @@ def markdown(rep):
         "Class columns: share of each head's attention; "
         "ablation: the rise of that loss with the head's output zeroed.",
         f"Whole layer's attention removed: {layers} nats.",
-        f"Pruning the {n_pruned} heads whose ablation costs < {rep['prune_below']} nats, "
+        f"Pruning the {pruned} whose ablation costs < {rep['prune_below']} nats, "
         f"all at once: loss {rep['pruned_loss']:.4f} ({rep['pruned_nats']:+.4f} nats).",
         "",
         *circuit_markdown(rep),

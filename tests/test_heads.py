@@ -467,7 +467,10 @@ def test_command_writes_the_report(ckpt_dir, tiny, capsys):
     ranked = sorted(hs, key=lambda h: h["rank"])
     assert [h["rank"] for h in ranked] == list(range(1, 9))
     assert all(a["ablation_nats"] >= b["ablation_nats"] for a, b in zip(ranked, ranked[1:]))
-    assert "Pruning the" in out and f"{rep['pruned_loss']:.4f}" in out
+    assert f"{rep['pruned_loss']:.4f}" in out
+    n_pruned = sum(h["prune"] for h in hs)
+    said = re.search(r"Pruning the (\d+) (heads?) whose", out)
+    assert said and int(said[1]) == n_pruned and (said[2] == "head") == (n_pruned == 1)
 
 
 def test_no_checkpoint_and_a_dataset_of_another_tokenizer(ckpt_dir, tiny, tmp_path, capsys):
