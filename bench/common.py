@@ -308,17 +308,18 @@ def header_lines(result, device):
 
 
 def check_options(args):
-    """The options every benchmark shares: device, threads and a writable --out."""
+    """The options every benchmark shares: device, threads and a writable --out. A bad
+    one is bad input (ConfigError: exit 2, as in every command), not a failed run."""
     device = args.device
     if device not in ("cpu", "cuda"):
-        raise BenchError(f"--device must be cpu or cuda, got {device!r}")
+        raise ConfigError(f"--device must be cpu or cuda, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
-        raise BenchError("CUDA is not available here; run with --device=cpu")
+        raise ConfigError("CUDA is not available here; run with --device=cpu")
     if args.threads < 0:
-        raise BenchError(f"--threads must be 0 (torch's default) or more, got {args.threads}")
+        raise ConfigError(f"--threads must be 0 (torch's default) or more, got {args.threads}")
     folder = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        raise BenchError(
+        raise ConfigError(
             f"cannot write {args.out}: {folder} is not a writable folder; "
             "pass --out=PATH somewhere writable"
         )

@@ -142,7 +142,7 @@ def section(args, log):
 
 def sections(args):
     if args.device != "cuda":
-        raise common.BenchError("the decode benchmark measures a GPU; run with --device=cuda")
+        raise common.ConfigError("the decode benchmark measures a GPU; run with --device=cuda")
     return [section]
 
 

@@ -312,9 +312,9 @@ def section(args, log):
     """The figures, the tables and the targets, for common.run."""
     part = args.long_context_part
     if part not in ("all", "attention", "cache"):
-        raise common.BenchError(f"--long_context_part is all, attention or cache, not {part!r}")
+        raise common.ConfigError(f"--long_context_part is all, attention or cache, not {part!r}")
     if args.device == "cuda":
-        raise common.BenchError("--long_context measures the CPU path; drop --device=cuda")
+        raise common.ConfigError("--long_context measures the CPU path; drop --device=cuda")
     attn = []
     if part in ("all", "attention"):
         attn = bench_window_attention(args, log)

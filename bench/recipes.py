@@ -267,7 +267,7 @@ def recipe_targets(rows):
 def section(args, log):
     """The figures, the table and the targets, for common.run."""
     if args.device == "cuda":
-        raise common.BenchError("--recipes compares CPU training recipes; drop --device=cuda")
+        raise common.ConfigError("--recipes compares CPU training recipes; drop --device=cuda")
     rows = bench_recipes(log, nanogpt=args.nanogpt)
     table = "## Training to the target loss\n\n" + recipes_table(rows)
     return dict(recipes=rows), [table], recipe_targets(rows)
@@ -417,14 +417,14 @@ def budget_section(args, log):
     """The --minutes comparison, for common.run; --png and --keep checked before
     half an hour of training, not after."""
     if args.device == "cuda":
-        raise common.BenchError("--minutes compares CPU training recipes; drop --device=cuda")
+        raise common.ConfigError("--minutes compares CPU training recipes; drop --device=cuda")
     if args.png and not os.access(os.path.dirname(os.path.abspath(args.png)), os.W_OK):
-        raise common.BenchError(f"cannot write --png={args.png}: pass a path in a writable folder")
+        raise common.ConfigError(f"cannot write --png={args.png}: pass a path in a writable folder")
     if args.keep:
         try:
             os.makedirs(args.keep, exist_ok=True)
         except OSError as e:
-            raise common.BenchError(
+            raise common.ConfigError(
                 f"cannot make --keep={args.keep} ({e.strerror}); pass a writable path"
             ) from None
     rows = bench_budget(log, args.minutes, keep=args.keep)
@@ -435,7 +435,7 @@ def budget_section(args, log):
 
 def sections(args):
     if args.minutes < 0:
-        raise common.BenchError(f"--minutes must be 0 or more, got {args.minutes}")
+        raise common.ConfigError(f"--minutes must be 0 or more, got {args.minutes}")
     if args.minutes > 0:
         return [budget_section]
     return [section]

@@ -29,6 +29,8 @@ import time
 
 import torch
 
+from support.configurator import BAD_INPUT, error, wants_help
+
 OUT = "out-smoke-gpu"
 # the folders under out that the steps train into
 TRAINED = ("train", "context_parallel")
@@ -289,4 +291,10 @@ def main(out=OUT):
 
 
 if __name__ == "__main__":
+    if wants_help(sys.argv[1:]):
+        print(__doc__.strip())
+        sys.exit(0)
+    if sys.argv[1:]:
+        error(f"python -m bench.smoke_gpu takes no options, got {sys.argv[1]!r}")
+        sys.exit(BAD_INPUT)
     sys.exit(main())

@@ -157,7 +157,7 @@ def test_alternate_rotates_the_order():
 )
 def test_bad_arguments_are_one_line_errors(repo_root, args, message):
     proc = run_bench(repo_root, *args, timeout=60)
-    assert proc.returncode != 0
+    assert proc.returncode == 2  # bad input, as in every command
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
@@ -165,7 +165,7 @@ def test_bad_arguments_are_one_line_errors(repo_root, args, message):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_without_a_gpu_says_what_to_do(repo_root):
     proc = run_bench(repo_root, "--device=cuda", timeout=60)
-    assert proc.returncode == 1 and "--device=cpu" in proc.stderr
+    assert proc.returncode == 2 and "--device=cpu" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
@@ -200,9 +200,24 @@ def test_each_benchmark_has_its_own_help(name, monkeypatch, capsys):
 
 
 def test_decode_alone_on_a_cpu_says_what_to_do(monkeypatch, capsys):
-    assert run_module("decode", [], monkeypatch) == 1
+    assert run_module("decode", [], monkeypatch) == 2
     err = capsys.readouterr().err
     assert err.startswith("bench.decode: ") and "--device=cuda" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "name, argv, message",
+    [
+        ("long_context", ["--long_context_part=both"], "is all, attention or cache"),
+        ("recipes", ["--minutes=-1"], "--minutes must be 0 or more"),
+        ("recipes", ["--minutes=1", "--png=/nonexistent-folder/a.png"], "cannot write --png"),
+    ],
+)
+def test_a_benchmarks_own_bad_option_is_bad_input(name, argv, message, monkeypatch, capsys):
+    assert run_module(name, argv, monkeypatch) == 2  # before any measuring
+    err = capsys.readouterr().err
+    assert err.startswith(f"bench.{name}: ") and message in err
     assert len(err.strip().splitlines()) == 1
 
 

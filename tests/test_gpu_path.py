@@ -562,6 +562,22 @@ def test_smoke_test_without_cuda_says_so_and_does_nothing(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_smoke_test_refuses_options_it_does_not_take(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.smoke_gpu", "--device=cuda"],
+        cwd=tmp_path,
+        env=dict(child_env(), PYTHONPATH=REPO),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip() == (
+        "error: python -m bench.smoke_gpu takes no options, got '--device=cuda'"
+    )
+    assert os.listdir(tmp_path) == []
+
+
 def test_smoke_test_commands_are_valid_settings(tmp_path, monkeypatch):
     # config/shakespeare.py is found from the repo root, where bench.smoke_gpu runs
     monkeypatch.chdir(REPO)

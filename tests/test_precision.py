@@ -238,6 +238,22 @@ def test_an_unknown_class_is_one_line(tmp_path):
     )
 
 
+def test_the_verdicts_command_refuses_an_option_it_does_not_take(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "support.hardware", "--again=False"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, XDG_CACHE_HOME=str(tmp_path)),
+    )
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip() == (
+        "error: unknown option '--again=False'; python -m support.hardware [--again]"
+    )
+    assert os.listdir(tmp_path) == []  # nothing probed, nothing cached
+
+
 def test_the_fix_comes_too_late_once_torch_is_loaded(fresh, monkeypatch):
     monkeypatch.setenv(hardware.SIMULATE, "amx_sigill")
     monkeypatch.delenv(hardware.ISA, raising=False)
