@@ -47,7 +47,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from experiments.head_timeline import phase_change, read_losses, read_timeline
+from experiments.head_timeline import TimelineError, phase_change, read_losses, read_timeline
 from support import cli, timeline
 from support.configurator import ConfigError
 from support.head_measures import INDUCTION
@@ -263,6 +263,10 @@ def summary(out_dir):
 def main(cfg):
     if cfg.only and cfg.only not in RUNS:
         raise ConfigError(f"unknown run {cfg.only!r}; the runs are {', '.join(RUNS)}")
+    if cfg.threads < 1:
+        raise ConfigError(
+            f"--threads is the torch threads of each run, 1 or more; got {cfg.threads}"
+        )
     os.makedirs(OUT, exist_ok=True)
     results = {}
     if os.path.isfile(RESULTS):
@@ -306,7 +310,8 @@ def write(results):
 
 def run(argv):
     """The command: main() with --help, and bad input as one line (support/cli.py)."""
-    return cli.run(main, argv, __doc__, Settings)
+    # a run's folder that cannot be summarised (a run stopped early) is one line too
+    return cli.run(main, argv, __doc__, Settings, (TimelineError,))
 
 
 if __name__ == "__main__":

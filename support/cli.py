@@ -6,12 +6,14 @@ the exit codes configurator.py gives (0 done, 2 bad input, 1 failed, 130 Ctrl-C)
 """
 
 import os
+import re
 import sys
 
 import torch
 
 from data import DataError
 from data.tokenizer import TokenizerError
+from support import checkpoint
 from support.checkpoint import CheckpointError
 from support.configurator import (
     BAD_INPUT,
@@ -67,6 +69,12 @@ def run(
     except torch.OutOfMemoryError:
         error(f"out of GPU memory; {out_of_memory}")
         return FAILED
+    except (RuntimeError, MemoryError) as e:
+        # the CPU's allocator refuses with a RuntimeError that says so; Python's, MemoryError
+        if not checkpoint.out_of_memory(e):
+            raise
+        error(f"out of memory{asked_for(e)}; ask for less: smaller sizes, or fewer at once")
+        return FAILED
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return INTERRUPTED
@@ -79,3 +87,11 @@ def run(
         error(f"cannot read or write {e.filename or 'a file'} ({e.strerror or e})")
         return FAILED
     return 0
+
+
+def asked_for(e):
+    """The size of the tensor the CPU's allocator refused, as its message gives it."""
+    found = re.search(r"allocate (\d+) bytes", str(e))
+    if found is None:
+        return ""
+    return f" (one tensor of {int(found.group(1)) / 2**30:.1f} GiB)"

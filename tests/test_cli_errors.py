@@ -244,3 +244,32 @@ def test_every_command_takes_each_setting_of_its_type_or_says_why(command, draws
         assert type(value) in kinds, (key, value)
         if type(value) is int:
             assert -(2**63) <= value < 2**63, (key, value)
+
+
+# -----------------------------------------------------------------------------
+# support/cli.py: what any command's run meets
+
+
+@dataclasses.dataclass
+class Sizes:
+    n: int = 2**50  # bytes: a petabyte, more than any machine's memory
+
+
+def test_the_cpu_running_out_of_memory_is_one_line(capsys):
+    """The CPU's allocator refuses a tensor with a RuntimeError (CUDA's is
+    torch.OutOfMemoryError): any command run through cli.run says so in one line,
+    with the size asked for, and exits 1, as a run that failed."""
+    from support import cli
+
+    def main(cfg):
+        torch.empty(cfg.n, dtype=torch.uint8)  # the real allocator, asked too much
+
+    assert cli.run(main, [], "doc", Sizes) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        "error: out of memory (one tensor of 1048576.0 GiB); "
+        "ask for less: smaller sizes, or fewer at once\n"
+    )
+    # any other RuntimeError is a bug, and keeps its traceback
+    with pytest.raises(RuntimeError, match="shape"):
+        cli.run(lambda cfg: torch.zeros(2).view(3), [], "doc", Sizes)

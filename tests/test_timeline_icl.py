@@ -107,6 +107,29 @@ def test_the_induction_corpus_repeats_a_string_on_each_line(tmp_path):
         assert json.load(f)["source"] == "data/induction.py"
 
 
+def test_summarising_a_run_stopped_before_it_logged_heads_is_one_line(
+    tmp_path, monkeypatch, capsys
+):
+    """--train=False over a run's folder whose log has no heads yet (the run was
+    stopped early): one line saying why, exit 2, and nothing written."""
+    from experiments import shakespeare_induction
+
+    run = tmp_path / "out" / "char_plain"
+    run.mkdir(parents=True)
+    (run / "log.jsonl").write_text(json.dumps({"iter": 10, "loss": 2.5}) + "\n")
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"char_plain": {"tokenizer": "char"}}))
+    monkeypatch.setattr(shakespeare_induction, "OUT", str(tmp_path / "out"))
+    monkeypatch.setattr(shakespeare_induction, "RESULTS", str(results))
+    assert shakespeare_induction.run(["--train=False"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "logs no heads" in err
+    assert len(err.strip().splitlines()) == 1
+    assert json.loads(results.read_text()) == {"char_plain": {"tokenizer": "char"}}
+    assert shakespeare_induction.run(["--threads=0"]) == 2
+    assert "--threads is the torch threads of each run, 1 or more" in capsys.readouterr().err
+
+
 def test_a_runs_summary_reads_its_log_and_its_model(run, data_root):
     from experiments import shakespeare_induction
 
