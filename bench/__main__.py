@@ -52,7 +52,17 @@ class Settings(train_step.Settings):
 
 
 def sections(args):
-    """The default set, or --recipes or --long_context instead of it."""
+    """The default set, or --recipes or --long_context instead of it. An option of
+    one of those given without it would be ignored while the default set ran for
+    minutes: it is refused at once."""
+    if args.recipes and args.long_context:
+        raise common.ConfigError(
+            "--recipes and --long_context each replace the default set: give one"
+        )
+    if args.nanogpt and not args.recipes:
+        raise common.ConfigError("--nanogpt goes with --recipes: add --recipes")
+    if args.long_context_part != "all" and not args.long_context:
+        raise common.ConfigError("--long_context_part goes with --long_context: add --long_context")
     if args.recipes:
         return [recipes.section]
     if args.long_context:

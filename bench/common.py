@@ -13,6 +13,7 @@ import os
 import platform
 import resource
 import sys
+import tempfile
 import time
 
 import torch
@@ -317,12 +318,19 @@ def check_options(args):
         raise ConfigError("CUDA is not available here; run with --device=cpu")
     if args.threads < 0:
         raise ConfigError(f"--threads must be 0 (torch's default) or more, got {args.threads}")
+    if not args.out or os.path.isdir(args.out):
+        raise ConfigError(f"--out is the JSON file to write, got {args.out!r}; pass --out=PATH")
     folder = os.path.dirname(os.path.abspath(args.out))
-    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+    # a file made and removed there: os.access says yes to root in /proc and on
+    # read-only mounts, and the run would fail only at its end, its figures lost
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError:
         raise ConfigError(
             f"cannot write {args.out}: {folder} is not a writable folder; "
             "pass --out=PATH somewhere writable"
-        )
+        ) from None
 
 
 def run(args, prog, sections, log=print):

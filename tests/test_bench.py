@@ -210,6 +210,12 @@ def test_decode_alone_on_a_cpu_says_what_to_do(monkeypatch, capsys):
     "name, argv, message",
     [
         ("long_context", ["--long_context_part=both"], "is all, attention or cache"),
+        # os.access says yes to root in /proc, where no file can be made
+        ("attention", ["--out=/proc/bench.json"], "pass --out=PATH somewhere writable"),
+        ("attention", ["--out="], "--out is the JSON file to write"),
+        ("__main__", ["--long_context_part=cache"], "add --long_context"),
+        ("__main__", ["--nanogpt=../nanoGPT"], "add --recipes"),
+        ("__main__", ["--recipes", "--long_context"], "give one"),
         ("recipes", ["--minutes=-1"], "--minutes must be 0 or more"),
         ("recipes", ["--minutes=1", "--png=/nonexistent-folder/a.png"], "cannot write --png"),
     ],
@@ -217,7 +223,8 @@ def test_decode_alone_on_a_cpu_says_what_to_do(monkeypatch, capsys):
 def test_a_benchmarks_own_bad_option_is_bad_input(name, argv, message, monkeypatch, capsys):
     assert run_module(name, argv, monkeypatch) == 2  # before any measuring
     err = capsys.readouterr().err
-    assert err.startswith(f"bench.{name}: ") and message in err
+    prog = "bench" if name == "__main__" else f"bench.{name}"
+    assert err.startswith(f"{prog}: ") and message in err
     assert len(err.strip().splitlines()) == 1
 
 
