@@ -51,8 +51,7 @@ def start_server(cfg):
     """Load the model and bind the server; return it (not yet serving)."""
     if not 0 <= cfg.port <= 65535:
         raise ExploreError(f"--port must be from 0 to 65535, got {cfg.port}")
-    if cfg.threads < 0:
-        raise ExploreError(f"--threads must be 0 (torch's default) or more, got {cfg.threads}")
+    cli.check_threads(cfg.threads)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = pick_device(cfg.device)

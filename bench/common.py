@@ -19,6 +19,7 @@ import time
 import torch
 
 from support import engine
+from support.cli import check_threads
 from support.configurator import (
     ConfigError,
     parse_settings,
@@ -316,8 +317,7 @@ def check_options(args):
         raise ConfigError(f"--device must be cpu or cuda, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("CUDA is not available here; run with --device=cpu")
-    if args.threads < 0:
-        raise ConfigError(f"--threads must be 0 (torch's default) or more, got {args.threads}")
+    check_threads(args.threads)
     if not args.out or os.path.isdir(args.out):
         raise ConfigError(f"--out is the JSON file to write, got {args.out!r}; pass --out=PATH")
     folder = os.path.dirname(os.path.abspath(args.out))

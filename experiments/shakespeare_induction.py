@@ -263,10 +263,7 @@ def summary(out_dir):
 def main(cfg):
     if cfg.only and cfg.only not in RUNS:
         raise ConfigError(f"unknown run {cfg.only!r}; the runs are {', '.join(RUNS)}")
-    if cfg.threads < 1:
-        raise ConfigError(
-            f"--threads is the torch threads of each run, 1 or more; got {cfg.threads}"
-        )
+    cli.check_threads(cfg.threads, least=1)  # each run its own threads, 1 or more
     os.makedirs(OUT, exist_ok=True)
     results = {}
     if os.path.isfile(RESULTS):

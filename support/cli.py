@@ -43,6 +43,17 @@ def output_folder(path, option="--out_dir"):
         ) from None
 
 
+def check_threads(threads, least=0):
+    """--threads from least to this machine's cores (0: torch's default): more only
+    makes the threads wait on each other, and a billion of them kill the process
+    inside OpenMP, with no message."""
+    cores = os.cpu_count() or 1
+    if not least <= threads <= cores:
+        raise ConfigError(
+            f"--threads must be {least} to {cores} (this machine's cores), got {threads}"
+        )
+
+
 def run(
     main,
     argv,

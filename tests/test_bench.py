@@ -153,6 +153,8 @@ def test_alternate_rotates_the_order():
         (["extra.py"], "unexpected argument"),
         (["--out=/nonexistent-folder/bench.json"], "pass --out="),
         (["--threads=-1"], "--threads must be 0"),
+        # a billion OpenMP threads killed the process without a word
+        (["--threads=1e9"], "(this machine's cores)"),
     ],
 )
 def test_bad_arguments_are_one_line_errors(repo_root, args, message):

@@ -100,6 +100,8 @@ BAD_INPUT = {
         "explore: out_dir nowhere": (["--out_dir=/nonexistent/folder"], ["/nonexistent/folder"]),
         "explore: misspelt option": (["--prot=8000"], ["did you mean 'port'"]),
         "explore: threads past 64 bits": ([f"--threads={2**70}"], ["threads must fit"]),
+        # OpenMP killed the process on its first matmul, without a word
+        "explore: a billion threads": (["--threads=1e9"], ["(this machine's cores)"]),
     },
     "data/prepare.py": {
         "prepare: too little text": (

@@ -127,7 +127,7 @@ def test_summarising_a_run_stopped_before_it_logged_heads_is_one_line(
     assert len(err.strip().splitlines()) == 1
     assert json.loads(results.read_text()) == {"char_plain": {"tokenizer": "char"}}
     assert shakespeare_induction.run(["--threads=0"]) == 2
-    assert "--threads is the torch threads of each run, 1 or more" in capsys.readouterr().err
+    assert "--threads must be 1 to" in capsys.readouterr().err
 
 
 def test_a_runs_summary_reads_its_log_and_its_model(run, data_root):
