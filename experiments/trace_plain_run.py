@@ -107,7 +107,9 @@ def run(argv):
         env = {key: value for key, value in os.environ.items() if key != "GPT_SIMULATE_CPU"}
         done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if done.returncode != 0:
-            sys.exit(f"error: the run failed (exit {done.returncode}): {done.stderr.strip()}")
+            # train.py's own message and exit code: a bad --key=value is its to explain
+            sys.stderr.write(done.stderr)
+            sys.exit(max(done.returncode, 1))
         with open(report) as f:
             return json.load(f)
 
