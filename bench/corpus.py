@@ -454,12 +454,51 @@ def load():
     return open("/proc/loadavg").read().split()[:3]
 
 
+PARTS = ("speed", "memory", "step")
+
+
+def counts(key, text):
+    """A comma-separated option of whole numbers, each 1 or more."""
+    try:
+        values = [int(n) for n in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise ConfigError(f"--{key} is whole numbers of 1 or more, comma-separated; got {text!r}")
+    return values
+
+
+def check(args):
+    """(parts, num_procs, memory sizes) from the options, each checked before any
+    corpus is made; a bad one is a ConfigError."""
+    parts = args.parts.split(",")
+    unknown = [part for part in parts if part not in PARTS]
+    if unknown:
+        raise ConfigError(f"--parts are {', '.join(PARTS)}, comma-separated; got {unknown[0]!r}")
+    if args.mb < 1 or args.rounds < 1:
+        raise ConfigError(f"--mb and --rounds must be 1 or more, got {args.mb} and {args.rounds}")
+    num_procs = counts("num_procs", args.num_procs)
+    sizes = counts("memory_mb", args.memory_mb)
+    if not os.path.isdir(args.tmp):
+        raise ConfigError(f"--tmp is the folder the corpora are made in; {args.tmp} is none")
+    # a corpus's text, then its tokens beside it: about twice its size at most
+    needed = 2 * max(args.mb * ("speed" in parts), max(sizes) * ("memory" in parts))
+    free = shutil.disk_usage(args.tmp).free >> 20
+    if needed > free:
+        raise ConfigError(
+            f"the corpora need about {needed:,} MB in {args.tmp}, which has {free:,} MB free; "
+            "ask for less (--mb, --memory_mb) or point --tmp elsewhere"
+        )
+    return parts, num_procs, sizes
+
+
 def main(argv):
     if wants_help(argv):
         print_help(__doc__, describe_settings(Settings))
         return 0
     try:
         args = parse_settings(Settings, argv, allow_files=False)
+        parts, num_procs, sizes = check(args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -467,12 +506,9 @@ def main(argv):
     print(f"load average before: {' '.join(load())}")
     tmp = tempfile.mkdtemp(prefix="bench_corpus_", dir=args.tmp)
     try:
-        parts = args.parts.split(",")
         if "speed" in parts:
-            num_procs = [int(n) for n in args.num_procs.split(",")]
             bench_speed(tmp, args.mb, args.rounds, num_procs)
         if "memory" in parts:
-            sizes = [int(s) for s in args.memory_mb.split(",")]
             bench_memory(tmp, sizes, args.one_row_group)
         if "step" in parts:
             bench_step(tmp)

@@ -371,6 +371,31 @@ def test_recipes_table_gives_nanogpt_its_estimate_and_ours_the_whole_split():
     assert target["measured"] == 0.5 and target["met"] is False  # 0.50x is over 0.30x
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        # it printed its header and exited 0, having measured nothing
+        (["--parts=sped"], "--parts are speed, memory, step, comma-separated; got 'sped'"),
+        # data/prepare.py failed under it, exit 1
+        (["--mb=0"], "--mb and --rounds must be 1 or more, got 0 and 3"),
+        # min() of nothing: a traceback after the corpus was made
+        (["--rounds=-1"], "--mb and --rounds must be 1 or more, got 250 and -1"),
+        (["--num_procs=1,two"], "--num_procs is whole numbers of 1 or more"),
+        (["--memory_mb=0"], "--memory_mb is whole numbers of 1 or more"),
+        (["--tmp=/nonexistent-folder"], "--tmp is the folder the corpora are made in"),
+        (["--mb=1000000000"], "ask for less (--mb, --memory_mb) or point --tmp elsewhere"),
+    ],
+)
+def test_corpus_bench_bad_options_are_one_line_before_any_corpus(argv, message, capsys):
+    from bench import corpus
+
+    assert corpus.main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # not even the header: nothing was measured
+    assert captured.err.startswith("error: ") and message in captured.err
+    assert len(captured.err.strip().splitlines()) == 1
+
+
 def test_corpus_preparation_bench_runs_every_contender(repo_root, tmp_path):
     """`python -m bench.corpus` on a 1 MB corpus, one round: the CPU's class named,
     every contender measured on the same file, the ratios printed; an unknown key
