@@ -481,8 +481,13 @@ def check(args):
     sizes = counts("memory_mb", args.memory_mb)
     if not os.path.isdir(args.tmp):
         raise ConfigError(f"--tmp is the folder the corpora are made in; {args.tmp} is none")
+    made = []  # MB of text of each corpus made
+    if "speed" in parts:
+        made.append(args.mb)
+    if "memory" in parts:
+        made += sizes
     # a corpus's text, then its tokens beside it: about twice its size at most
-    needed = 2 * max(args.mb * ("speed" in parts), max(sizes) * ("memory" in parts))
+    needed = 2 * max(made, default=0)
     free = shutil.disk_usage(args.tmp).free >> 20
     if needed > free:
         raise ConfigError(
