@@ -74,7 +74,7 @@ from support.settings import Settings as TrainSettings
 class Settings:
     out_dir: str = "out-shakespeare-char-cpu"  # the CPU recipe's checkpoint
     init_from: str = ""  # or a checkpoint folder, or a Hugging Face GPT-2 folder
-    threads: int = 2  # torch's CPU threads
+    threads: int = min(2, os.cpu_count() or 1)  # torch's CPU threads
     tokens: int = 64  # the prompt's length
     repeats: int = 20  # timed runs of each part; the median is reported
     gpt2: bool = True  # also patch every head of a GPT-2-shaped random model (about a minute)
@@ -120,6 +120,7 @@ def post(port, body, path="/api/analyze"):
 
 
 def main(cfg):
+    cli.check_threads(cfg.threads, least=1)
     torch.set_num_threads(cfg.threads)
     if cfg.live_only:
         live_follow(cfg)

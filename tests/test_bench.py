@@ -230,6 +230,15 @@ def test_a_benchmarks_own_bad_option_is_bad_input(name, argv, message, monkeypat
     assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("threads", ["0", "-1", "1e9"])
+def test_the_explorer_bench_takes_threads_from_one_to_the_cores(threads, monkeypatch, capsys):
+    # 0 and -1 reached torch.set_num_threads, a traceback; a billion, OpenMP's abort
+    assert run_module("explore", [f"--threads={threads}"], monkeypatch) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --threads must be 1 to ") and "(this machine's cores)" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_a_benchmark_runs_alone(repo_root, tmp_path):
     """`python -m bench.attention` measures attention and nothing else, with the
     same header, table and JSON as in the whole run."""
