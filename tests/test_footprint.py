@@ -4,9 +4,10 @@ no module of a feature that is off among them."""
 
 import ast
 import os
-import subprocess
-import sys
 
+import pytest
+
+from experiments import trace_plain_run
 from experiments.trace_plain_run import footprint
 from support import hardware
 
@@ -88,15 +89,12 @@ def test_train_imports_each_feature_in_setup_alone():
     assert inside == {f"support.{name}" for name in turned_on}, inside
 
 
-def test_a_bad_option_to_the_trace_is_train_pys_own_line(repo_root):
+def test_a_bad_option_to_the_trace_is_train_pys_own_line(capsys):
     """The trace passes its options to train.py: a bad one is train.py's line and
     exit code, as the command itself would give them."""
-    r = subprocess.run(
-        [sys.executable, "-m", "experiments.trace_plain_run", "--max_iter=4"],
-        cwd=repo_root,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr == "error: unknown config key 'max_iter'; did you mean 'max_iters'?\n"
+    with pytest.raises(SystemExit) as stop:
+        trace_plain_run.run(["--max_iter=4"])
+    assert stop.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == "error: unknown config key 'max_iter'; did you mean 'max_iters'?\n"
