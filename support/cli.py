@@ -8,6 +8,7 @@ the exit codes configurator.py gives (0 done, 2 bad input, 1 failed, 130 Ctrl-C)
 import os
 import re
 import sys
+import tempfile
 
 import torch
 
@@ -37,6 +38,10 @@ def output_folder(path, option="--out_dir"):
     names the option to change, before any work is spent."""
     try:
         os.makedirs(path, exist_ok=True)
+        # a file made and removed: makedirs passes where the folder exists but takes no
+        # file (/proc to root, a read-only mount), which the run would meet at its end
+        with tempfile.TemporaryFile(dir=path):
+            pass
     except OSError as e:
         raise ConfigError(
             f"cannot write into {path} ({e.strerror or e}); pass {option}=DIR"

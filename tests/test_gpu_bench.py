@@ -549,6 +549,8 @@ def test_without_cuda_it_says_so_and_writes_nothing(tmp_path):
         (["--part=smoke", "--record=x.json"], "--part must be one of gpt2, decode"),
         (["--part=gpt2"], "--part needs --record=PATH"),
         (["--budjet=9"], "did you mean 'budget'"),
+        # a folder that takes no file, met only at the end of the first part's minutes
+        (["--dry_run=True", "--page=/proc/gpu.md"], "cannot write into /proc"),
     ],
 )
 def test_bad_options_are_one_line(tmp_path, monkeypatch, capsys, args, message):
