@@ -218,8 +218,6 @@ def test_decode_alone_on_a_cpu_says_what_to_do(monkeypatch, capsys):
         ("__main__", ["--long_context_part=cache"], "add --long_context"),
         ("__main__", ["--nanogpt=../nanoGPT"], "add --recipes"),
         ("__main__", ["--recipes", "--long_context"], "give one"),
-        ("recipes", ["--minutes=-1"], "--minutes must be 0 or more"),
-        ("recipes", ["--minutes=1", "--png=/nonexistent-folder/a.png"], "cannot write --png"),
     ],
 )
 def test_a_benchmarks_own_bad_option_is_bad_input(name, argv, message, monkeypatch, capsys):
