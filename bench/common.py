@@ -54,7 +54,8 @@ NOTES = [
 
 
 class BenchError(Exception):
-    """A problem the user can fix; printed as one line."""
+    """A benchmark that cannot give a figure to trust (the contenders disagree, a run
+    under it failed): one line, exit 1. A bad option is a ConfigError, exit 2."""
 
 
 # -----------------------------------------------------------------------------
