@@ -547,30 +547,28 @@ def test_a_graph_cached_under_the_avx2_cap_is_not_read_back_at_full_width(tmp_pa
 # bench/smoke_gpu.py
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_smoke_test_without_cuda_says_so_and_does_nothing(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.smoke_gpu"],
-        cwd=tmp_path,
+def run_smoke_test(folder, *args):
+    """`python -m bench.smoke_gpu args` from folder, the repository on its path."""
+    return subprocess.run(
+        [sys.executable, "-m", "bench.smoke_gpu", *args],
+        cwd=folder,
         env=dict(child_env(), PYTHONPATH=REPO),
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_smoke_test_without_cuda_says_so_and_does_nothing(tmp_path):
+    proc = run_smoke_test(tmp_path)
     assert proc.returncode == 0 and proc.stderr == ""
     assert len(proc.stdout.splitlines()) == 1 and "no CUDA GPU" in proc.stdout
     assert os.listdir(tmp_path) == []
 
 
 def test_smoke_test_refuses_options_it_does_not_take(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.smoke_gpu", "--device=cuda"],
-        cwd=tmp_path,
-        env=dict(child_env(), PYTHONPATH=REPO),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_smoke_test(tmp_path, "--device=cuda")
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip() == (
         "error: python -m bench.smoke_gpu takes no options, got '--device=cuda'"
