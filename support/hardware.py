@@ -283,17 +283,15 @@ def faster_cpu_dtype(key, seconds_per_pass, rounds=3):
 
 
 if __name__ == "__main__":
-    if "-h" in sys.argv or "--help" in sys.argv:
+    from support.configurator import BAD_INPUT, error, wants_help  # no torch there either
+
+    if wants_help(sys.argv[1:]):
         print(__doc__.strip())
         sys.exit(0)
     unknown = [arg for arg in sys.argv[1:] if arg != "--again"]
     if unknown:
-        # torch is not loaded here, nor the configurator: its line, written alike
-        print(
-            f"error: unknown option {unknown[0]!r}; python -m support.hardware [--again]",
-            file=sys.stderr,
-        )
-        sys.exit(2)
+        error(f"unknown option {unknown[0]!r}; python -m support.hardware [--again]")
+        sys.exit(BAD_INPUT)
     verdict = check_bf16(again="--again" in sys.argv)
     print(json.dumps(verdict, indent=1))
     print(f"(the verdict above is cached in {cache_path()})")
