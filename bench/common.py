@@ -13,13 +13,12 @@ import os
 import platform
 import resource
 import sys
-import tempfile
 import time
 
 import torch
 
 from support import engine
-from support.cli import check_threads
+from support.cli import check_threads, try_writing_in
 from support.configurator import (
     ConfigError,
     parse_settings,
@@ -322,11 +321,8 @@ def check_options(args):
     if not args.out or os.path.isdir(args.out):
         raise ConfigError(f"--out is the JSON file to write, got {args.out!r}; pass --out=PATH")
     folder = os.path.dirname(os.path.abspath(args.out))
-    # a file made and removed there: os.access says yes to root in /proc and on
-    # read-only mounts, and the run would fail only at its end, its figures lost
     try:
-        with tempfile.TemporaryFile(dir=folder):
-            pass
+        try_writing_in(folder)
     except OSError:
         raise ConfigError(
             f"cannot write {args.out}: {folder} is not a writable folder; "

@@ -33,15 +33,20 @@ from support.loading import LoadError
 USER_ERRORS = (ConfigError, DataError, CheckpointError, TokenizerError, LoadError, DeviceError)
 
 
+def try_writing_in(folder):
+    """Make a file in folder and remove it, or OSError. os.makedirs and os.access say
+    yes where a folder exists but takes no file (/proc to root, a read-only mount),
+    which a run would otherwise meet only at its end."""
+    with tempfile.TemporaryFile(dir=folder):
+        pass
+
+
 def output_folder(path, option="--out_dir"):
     """Make the folder a command writes its results into, or a ConfigError that
     names the option to change, before any work is spent."""
     try:
         os.makedirs(path, exist_ok=True)
-        # a file made and removed: makedirs passes where the folder exists but takes no
-        # file (/proc to root, a read-only mount), which the run would meet at its end
-        with tempfile.TemporaryFile(dir=path):
-            pass
+        try_writing_in(path)
     except OSError as e:
         raise ConfigError(
             f"cannot write into {path} ({e.strerror or e}); pass {option}=DIR"
