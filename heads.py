@@ -323,16 +323,26 @@ def main(cfg):
     data, dataset = val_tokens(source, tok, cfg.dataset, cfg.data_root)
     model.to(device=device, dtype=dtype).eval()
     cfg.batch_size = cfg.batch_size or max(1, BATCH_TOKENS // model.config.block_size)
-    rep = report(cfg, model, tok, data, dataset, source)
     out = os.path.join(folder, "heads")
+    # a folder that takes no file is found now, not after the measurements
+    try:
+        os.makedirs(out, exist_ok=True)
+        cli.try_writing_in(out)
+    except OSError as e:
+        raise cannot_write(out, e) from None
+    rep = report(cfg, model, tok, data, dataset, source)
     try:
         table = write(rep, out, model.config.n_layer, model.config.n_head)
     except OSError as e:
-        raise HeadsError(
-            f"cannot write into {out} ({e.strerror or e}); pass an --out_dir you can write to"
-        ) from None
+        raise cannot_write(out, e) from None
     print(table)
     print(f"wrote {os.path.join(out, 'heads.json')}, heads.md and heads.png")
+
+
+def cannot_write(out, e):
+    return HeadsError(
+        f"cannot write into {out} ({e.strerror or e}); pass an --out_dir you can write to"
+    )
 
 
 # what to try when the GPU runs out of memory

@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import json
 import re
+import shutil
 import types
 
 import numpy as np
@@ -482,6 +483,20 @@ def test_no_checkpoint_and_a_dataset_of_another_tokenizer(ckpt_dir, tiny, tmp_pa
     assert heads.run([f"--out_dir={ckpt_dir}", "--dataset=other", f"--data_root={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "another tokenizer" in err
+
+
+def test_a_folder_that_takes_no_file_stops_before_the_measurements(
+    ckpt_dir, tmp_path, capsys, monkeypatch
+):
+    # the report goes to <checkpoint folder>/heads, here a file: nothing to measure for
+    shutil.copy(checkpoint_path(ckpt_dir), tmp_path)
+    (tmp_path / "heads").write_text("a file, not a folder")
+    measured = []
+    monkeypatch.setattr(heads, "report", lambda *args: measured.append(args))
+    assert heads.run([f"--out_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: cannot write into {tmp_path / 'heads'}"), err
+    assert len(err.splitlines()) == 1 and measured == []
 
 
 def test_checkpoint_file_and_a_checkpoint_without_its_dataset(ckpt_dir, tiny, tmp_path, capsys):

@@ -464,6 +464,22 @@ def write_hf_gpt2(model, folder):
         )
 
 
+def test_attention_folder_that_takes_no_file_stops_before_sampling(tmp_path, capsys):
+    torch.manual_seed(1)
+    model = GPT(GPTConfig(block_size=16, vocab_size=50257, n_layer=1, n_head=2, n_embd=16))
+    (tmp_path / "gpt2-tiny").mkdir()
+    write_hf_gpt2(model, str(tmp_path / "gpt2-tiny"))
+    (tmp_path / "a_file").write_text("not a folder")
+    attn_dir = tmp_path / "a_file" / "maps"
+    code = sample.run(
+        [f"--init_from={tmp_path / 'gpt2-tiny'}", "--max_new_tokens=4", f"--attn_dir={attn_dir}"]
+    )
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert err.strip().startswith(f"error: cannot write attention maps to {attn_dir}"), err
+    assert out == ""  # no sample was drawn only to be followed by this error
+
+
 def test_init_from_hugging_face_folder(tmp_path, capsys):
     torch.manual_seed(1)
     model = GPT(GPTConfig(block_size=64, vocab_size=50257, n_layer=1, n_head=2, n_embd=16)).eval()
