@@ -47,6 +47,7 @@ from support.checkpoint import (
     rng_state,
     save_checkpoint,
     set_rng_state,
+    what_is_kept,
 )
 from support.configurator import (
     BAD_INPUT,
@@ -366,7 +367,7 @@ def train(run):
                     )
                     run.seconds = seconds
                     if not math.isfinite(loss):
-                        raise diverged(loss, iter_num - 1)
+                        raise diverged(run, loss, iter_num - 1)
                     dt = clock.per_iter(iter_num)  # seconds per iter since the last log step
                     # the step's measurements: a new one is one more key here
                     step = dict(
@@ -598,7 +599,7 @@ def evaluate(run, iter_num, elapsed, final):
             raise Stopped()
         rec.update(scores)
     if not (math.isfinite(rec["train_loss"]) and math.isfinite(rec["val_loss"])):
-        raise diverged(rec["val_loss"], iter_num)
+        raise diverged(run, rec["val_loss"], iter_num)
     if run.master and "timeline" in run.features:
         timeline = run.features["timeline"]
         rec.update(timeline.at_evaluation(run.cfg, run.raw, run.meta, run.splits["val"], iter_num))
@@ -607,10 +608,10 @@ def evaluate(run, iter_num, elapsed, final):
     return rec
 
 
-def diverged(loss, iter_num):
+def diverged(run, loss, iter_num):
     return TrainingError(
         f"the loss is {loss} at iter {iter_num}: training diverged; "
-        "try a lower --learning_rate (the last checkpoint is kept)"
+        f"try a lower --learning_rate ({what_is_kept(run.cfg.out_dir)})"
     )
 
 
@@ -828,15 +829,15 @@ def main(argv=None):
                 fail(
                     "out of memory while training; lower --batch_size (raise "
                     "--gradient_accumulation_steps to keep the batch) or --block_size; "
-                    "the last checkpoint is kept",
+                    f"{what_is_kept(run.cfg.out_dir)}",
                     FAILED,
                 )
             if not lost_peer(e, run.world):
                 raise
             fail(
                 f"process {run.rank} lost contact with the others ({first_line(e)}); another "
-                "process failed or stopped responding (see its error above); the last "
-                "checkpoint is kept",
+                "process failed or stopped responding (see its error above); "
+                f"{what_is_kept(run.cfg.out_dir)}",
                 FAILED,
             )
         finally:

@@ -34,6 +34,13 @@ def checkpoint_path(out_dir):
     return os.path.join(out_dir, CKPT_NAME)
 
 
+def what_is_kept(out_dir):
+    """The end of a failed run's last line: a run fails before its first save too."""
+    if os.path.exists(checkpoint_path(out_dir)):
+        return "the last checkpoint is kept"
+    return "no checkpoint was saved"
+
+
 def save_checkpoint(obj, path):
     """Write to a temporary file beside path, then rename it over path.
 

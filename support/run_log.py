@@ -10,7 +10,7 @@ import os
 
 from tqdm import tqdm
 
-from support.checkpoint import first_line
+from support.checkpoint import first_line, what_is_kept
 
 
 class LogError(Exception):
@@ -75,7 +75,7 @@ def append(rec, out_dir):
             f.write(json.dumps(rec) + "\n")
     except OSError as e:
         raise LogError(
-            f"cannot write {path} ({e.strerror or e}); the last checkpoint is kept"
+            f"cannot write {path} ({e.strerror or e}); {what_is_kept(out_dir)}"
         ) from None
 
 

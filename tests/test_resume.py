@@ -175,10 +175,8 @@ def test_kill_during_save_keeps_previous_checkpoint(data_root, tmp_path):
     assert load_checkpoint(str(out))["iter_num"] == 4
 
 
-def test_divergence_stops_without_touching_the_checkpoint(data_root, tmp_path, capsys):
-    out = tmp_path / "out"
-    run_in_process(tiny_run(data_root, out, "--max_iters=4", "--eval_interval=2"))
-    before = file_hash(out / "ckpt.pt")
+def diverging_run(data_root, out, capsys, *extra):
+    """The one error line of a run whose loss becomes nan; it exits 1."""
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
         run_in_process(
@@ -187,16 +185,29 @@ def test_divergence_stops_without_touching_the_checkpoint(data_root, tmp_path, c
                 out,
                 "--max_iters=200",
                 "--eval_interval=1000",
-                "--init_from=resume",
                 "--learning_rate=1e6",
                 "--decay_lr=False",
                 "--grad_clip=0",
+                *extra,
             )
         )
     assert exit_info.value.code == 1
     err = capsys.readouterr().err
     line = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(line) == 1 and "diverged" in line[0] and "learning_rate" in line[0], err
+    return line[0]
+
+
+def test_divergence_stops_without_touching_the_checkpoint(data_root, tmp_path, capsys):
+    # before its first save, a run has no checkpoint to keep, and says so
+    fresh = tmp_path / "fresh"
+    assert diverging_run(data_root, fresh, capsys).endswith("(no checkpoint was saved)")
+    assert not (fresh / "ckpt.pt").exists()
+    out = tmp_path / "out"
+    run_in_process(tiny_run(data_root, out, "--max_iters=4", "--eval_interval=2"))
+    before = file_hash(out / "ckpt.pt")
+    line = diverging_run(data_root, out, capsys, "--init_from=resume")
+    assert line.endswith("(the last checkpoint is kept)")
     assert file_hash(out / "ckpt.pt") == before
 
 
