@@ -234,7 +234,8 @@ class Explorer:
                 "--out_dir of a run trained with --snapshots=True"
             )
         paths = timeline.list_snapshots(self.run_dir)
-        if isinstance(step, bool) or step not in paths:
+        # a step is an iter: a list or an object would not even be looked up (unhashable)
+        if isinstance(step, bool) or not isinstance(step, int) or step not in paths:
             raise RequestError(
                 f"no snapshot at step {step!r}; GET /api/steps lists them ({len(paths)} here)"
             )

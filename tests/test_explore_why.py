@@ -254,6 +254,14 @@ def test_steps_are_the_snapshots_and_each_answers_as_its_model(trained, run_dir)
         )
         status, answer = request(server, "POST", "/api/analyze", {"prompt": "a", "step": 41})
         assert status == 400 and "no snapshot at step 41" in answer["error"]
+        # a step that is no number is the same one line (it was a 500: unhashable type)
+        for path in ("/api/analyze", "/api/generate", "/api/patch", "/api/composition"):
+            for step in ([40], {"step": 40}, 40.0, "40"):
+                status, answer = request(server, "POST", path, {"step": step})
+                assert status == 400 and f"no snapshot at step {step!r}" in answer["error"], (
+                    path,
+                    answer,
+                )
     finally:
         guard.cancel()
         server.shutdown()
