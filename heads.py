@@ -324,25 +324,16 @@ def main(cfg):
     model.to(device=device, dtype=dtype).eval()
     cfg.batch_size = cfg.batch_size or max(1, BATCH_TOKENS // model.config.block_size)
     out = os.path.join(folder, "heads")
-    # a folder that takes no file is found now, not after the measurements
-    try:
-        os.makedirs(out, exist_ok=True)
-        cli.try_writing_in(out)
-    except OSError as e:
-        raise cannot_write(out, e) from None
+    cli.output_folder(out)  # found now, not after the measurements
     rep = report(cfg, model, tok, data, dataset, source)
     try:
         table = write(rep, out, model.config.n_layer, model.config.n_head)
     except OSError as e:
-        raise cannot_write(out, e) from None
+        raise HeadsError(
+            f"cannot write into {out} ({e.strerror or e}); pass an --out_dir you can write to"
+        ) from None
     print(table)
     print(f"wrote {os.path.join(out, 'heads.json')}, heads.md and heads.png")
-
-
-def cannot_write(out, e):
-    return HeadsError(
-        f"cannot write into {out} ({e.strerror or e}); pass an --out_dir you can write to"
-    )
 
 
 # what to try when the GPU runs out of memory

@@ -246,12 +246,7 @@ def main(cfg):
         )
         attn_dir = ""
     if attn_dir:
-        # a folder that takes no file is found now, not after the samples
-        try:
-            os.makedirs(attn_dir, exist_ok=True)
-            cli.try_writing_in(attn_dir)
-        except OSError as e:
-            raise cannot_write(attn_dir, e) from None
+        cli.output_folder(attn_dir, "--attn_dir")  # found now, not after the samples
     torch.manual_seed(cfg.seed)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)
@@ -322,20 +317,16 @@ def save_attention(attn_dir, tok, steps, ids):
     try:
         stats = attention_maps.write_all(attn_dir, layers, tok.token_strings(window), window, start)
     except OSError as e:
-        raise cannot_write(attn_dir, e) from None
+        raise SampleError(
+            f"cannot write attention maps to {attn_dir} ({e.strerror or e}); "
+            'pass --attn_dir DIR, or --attn_dir "" to skip them'
+        ) from None
     n_layer, n_head, T = len(layers), layers[0].shape[0], len(window)
     print(
         f"attention of sample 1 ({T} tokens, {n_layer} layers x {n_head} heads): "
         f"{os.path.join(attn_dir, 'index.html')}"
     )
     print(attention_maps.format_table(stats))
-
-
-def cannot_write(attn_dir, e):
-    return SampleError(
-        f"cannot write attention maps to {attn_dir} ({e.strerror or e}); "
-        'pass --attn_dir DIR, or --attn_dir "" to skip them'
-    )
 
 
 # what to try when the GPU runs out of memory

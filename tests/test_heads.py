@@ -496,6 +496,7 @@ def test_a_folder_that_takes_no_file_stops_before_the_measurements(
     assert heads.run([f"--out_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: cannot write into {tmp_path / 'heads'}"), err
+    assert err.endswith("pass --out_dir=DIR"), err
     assert len(err.splitlines()) == 1 and measured == []
 
 

@@ -476,7 +476,8 @@ def test_attention_folder_that_takes_no_file_stops_before_sampling(tmp_path, cap
     )
     out, err = capsys.readouterr()
     assert code == 2
-    assert err.strip().startswith(f"error: cannot write attention maps to {attn_dir}"), err
+    assert err.strip().startswith(f"error: cannot write into {attn_dir}"), err
+    assert err.strip().endswith("pass --attn_dir=DIR"), err
     assert out == ""  # no sample was drawn only to be followed by this error
 
 
