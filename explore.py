@@ -16,7 +16,9 @@ folder gives the page a step slider. Ctrl-C stops it. Options are --key=value;
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import dataclasses
+import errno
 import os
+import socket
 import sys
 
 import torch
@@ -41,6 +43,7 @@ class Settings:
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+HOSTS = "127.0.0.1 (this machine only), 0.0.0.0 (every interface) or an address of this machine"
 
 
 class ExploreError(Exception):
@@ -51,6 +54,9 @@ def start_server(cfg):
     """Load the model and bind the server; return it (not yet serving)."""
     if not 0 <= cfg.port <= 65535:
         raise ExploreError(f"--port must be from 0 to 65535, got {cfg.port}")
+    if not cfg.host:
+        # an empty host listens on every interface, as 0.0.0.0 does: say it if it is meant
+        raise ExploreError(f"--host is empty; pass {HOSTS}")
     cli.check_threads(cfg.threads)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -64,9 +70,12 @@ def start_server(cfg):
     try:
         return ExplorerServer(explorer, cfg.host, cfg.port)
     except OSError as e:
+        fix = "pass another --port (or --port=0 for any free one)"
+        # a name that does not resolve, or an address that is not this machine's
+        if isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL:
+            fix = f"pass another --host: {HOSTS}"
         raise ExploreError(
-            f"cannot listen on {cfg.host}:{cfg.port} ({e.strerror or e}); "
-            "pass another --port (or --port=0 for any free one)"
+            f"cannot listen on {cfg.host}:{cfg.port} ({e.strerror or e}); {fix}"
         ) from None
 
 

@@ -26,6 +26,7 @@ one lock: several tabs are answered correctly, one forward at a time.
 import json
 import math
 import os
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
@@ -687,6 +688,8 @@ class ExplorerServer(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, explorer, host, port):
+        if ":" in host:
+            self.address_family = socket.AF_INET6  # an IPv6 address, as ::1
         super().__init__((host, port), Handler)
         self.explorer = explorer
         port = self.server_port

@@ -102,6 +102,10 @@ BAD_INPUT = {
         "explore: threads past 64 bits": ([f"--threads={2**70}"], ["threads must fit"]),
         # OpenMP killed the process on its first matmul, without a word
         "explore: a billion threads": (["--threads=1e9"], ["(this machine's cores)"]),
+        # an address no machine has (RFC 5737's TEST-NET-1): the host is at fault, not the port
+        "explore: host not of this machine": (["--host=192.0.2.1"], ["pass another --host"]),
+        # an empty host listens on every interface, as 0.0.0.0 does
+        "explore: empty host": (["--host="], ["--host is empty", "0.0.0.0"]),
     },
     "data/prepare.py": {
         "prepare: too little text": (

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 from conftest import ctrl_c_reaches_it, heads_zeroed, train_char_model
 
 from explorer import server as explorer
-from explorer.server import PAGE_DIR, Explorer, ExplorerServer
+from explorer.server import PAGE_DIR, Explorer, ExplorerServer, address
 from model import GPT, GPTConfig
 from support import attention_maps, head_measures
 from support.checkpoint import checkpoint_path, save_checkpoint
@@ -403,6 +404,35 @@ def test_bad_request_gets_a_4xx_line_and_the_server_goes_on(server, name):
     assert words in answer["error"]
     assert "\n" not in answer["error"] and "Traceback" not in answer["error"]
     assert analyze(server, prompt="ab", continuation=0)["tokens"] == ["a", "b"]
+
+
+def ipv6_loopback():
+    """Whether this machine can listen on ::1 (a container may have no IPv6)."""
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="this machine has no IPv6 loopback")
+def test_the_ipv6_loopback_is_served_as_localhost(trained):
+    # explore.py names ::1 as loopback; the server bound IPv4 sockets only
+    server = ExplorerServer(Explorer(trained["model"], trained["tok"]), "::1", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert address(server) == f"http://[::1]:{server.server_port}/"
+        conn = http.client.HTTPConnection("::1", server.server_port, timeout=TIMEOUT)
+        conn.request("GET", "/api/info")  # its Host header: [::1]:port
+        response = conn.getresponse()
+        assert response.status == 200
+        assert json.loads(response.read())["n_layer"] == trained["model"].config.n_layer
+        conn.close()
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_maps_too_large_for_an_answer_are_refused(server, monkeypatch):
