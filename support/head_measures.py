@@ -43,8 +43,14 @@ def val_tokens(source, tok, name="", root=None):
     # a checkpoint of this project says what it read (mmap: no weights are read)
     if os.path.isfile(path):
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        name = name or ckpt.get("dataset", "")
-        root = root or ckpt.get("config", {}).get("data_root")
+        recorded = ckpt.get("config")
+        # a damaged record (not the dict and string train.py writes) counts as none
+        if not isinstance(recorded, dict):
+            recorded = {}
+        if not name and isinstance(ckpt.get("dataset"), str):
+            name = ckpt["dataset"]
+        if not root and isinstance(recorded.get("data_root"), str):
+            root = recorded["data_root"]
     if not name:
         raise HeadsError(
             f"{source} does not say which dataset it was trained on; pass --dataset=NAME "

@@ -8,6 +8,8 @@ it (load_model). Every failure the user can fix is one line.
 
 import os
 
+import torch
+
 from model import GPT, GPTConfig
 from support.checkpoint import (
     LOAD_ERRORS,
@@ -36,6 +38,12 @@ def from_checkpoint(ckpt, path, **overrides):
             f"{path} does not match this model.py ({first_line(e)}); "
             "use another copy or train it again with this version"
         ) from None
+    bad = nonfinite_weight(model)
+    if bad is not None:
+        raise CheckpointError(
+            f"{path} holds weights that are not finite (NaN or infinity in {bad}); "
+            "use another copy or train it again"
+        )
     return model
 
 
@@ -46,14 +54,31 @@ def from_gpt2(source, **overrides):
 
     try:
         if is_export(source):
-            return read_model(source, **overrides)
-        return GPT.from_pretrained(source, **overrides)
+            model = read_model(source, **overrides)
+        else:
+            model = GPT.from_pretrained(source, **overrides)
     except ExportError as e:
         raise LoadError(str(e)) from None
     except (OSError, *LOAD_ERRORS) as e:
         if out_of_memory(e):
             raise
         raise LoadError(f"could not load GPT-2 weights from {source}: {first_line(e)}") from None
+    bad = nonfinite_weight(model)
+    if bad is not None:
+        raise LoadError(
+            f"{source} holds weights that are not finite (NaN or infinity in {bad}); "
+            "use another copy"
+        )
+    return model
+
+
+def nonfinite_weight(model):
+    """The name of the first weight holding NaN or infinity, or None. Such a model
+    samples, measures and exports nothing but NaN (and sampling fails on it)."""
+    for name, weight in model.named_parameters():
+        if not torch.isfinite(weight).all():
+            return name
+    return None
 
 
 def folder_tokenizer(source):

@@ -529,3 +529,23 @@ def test_checkpoint_file_and_a_checkpoint_without_its_dataset(ckpt_dir, tiny, tm
         )
         == 0
     )
+
+
+def test_a_damaged_record_of_the_dataset_asks_for_it(tiny, tmp_path, capsys):
+    # what train.py writes is a dict of settings and a dataset's name: anything else
+    # in their place says nothing, and the command asks for the dataset
+    save_checkpoint(
+        {
+            "model": tiny["model"].state_dict(),
+            "model_args": dataclasses.asdict(tiny["config"]),
+            "tokenizer": tiny["tok"].describe(),
+            "config": None,
+            "dataset": 5,
+        },
+        checkpoint_path(tmp_path),
+    )
+    assert heads.run([f"--out_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "pass --dataset=NAME" in err and "\n" not in err, err
+    args = [f"--out_dir={tmp_path}", "--dataset=tiny", f"--data_root={tiny['root']}"]
+    assert heads.run([*args, "--max_windows=5"]) == 0

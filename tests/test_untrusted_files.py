@@ -15,6 +15,7 @@ import zipfile
 import pytest
 import torch
 from conftest import error_line, file_hash, small_run
+from safetensors.torch import load_file, save_file
 
 
 class RunsCode:
@@ -58,6 +59,7 @@ def damage_files(inputs, marker):
     checkpoint("ckpt_runs_code", dict(ckpt, model=RunsCode(marker)))
     checkpoint("ckpt_wrong_field", dict(ckpt, iter_num="2"))
     checkpoint("ckpt_wrong_shapes", dict(ckpt, model_args=dict(ckpt["model_args"], n_embd=64)))
+    checkpoint("ckpt_nan", dict(ckpt, model=with_a_nan(ckpt["model"])))
 
     def dataset(name, filename, data):
         folder = os.path.join(root, name)
@@ -98,9 +100,23 @@ def damage_files(inputs, marker):
         with open(path, "wb") as f:
             f.write(data[: len(data) // 2])
 
+    def nan_weight(folder):
+        path = os.path.join(folder, "model.safetensors")
+        save_file(with_a_nan(load_file(path)), path)
+
     hf_folder("hf_runs_code", runs_code)
     hf_folder("hf_truncated", truncate)
+    hf_folder("hf_nan", nan_weight)
     return made
+
+
+def with_a_nan(weights):
+    """A copy of weights, one number of the last matrix NaN: what sampling would fail on."""
+    weights = dict(weights)
+    name = [key for key, value in weights.items() if value.dim() == 2][-1]
+    weights[name] = weights[name].clone()
+    weights[name][0, 0] = float("nan")
+    return weights
 
 
 def flip_bytes_inside_a_tensor(blob):
@@ -125,6 +141,7 @@ DAMAGED = {
     "ckpt_runs_code": ("both", "could run code"),
     "ckpt_wrong_field": ("train", "iter_num"),
     "ckpt_wrong_shapes": ("both", "does not match"),
+    "ckpt_nan": ("both", "not finite"),
     "meta_python": ("train", "not valid JSON"),
     "meta_pickle": ("train", "not valid JSON"),
     "meta_truncated": ("train", "not valid JSON"),
@@ -135,6 +152,7 @@ DAMAGED = {
     "bin_random_same_size": ("train", "outside the vocabulary"),
     "hf_runs_code": ("both", "could run code"),
     "hf_truncated": ("both", "could not load GPT-2 weights"),
+    "hf_nan": ("both", "not finite"),
 }
 
 
