@@ -4,6 +4,8 @@ resuming reads, and the optimizer, RNG and data-sampling state put back as they
 were right before the checkpoint's iter (restore). Imported only to resume.
 """
 
+import math
+
 import torch
 
 from support.checkpoint import (
@@ -25,6 +27,8 @@ RESUME_FIELDS = {
     "rng": dict,
     "data": dict,
 }
+# What resuming reads where a checkpoint has it (older ones lack these).
+OPTIONAL_FIELDS = {"seconds": (int, float), "evaluated": bool, "scaler": dict}
 
 
 def check_resumable(ckpt, path):
@@ -32,15 +36,31 @@ def check_resumable(ckpt, path):
     missing = sorted(set(RESUME_FIELDS) - set(ckpt))
     if missing:
         raise CheckpointError(f"cannot resume from {path}: it lacks {', '.join(missing)}")
+    kinds = {key: kind for key, kind in OPTIONAL_FIELDS.items() if key in ckpt}
+    kinds.update(RESUME_FIELDS)
     bad = [
         key
-        for key, kind in RESUME_FIELDS.items()
-        if not isinstance(ckpt[key], kind) or isinstance(ckpt[key], bool)
+        for key, kind in kinds.items()
+        if not isinstance(ckpt[key], kind) or (kind is not bool and isinstance(ckpt[key], bool))
     ]
     if bad:
         raise CheckpointError(
             f"cannot resume from {path}: its {', '.join(bad)} entry has the wrong type; "
             "the file is damaged, resume from another copy"
+        )
+    # a negative iter would train with a negative lr (the warmup's line goes below 0)
+    seconds = ckpt.get("seconds", 0.0)
+    in_range = {
+        "iter_num": ckpt["iter_num"] >= 0,
+        "best_val_loss": not math.isnan(ckpt["best_val_loss"]),
+        "seconds": math.isfinite(seconds) and seconds >= 0,
+    }
+    bad = [key for key, ok in in_range.items() if not ok]
+    if bad:
+        raise CheckpointError(
+            f"cannot resume from {path}: its {', '.join(bad)} entry is out of range "
+            f"({', '.join(repr(ckpt[key]) for key in bad)}); the file is damaged, "
+            "resume from another copy"
         )
 
 
@@ -81,6 +101,7 @@ def restore(ckpt, cfg, optimizers, scaler, data_gen, device, rank):
     try:
         for opt, state in zip(optimizers, states):
             opt.load_state_dict(state)
+            check_optimizer_state(opt)
         if "scaler" in ckpt:
             scaler.load_state_dict(ckpt["scaler"])
         data_gen.set_state(ckpt["data"]["generator"])
@@ -93,3 +114,18 @@ def restore(ckpt, cfg, optimizers, scaler, data_gen, device, rank):
             f"cannot resume from {checkpoint_path(cfg.out_dir)}: its optimizer, RNG or "
             f"data-sampling state is damaged ({first_line(e)}); resume from another copy"
         ) from None
+
+
+def check_optimizer_state(opt):
+    """Raise ValueError where opt's state does not fit its parameters, or is not
+    finite: load_state_dict checks neither, and the first step would fail on it
+    (or the loss become NaN, which would read as a diverged run)."""
+    for param, state in opt.state.items():
+        for name, value in state.items():
+            if not torch.is_tensor(value):
+                continue
+            if value.dim() > 0 and value.shape != param.shape:
+                shape = "x".join(map(str, param.shape))
+                raise ValueError(f"{name} for a {shape} weight has shape {list(value.shape)}")
+            if not torch.isfinite(value).all():
+                raise ValueError(f"{name} holds NaN or infinity")

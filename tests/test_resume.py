@@ -2,6 +2,7 @@
 run exactly, a save or a run that fails leaving the last good one, and stopping by a
 signal or max_time at any moment, even inside an evaluation or between micro-steps."""
 
+import copy
 import os
 import signal
 import subprocess
@@ -209,6 +210,48 @@ def test_divergence_stops_without_touching_the_checkpoint(data_root, tmp_path, c
     line = diverging_run(data_root, out, capsys, "--init_from=resume")
     assert line.endswith("(the last checkpoint is kept)")
     assert file_hash(out / "ckpt.pt") == before
+
+
+def with_damaged_optimizer_state(ckpt, value):
+    """ckpt with the first tensor of its first optimizer's state replaced by value(it)."""
+    state = ckpt["optimizer"][0]["state"] if isinstance(ckpt["optimizer"], list) else None
+    state = state if state is not None else ckpt["optimizer"]["state"]
+    entry = state[next(iter(state))]
+    name = next(key for key, tensor in entry.items() if torch.is_tensor(tensor) and tensor.dim())
+    entry[name] = value(entry[name])
+    return ckpt
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_damaged_resume_state_is_refused_before_any_step(data_root, tmp_path, capsys, optimizer):
+    # load_state_dict checks neither shapes nor values: the first step failed with a
+    # traceback on a wrong shape, and a NaN read as a diverged run ("try a lower lr")
+    out = tmp_path / "out"
+    base = tiny_run(
+        data_root, out, "--max_iters=2", "--eval_interval=2", f"--optimizer={optimizer}"
+    )
+    run_in_process(base)
+    good = load_checkpoint(str(out))
+    damages = {
+        "iter_num entry is out of range (-3)": lambda c: dict(c, iter_num=-3),
+        "best_val_loss entry is out of range (nan)": lambda c: dict(c, best_val_loss=float("nan")),
+        "seconds entry has the wrong type": lambda c: dict(c, seconds="12"),
+        "has shape [3]": lambda c: with_damaged_optimizer_state(c, lambda t: torch.zeros(3)),
+        "holds NaN or infinity": lambda c: with_damaged_optimizer_state(
+            c, lambda t: torch.full_like(t, float("inf"))
+        ),
+    }
+    for said, damage in damages.items():
+        torch.save(damage(copy.deepcopy(good)), out / "damaged.pt")
+        os.replace(out / "damaged.pt", out / "ckpt.pt")
+        before = file_hash(out / "ckpt.pt")
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_info:
+            run_in_process([*base, "--max_iters=4", "--init_from=resume"])
+        err = capsys.readouterr().err.strip()
+        assert exit_info.value.code == 2 and "\n" not in err, err
+        assert err.startswith(f"error: cannot resume from {out / 'ckpt.pt'}") and said in err, err
+        assert file_hash(out / "ckpt.pt") == before
 
 
 def test_failed_save_stops_with_one_line(data_root, tmp_path, monkeypatch, capsys):
