@@ -27,12 +27,12 @@ import sys
 
 import numpy as np
 
-from data.text import prepare_text
-
 # Works both as `python data/induction.py` and as `import data.induction`.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+from data.text import prepare_text
 
 NAME = "induction"  # the dataset's folder under data/
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"

@@ -292,6 +292,30 @@ def test_unknown_dataset_lists_known_ones(tmp_path):
     assert "data/prepare.py" in message
 
 
+def test_each_preparing_command_imports_by_its_path(repo_root, tmp_path):
+    # the commands that DATASETS names (failure lines print them) and data/prepare.py,
+    # run as files from elsewhere: Python puts only the script's own folder on sys.path,
+    # so each puts the repository there before it imports the project (not done, data/
+    # induction.py failed with ModuleNotFoundError). Each in a process of its own, as
+    # the first to fix sys.path would fix it for the rest; their main() is not called.
+    scripts = [command.split()[1] for command in dataset.DATASETS.values()]
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    code = "import runpy, sys; runpy.run_path(sys.argv[1])"
+    starts = {
+        script: subprocess.Popen(
+            [sys.executable, "-c", code, os.path.join(repo_root, script)],
+            cwd=tmp_path,
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for script in [*scripts, "data/prepare.py"]
+    }
+    for script, process in starts.items():
+        _, err = process.communicate(timeout=120)
+        assert process.returncode == 0, f"{script}: {err}"
+
+
 # ---------------------------------------------------------------- own corpus CLI
 
 
