@@ -37,7 +37,9 @@ class ConfigError(Exception):
 def _unknown(key, known):
     import difflib  # here only: a mistyped key
 
-    close = difflib.get_close_matches(key, known, n=1)
+    # --MAX_ITERS and --max-iters are max_iters written another way
+    plain = key.lower().replace("-", "_")
+    close = [plain] if plain in known else difflib.get_close_matches(plain, known, n=1)
     hint = f"; did you mean '{close[0]}'?" if close else ""
     return ConfigError(f"unknown config key {key!r}{hint}")
 
@@ -86,7 +88,12 @@ def run_config_file(path, config, kinds):
     kind. Its __file__ is its path, so that it can find the files beside it."""
     if not os.path.isfile(path):
         shown = path if path.isprintable() else repr(path)  # the message stays one line
-        raise ConfigError(f"config file not found: {shown}")
+        # max_iters=5 or -max_iters=5: a setting without its two dashes
+        key, sep, value = path.lstrip("-").partition("=")
+        hint = (
+            f"; a setting is written --{key}={value if sep else 'VALUE'}" if key in config else ""
+        )
+        raise ConfigError(f"config file not found: {shown}{hint}")
     namespace = dict(config, __file__=path)
     try:
         with open(path, encoding="utf-8") as f:

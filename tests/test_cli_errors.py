@@ -34,6 +34,11 @@ NO_GPU = "this machine has a GPU" if torch.cuda.is_available() else None
 BAD_INPUT = {
     "train.py": {
         "unknown key": (["--batch_sze=3"], ["unknown config key", "'batch_size'"]),
+        "a key in capitals": (["--BATCH_SIZE=3"], ["unknown config key", "'batch_size'"]),
+        "a setting without its dashes": (
+            ["batch_size=3"],
+            ["config file not found: batch_size=3; a setting is written --batch_size=3"],
+        ),
         "wrong type": (["--batch_size=abc"], ["batch_size expects int", "abc"]),
         "not a boolean": (["--bias=maybe"], ["bias expects bool"]),
         "n_layer=0": (["--n_layer=0"], ["n_layer must be a positive integer"]),
