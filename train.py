@@ -134,6 +134,7 @@ class Run:
     # logs the heads, "mfu" measures a GPU's model FLOPs utilisation, "run_estimate"
     # says what a run costs where no device was named and no GPU was found
     features: dict
+    lock: Any  # out_dir's lock, held by rank 0 until the run ends (start_log)
     signals: "StopSignals | None" = None  # set while training, for evaluations and steps
 
     @property
@@ -279,7 +280,7 @@ def setup(cfg):
         run.ddp_model = distributed.wrap_model(run.raw, run.device, run.world, use_compile)
     run.tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
     if run.master:
-        start_log(cfg.out_dir, resumed=run.resumed)
+        run.lock = start_log(cfg.out_dir, resumed=run.resumed)
         split = f" ({run.dp_world} x {cfg.context_parallel} per sequence)" if cp else ""
         shape = f"{cfg.n_layer} layers, {cfg.n_head} heads, {cfg.n_embd} wide"
         print(
@@ -843,6 +844,8 @@ def main(argv=None):
         finally:
             if run.wandb is not None:
                 run.wandb.finish()
+            if run.master:
+                run.lock.close()  # out_dir is free for the next run (in this process too)
     except KeyboardInterrupt:
         fail("interrupted", INTERRUPTED)
     finally:

@@ -10,6 +10,11 @@ import os
 
 from tqdm import tqdm
 
+try:
+    import fcntl
+except ImportError:  # not a Unix: out_dir goes unlocked
+    fcntl = None
+
 from support.checkpoint import first_line, what_is_kept
 
 
@@ -37,16 +42,29 @@ def start_wandb(cfg):
 
 
 def start_log(out_dir, resumed):
-    """Create out_dir; a new run starts a new log, a resumed run goes on with its own."""
+    """Create out_dir and lock it; a new run starts a new log, a resumed run goes on
+    with its own. Returns the lock: out_dir's .lock file, open, which the run keeps
+    until it ends. A second run into the same out_dir would write its log between
+    this one's lines and its checkpoint over this one's: it is refused here."""
     try:
         os.makedirs(out_dir, exist_ok=True)
+        lock = open(os.path.join(out_dir, ".lock"), "a")
+        # flock: the kernel lets go when the process ends, however it ends
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if not resumed:
             open(os.path.join(out_dir, "log.jsonl"), "w").close()
+    except BlockingIOError:
+        raise ValueError(
+            f"another run is training into {out_dir} now; wait for it to end, "
+            "or give this one another --out_dir"
+        ) from None
     except OSError as e:
         raise ValueError(
             f"cannot write into out_dir {out_dir!r} ({e.strerror or e}); "
             "pass an --out_dir that can be created and written"
         ) from None
+    return lock
 
 
 def log_evaluation(rec, out_dir, wandb):

@@ -274,6 +274,46 @@ def test_failed_save_stops_with_one_line(data_root, tmp_path, monkeypatch, capsy
     assert file_hash(out / "ckpt.pt") == before
 
 
+def test_a_second_run_into_an_out_dir_being_trained_is_refused(data_root, tmp_path, capsys):
+    # before the lock, both trained: their lines interleaved in one log.jsonl, and the
+    # one to save last replaced the other's checkpoint
+    out = tmp_path / "out"
+    base = tiny_run(data_root, out, "--eval_interval=2", "--lr_decay_iters=1000")
+    for ending in (signal.SIGTERM, signal.SIGKILL):
+        resume = [] if ending == signal.SIGTERM else ["--init_from=resume"]
+        log = out / "log.jsonl"
+        logged = log.stat().st_size if log.exists() else 0
+        child = start_training([*base, "--max_iters=100000", *resume])
+        try:
+            # training: a checkpoint to resume, and the child's own lines in the log
+            deadline = time.time() + 90
+            while time.time() < deadline and not (
+                (out / "ckpt.pt").exists() and log.exists() and log.stat().st_size > logged
+            ):
+                time.sleep(0.05)
+            capsys.readouterr()
+            with pytest.raises(SystemExit) as exit_info:
+                # were it not refused, it would stop after 3 s of training
+                run_in_process([*base, "--max_iters=100000", "--max_time=3", "--init_from=resume"])
+            err = capsys.readouterr().err.strip()
+            assert exit_info.value.code == 2 and "\n" not in err, err
+            assert err == (
+                f"error: another run is training into {out} now; wait for it to end, "
+                "or give this one another --out_dir"
+            )
+            assert child.poll() is None  # the first goes on
+            child.send_signal(ending)
+            child.communicate(timeout=60)
+        finally:
+            child.kill()
+    # the kernel let go of the lock when the process was killed: the run resumes, and
+    # its log holds each evaluation once, in order
+    stopped = load_checkpoint(str(out))["iter_num"]
+    run_in_process([*base, f"--max_iters={stopped + 2}", "--init_from=resume"])
+    iters = [record["iter"] for record in read_log(out)]
+    assert iters == sorted(set(iters)) and iters[-1] == stopped + 2, iters
+
+
 # -----------------------------------------------------------------------------
 # Stopping: signals and max_time, at any moment, and resuming exactly after
 
