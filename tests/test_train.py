@@ -725,6 +725,7 @@ def test_an_evaluation_compiles_nothing(data_root, tmp_path, capsys):
     torch._dynamo.utils.counters.clear()
     losses = train.estimate_loss(r, seed=3)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0
-    plain = train.setup(dataclasses.replace(cfg, compile=False))
+    # another out_dir: r holds the lock of its own while it lives
+    plain = train.setup(dataclasses.replace(cfg, compile=False, out_dir=str(tmp_path / "plain")))
     assert "compiling" not in capsys.readouterr().out
     assert losses == train.estimate_loss(plain, seed=3)
