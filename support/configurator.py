@@ -89,10 +89,10 @@ def run_config_file(path, config, kinds):
     if not os.path.isfile(path):
         shown = path if path.isprintable() else repr(path)  # the message stays one line
         # max_iters=5 or -max_iters=5: a setting without its two dashes
-        key, sep, value = path.lstrip("-").partition("=")
-        hint = (
-            f"; a setting is written --{key}={value if sep else 'VALUE'}" if key in config else ""
-        )
+        key, _, value = path.lstrip("-").partition("=")
+        hint = ""
+        if key in config:
+            hint = f"; a setting is written --{key}={value or 'VALUE'}"
         raise ConfigError(f"config file not found: {shown}{hint}")
     namespace = dict(config, __file__=path)
     try:
