@@ -278,7 +278,14 @@ def test_a_second_run_into_an_out_dir_being_trained_is_refused(data_root, tmp_pa
     # before the lock, both trained: their lines interleaved in one log.jsonl, and the
     # one to save last replaced the other's checkpoint
     out = tmp_path / "out"
-    base = tiny_run(data_root, out, "--eval_interval=2", "--lr_decay_iters=1000")
+    # saved at every evaluation: a kill leaves at most one logged past the checkpoint
+    base = tiny_run(
+        data_root,
+        out,
+        "--eval_interval=2",
+        "--lr_decay_iters=1000",
+        "--always_save_checkpoint=True",
+    )
     for ending in (signal.SIGTERM, signal.SIGKILL):
         resume = [] if ending == signal.SIGTERM else ["--init_from=resume"]
         log = out / "log.jsonl"
