@@ -214,8 +214,9 @@ def test_divergence_stops_without_touching_the_checkpoint(data_root, tmp_path, c
 
 def with_damaged_optimizer_state(ckpt, value):
     """ckpt with the first tensor of its first optimizer's state replaced by value(it)."""
-    state = ckpt["optimizer"][0]["state"] if isinstance(ckpt["optimizer"], list) else None
-    state = state if state is not None else ckpt["optimizer"]["state"]
+    optimizers = ckpt["optimizer"]
+    first = optimizers[0] if isinstance(optimizers, list) else optimizers
+    state = first["state"]
     entry = state[next(iter(state))]
     name = next(key for key, tensor in entry.items() if torch.is_tensor(tensor) and tensor.dim())
     entry[name] = value(entry[name])
