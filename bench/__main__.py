@@ -32,10 +32,15 @@ first) and report medians, so a busy machine slows all of them alike.
 transformers is a test-only dependency (requirements-dev.txt).
 """
 
+import os
+import sys
+
+# run by its path too, not only with -m: the repository's modules come first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import dataclasses
-import sys
 
 from bench import attention, common, decode, generate, long_context, recipes, train_step
 

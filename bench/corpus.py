@@ -26,15 +26,19 @@ into documents of 1 to 20 paragraphs, and deleted afterwards. Ratios measured
 in one run are what count; the machine's load average is printed with them.
 """
 
+import os
+import sys
+
+# run by its path too, not only with -m: the repository's modules come first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import contextlib
 import dataclasses
 import json
-import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from statistics import median

@@ -7,9 +7,14 @@ weight and the filled part of the cache read once per token.
     python -m bench.decode --device=cuda [--quick]
 """
 
+import os
+import sys
+
+# run by its path too, not only with -m: the repository's modules come first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
-import sys
 import time
 from statistics import median
 

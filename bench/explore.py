@@ -40,17 +40,21 @@ Then, each against a peer timed in the same run:
 The CPU's class comes from bench/common.py, as for every benchmark.
 """
 
+import os
+import sys
+
+# run by its path too, not only with -m: the repository's modules come first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import dataclasses
 import http.client
 import json
-import os
 import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time

@@ -6,9 +6,14 @@ Face's generate, batch 1 and 8.
     python -m bench.generate [--device=cpu|cuda] [--quick] [--threads=N]
 """
 
+import os
+import sys
+
+# run by its path too, not only with -m: the repository's modules come first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
-import sys
 import time
 from statistics import median
 

@@ -24,17 +24,21 @@ The compile cache starts empty (the figures include compiling from cold) and the
 after (a) share it. Without CUDA it says so and writes nothing.
 """
 
+import os
+import sys
+
+# run by its path too, not only with -m: the repository's modules come first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import dataclasses
 import datetime
 import json
-import os
 import platform
 import re
 import shutil
 import subprocess
-import sys
 import time
 from statistics import median
 

@@ -9,10 +9,14 @@ rest of it. The original val split is not read.
         --dataset=shakespeare_char_holdout --out_dir=/tmp/try1 --dropout=0.1
 """
 
-import argparse
-import json
 import os
 import sys
+
+# run by its path too, not only with -m: the repository's modules come first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import argparse
+import json
 
 import numpy as np
 

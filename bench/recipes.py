@@ -14,13 +14,17 @@ time (the curve, drawn into --png) and their last val loss over the whole split.
     python -m bench.recipes --minutes=15 --png=docs/recipes_15min.png
 """
 
+import os
+import sys
+
+# run by its path too, not only with -m: the repository's modules come first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import dataclasses
-import os
 import re
 import subprocess
-import sys
 import tempfile
 import time
 

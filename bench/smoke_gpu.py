@@ -15,16 +15,20 @@ and writes the figures to out-smoke-gpu/smoke.json and every step's whole
 output to out-smoke-gpu/<step>.log. Without CUDA it says so and does nothing.
 """
 
+import os
+import sys
+
+# run by its path too, not only with -m: the repository's modules come first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import functools
 import json
-import os
 import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import torch

@@ -6,10 +6,15 @@ same run.
     python -m bench.train_step [--device=cpu|cuda] [--quick] [--compile] [--threads=N]
 """
 
+import os
+import sys
+
+# run by its path too, not only with -m: the repository's modules come first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import dataclasses
-import sys
 import time
 from statistics import median
 

@@ -27,12 +27,16 @@ them. --quick trains fewer steps. The corpus: --input, $TINYSHAKESPEARE_PATH, or
 data/shakespeare_char/input.txt, as train.py finds it.
 """
 
+import os
+import sys
+
+# run by its path too, not only with -m: the repository's modules come first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import dataclasses
 import multiprocessing
-import os
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 

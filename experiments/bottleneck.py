@@ -30,13 +30,17 @@ three attentions on that sentence) and bottleneck.md, which reads them
 models train at once, one thread each.
 """
 
+import os
+import sys
+
+# run by its path too, not only with -m: the repository's modules come first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import dataclasses
 import math
 import multiprocessing
-import os
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 

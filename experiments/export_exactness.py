@@ -15,11 +15,16 @@ split; greedy decoding starts from the split's first 16 tokens and runs to block
 or twice past it where the positions have no end (a window, linear attention).
 """
 
+import os
+import sys
+
+# run by its path too, not only with -m: the repository's modules come first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import dataclasses
 import json
-import sys
 import tempfile
 import warnings
 

@@ -21,9 +21,13 @@ prints the phase change's numbers and the iter at which each head first passed
 the threshold.
 """
 
-import dataclasses
 import os
 import sys
+
+# run by its path too, not only with -m: the repository's modules come first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import dataclasses
 
 import numpy as np
 

@@ -22,13 +22,18 @@ Induction heads forming through train.py, and the circuit they belong to.
 Everything measured goes to docs/induction.json; docs/heads.md discusses it.
 """
 
+import os
+import sys
+
+# run by its path too, not only with -m: the repository's modules come first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import contextlib
+import dataclasses
 import json
-import os
 import shutil
-import sys
 
 import numpy as np
 import torch
@@ -36,7 +41,7 @@ import torch
 import heads
 import train
 from experiments import head_timeline
-from support import head_measures, timeline
+from support import cli, head_measures, timeline
 from support.composition import composition_scores
 from support.loading import load_model
 from support.run_log import read_evaluations
@@ -200,5 +205,10 @@ def main():
         json.dump(results, f)  # one line: 81 snapshots of scores would be 7000 indented ones
 
 
+@dataclasses.dataclass
+class Settings:
+    pass  # none: the experiment is fixed, as docs/heads.md reports it
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli.run(lambda cfg: main(), sys.argv[1:], __doc__, Settings))

@@ -9,10 +9,15 @@ beside heads.py's. docs/export.md shows the output and the picture.
         --png=docs/export_lens.png
 """
 
+import os
+import sys
+
+# run by its path too, not only with -m: the repository's modules come first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import dataclasses
-import sys
 import warnings
 
 import matplotlib

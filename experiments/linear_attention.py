@@ -19,22 +19,28 @@ measured in the same run, but a busy machine still moves them):
 The corpus: set TINYSHAKESPEARE_PATH, as for train.py.
 """
 
+import os
+import sys
+
+# run by its path too, not only with -m: the repository's modules come first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
+import dataclasses
 import json
 import math
-import os
 import platform
 import resource
 import shutil
 import subprocess
-import sys
 import time
 
 import torch
 
-from model import GPT, GPTConfig
-from support import engine
+from model import GPT, GPTConfig, rotary_tables
+from support import cli, engine
+from support.configurator import ConfigError
 from support.run_log import read_evaluations
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -139,11 +145,11 @@ def layer_child(T, repeats, memory_of=None):
         torch.manual_seed(0)
         model = GPT(GPTConfig(block_size=T, vocab_size=65, attention=kind, **LAYER_SHAPE))
         blocks[kind] = model.transformer.h[0]
-    rotary = (model.rotary_cos[:T], model.rotary_sin[:T])
+    rotary = rotary_tables(LAYER_SHAPE["n_embd"] // LAYER_SHAPE["n_head"], torch.arange(T))
 
     def step(kind):
         t0 = time.perf_counter()
-        y, _ = blocks[kind](x, rotary=rotary)
+        y = blocks[kind](x, rotary=rotary)
         y.sum().backward()
         x.grad = None
         blocks[kind].zero_grad(set_to_none=True)
@@ -176,7 +182,7 @@ def part_layer(results):
     rows = []
     for T in (1024, 4096, 16384):
         load = loadavg()
-        script = os.path.join("docs", "linear_attention.py")
+        script = os.path.join("experiments", "linear_attention.py")
         row = dict(
             T=T, **json.loads(run([script, "layer-child", str(T), "7" if T <= 4096 else "3"]))
         )
@@ -611,13 +617,24 @@ PARTS = {
     "report": part_report,
 }
 
+
+@dataclasses.dataclass
+class Settings:
+    part: str = ""  # train, context, layer, decode, heads or report
+
+
+def main(cfg):
+    if cfg.part not in PARTS:
+        raise ConfigError(f"give one of {', '.join(PARTS)}: the part to run")
+    results = load()
+    PARTS[cfg.part](results)
+    if cfg.part != "report":
+        save(results)
+
+
 if __name__ == "__main__":
+    # the layer part's own child process: one T, timed alone (part_layer)
     if sys.argv[1:2] == ["layer-child"]:
         layer_child(int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:])
-    elif len(sys.argv) == 2 and sys.argv[1] in PARTS:
-        results = load()
-        PARTS[sys.argv[1]](results)
-        if sys.argv[1] != "report":
-            save(results)
     else:
-        sys.exit(f"usage: python -m experiments.linear_attention {{{','.join(PARTS)}}}")
+        sys.exit(cli.run(main, sys.argv[1:], __doc__, Settings, positional="part"))

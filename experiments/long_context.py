@@ -25,13 +25,17 @@ generation would see it, through:
 Prints markdown, writes docs/long_context.png and docs/long_context.json.
 """
 
+import os
+import sys
+
+# run by its path too, not only with -m: the repository's modules come first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import dataclasses
 import json
 import math
-import os
-import sys
 import time
 
 import torch

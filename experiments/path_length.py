@@ -22,14 +22,18 @@ Writes path_length.json and path_length.png into --out_dir (default docs/);
 docs/path_length.md reads them.
 """
 
+import os
+import sys
+
+# run by its path too, not only with -m: the repository's modules come first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import dataclasses
 import json
 import math
-import os
 import statistics
-import sys
 import time
 
 import torch

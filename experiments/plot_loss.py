@@ -5,10 +5,15 @@ Plot train and val loss against training time from a run's log.jsonl.
         --png=docs/loss_cpu.png --target=1.88
 """
 
+import os
+import sys
+
+# run by its path too, not only with -m: the repository's modules come first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import dataclasses
-import sys
 
 import matplotlib
 

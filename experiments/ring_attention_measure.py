@@ -13,11 +13,16 @@ the measured call (Linux's VmHWM, reset through /proc/self/clear_refs), so it
 counts every tensor the call allocates, PyTorch's and the allocator's alike.
 """
 
+import os
+import sys
+
+# run by its path too, not only with -m: the repository's modules come first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import ctypes
-import os
-import sys
+import dataclasses
 import tempfile
 
 import torch
@@ -25,6 +30,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from model import GPT, GPTConfig, attention, causal_mask
+from support import cli
+from support.configurator import ConfigError
 from support.context_parallel import ContextParallel
 from support.distributed import join_forked
 from support.ring_attention import Ring, blockwise_attention, ring_attention, split_sequence
@@ -190,5 +197,19 @@ def ranks(T=4096):
             print(f"| {size} | {name} | {T // size} | {peak / MiB:,.1f} MiB |", flush=True)
 
 
+PARTS = {"memory": memory, "idle": idle, "ranks": ranks}
+
+
+@dataclasses.dataclass
+class Settings:
+    part: str = ""  # which figures: memory, idle or ranks
+
+
+def main(cfg):
+    if cfg.part not in PARTS:
+        raise ConfigError(f"give one of {', '.join(PARTS)}: which figures to measure")
+    PARTS[cfg.part]()
+
+
 if __name__ == "__main__":
-    {"memory": memory, "idle": idle, "ranks": ranks}[sys.argv[1]]()
+    sys.exit(cli.run(main, sys.argv[1:], __doc__, Settings, positional="part"))

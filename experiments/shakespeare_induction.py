@@ -32,15 +32,19 @@ out-shakespeare-induction/<run>/ (the runs) and docs/shakespeare_induction.json,
 one record per run, added to what is there; docs/heads.md quotes the table.
 """
 
+import os
+import sys
+
+# run by its path too, not only with -m: the repository's modules come first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import dataclasses
 import json
-import os
 import resource
 import shutil
 import subprocess
-import sys
 import time
 
 import numpy as np

@@ -18,12 +18,16 @@ block_size). sys.settrace records every line event in the file. The columns:
 Counting lines is deterministic: tests/test_plain_gpt.py holds model.py to its goals.
 """
 
+import os
+import sys
+
+# run by its path too, not only with -m: the repository's modules come first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import ast
 import importlib.util
-import os
-import sys
 
 import torch
 

@@ -22,12 +22,16 @@ tests/test_footprint.py holds the plain run to its goals; compare
 experiments/trace_plain_gpt.py, which traces model.py alone.
 """
 
+import os
+import sys
+
+# run by its path too, not only with -m: the repository's modules come first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import ast
 import json
-import os
 import runpy
 import subprocess
-import sys
 import tempfile
 import threading
 

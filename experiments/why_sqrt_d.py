@@ -28,13 +28,17 @@ Writes why_sqrt_d.json and why_sqrt_d.png into --out_dir (default docs/);
 docs/why_sqrt_d.md reads them.
 """
 
+import os
+import sys
+
+# run by its path too, not only with -m: the repository's modules come first
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
 import dataclasses
 import json
 import math
-import os
-import sys
 import time
 
 import torch
