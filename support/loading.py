@@ -19,6 +19,7 @@ from support.checkpoint import (
     load_checkpoint,
     out_of_memory,
 )
+from support.settings import MODEL_KEYS
 
 
 class LoadError(Exception):
@@ -156,7 +157,23 @@ def training_model(cfg, meta):
             f"the model's vocabulary ({model.config.vocab_size}) is smaller than the "
             f"dataset's ({meta['vocab_size']})"
         )
+    kept = kept_model_keys(cfg, model.config)
+    if kept and int(os.environ.get("RANK", 0)) == 0:
+        print(f"note: the model keeps the shape it was trained with: {', '.join(kept)}")
     return model, ckpt
+
+
+def kept_model_keys(cfg, config):
+    """The model keys where the settings ask for what the loaded model is not
+    (--block_size=128 given to a resumed model of 64), each as 'key=model's (not
+    settings')': its shape is the checkpoint's or GPT-2's, whatever the settings say.
+    None in the settings (n_kv_head, attn_dropout) is a default, not a request."""
+    kept = []
+    for key in MODEL_KEYS:
+        asked = getattr(cfg, key)
+        if asked is not None and asked != getattr(config, key):
+            kept.append(f"{key}={getattr(config, key)!r} (not {asked!r})")
+    return kept
 
 
 # -----------------------------------------------------------------------------

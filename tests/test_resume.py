@@ -121,6 +121,29 @@ def test_a_new_run_never_replaces_an_earlier_runs_checkpoint(data_root, tmp_path
     assert [rec["iter"] for rec in read_log(out)] == [0, 2, 4]
 
 
+def test_a_resumed_model_keeps_its_shape_and_says_which_settings_it_ignores(
+    data_root, tmp_path, capsys
+):
+    # a model key given on resume was dropped without a word: the checkpoint's won
+    out = tmp_path / "out"
+    common = ["--eval_interval=2", "--lr_decay_iters=4"]
+    run_in_process(tiny_run(data_root, out, *common, "--max_iters=2"))
+    capsys.readouterr()
+    changed = ["--block_size=64", "--n_layer=3", "--rope=True", "--dropout=0.1"]
+    run_in_process(
+        tiny_run(data_root, out, *common, *changed, "--max_iters=4", "--init_from=resume")
+    )
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    # dropout is a run's choice, and applies; the shape is the checkpoint's
+    kept = "block_size=32 (not 64), n_layer=2 (not 3), rope=False (not True)"
+    assert notes == [f"note: the model keeps the shape it was trained with: {kept}"]
+    ckpt = load_checkpoint(str(out))
+    assert ckpt["model_args"]["block_size"] == 32 and ckpt["model_args"]["n_layer"] == 2
+    assert ckpt["model_args"]["dropout"] == 0.1 and ckpt["iter_num"] == 4
+    run_in_process(tiny_run(data_root, out, *common, "--max_iters=6", "--init_from=resume"))
+    assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+
+
 # -----------------------------------------------------------------------------
 # A save cut short or failed, and divergence: the last checkpoint is kept
 

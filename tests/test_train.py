@@ -195,7 +195,12 @@ def test_init_from_a_local_gpt2_folder(data_root, corpus_path, tmp_path, gpt2_fo
         "--eval_iters=1",
         "--max_iters=0",
     ]
+    capsys.readouterr()
     run_in_process(base + ["--block_size=32"])
+    # the settings' shape (the defaults, GPT-2 124M's) gives way to the folder's, in a note
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    kept = "n_layer=2 (not 12), n_head=2 (not 12), n_embd=32 (not 768)"
+    assert notes == [f"note: the model keeps the shape it was trained with: {kept}"]
     ckpt = load_checkpoint(str(out))
     assert ckpt["model_args"]["vocab_size"] == 50257 and ckpt["model_args"]["block_size"] == 32
     assert ckpt["tokenizer"] == {"kind": "gpt2"} and ckpt["config"]["n_embd"] == 32
