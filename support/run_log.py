@@ -38,6 +38,12 @@ def start_wandb(cfg):
             f"wandb_log=True, but wandb cannot start ({first_line(e)}): run `wandb login` "
             "once, or set WANDB_MODE=offline to log locally and `wandb sync` later"
         ) from None
+    except wandb.errors.Error as e:
+        # a key, but no answer from its server (no network, a server down, a bad key)
+        raise ValueError(
+            f"wandb_log=True, but wandb cannot start ({first_line(e)}); set "
+            "WANDB_MODE=offline to log locally and `wandb sync` later"
+        ) from None
     return wandb
 
 

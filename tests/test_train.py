@@ -399,15 +399,20 @@ def test_no_corpus_and_no_network_says_what_train_py_takes(corpus_path, tmp_path
     assert os.path.exists(tmp_path / "out" / "ckpt.pt")
 
 
-def test_wandb_without_an_api_key_stops_in_one_line_before_any_work(data_root, tmp_path):
+@pytest.mark.parametrize("server", [None, "unreachable"])
+def test_wandb_that_cannot_start_stops_in_one_line_before_any_work(data_root, tmp_path, server):
     """A machine where wandb was never logged in, with no terminal to ask on: one line that
     names both ways out, before the data or the model is touched. No network is needed to
-    find this out."""
+    find this out. With a key but no server to take it (no network; here a closed port,
+    given up after 1 s rather than wandb's 90), a traceback ended the run."""
     env = child_env(
         HOME=str(tmp_path), WANDB_DIR=str(tmp_path), WANDB_CONFIG_DIR=str(tmp_path / "wandb-config")
     )
-    for key in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_SILENT", "NETRC"):
+    for key in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_SILENT", "NETRC", "WANDB_BASE_URL"):
         env.pop(key, None)
+    if server == "unreachable":
+        env.update(WANDB_API_KEY="0" * 40, WANDB_BASE_URL="http://127.0.0.1:9")
+        env.update(WANDB_INIT_TIMEOUT="1")
     out_dir = tmp_path / "out"
     result = subprocess.run(
         [
@@ -426,7 +431,8 @@ def test_wandb_without_an_api_key_stops_in_one_line_before_any_work(data_root, t
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, result.stderr
-    assert "wandb login" in errors[0] and "WANDB_MODE=offline" in errors[0]
+    assert "WANDB_MODE=offline" in errors[0]
+    assert ("wandb login" in errors[0]) == (server is None)
     assert not out_dir.exists() or not any(out_dir.iterdir())  # no checkpoint, no log
 
 
