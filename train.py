@@ -202,9 +202,11 @@ def setup(cfg):
     run.dp_rank = run.rank // cfg.context_parallel
     run.dp_world = run.world // cfg.context_parallel
     if cfg.gradient_accumulation_steps % run.dp_world:
+        fits = -(-cfg.gradient_accumulation_steps // run.dp_world) * run.dp_world
         raise ValueError(
             f"gradient_accumulation_steps ({cfg.gradient_accumulation_steps}) must be "
-            f"divisible by the number of data-parallel processes ({run.dp_world})"
+            f"divisible by the number of data-parallel processes ({run.dp_world}), which "
+            f"share its micro-steps: pass --gradient_accumulation_steps={fits}"
         )
     if run.master and cfg.note:
         print(cfg.note, flush=True)
