@@ -2,7 +2,9 @@
 Context parallelism: every sequence split over P processes, which together
 train one model as if each held the whole sequence.
 
-    torchrun --standalone --nproc_per_node=4 train.py config/shakespeare_cpu.py --context_parallel=2
+    # 4 processes: 2 rings of 2, data-parallel, which share the micro-steps of a step
+    torchrun --standalone --nproc_per_node=4 train.py config/shakespeare_cpu.py \
+        --context_parallel=2 --gradient_accumulation_steps=2
 
 The world of processes is a grid: consecutive ranks form a context-parallel
 group of P (the ranks of one sequence: a ring), and the world holds
