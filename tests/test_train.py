@@ -415,7 +415,10 @@ def test_wandb_that_cannot_start_stops_in_one_line_before_any_work(data_root, tm
         env.pop(key, None)
     if server == "unreachable":
         env.update(WANDB_API_KEY="0" * 40, WANDB_BASE_URL="http://127.0.0.1:9")
-        env.update(WANDB_INIT_TIMEOUT="1")
+        # and its retries cut short: 6 s in all rather than 12
+        env.update(WANDB_INIT_TIMEOUT="1", WANDB_X_GRAPHQL_RETRY_MAX="1")
+        env.update(WANDB_X_GRAPHQL_RETRY_WAIT_MIN_SECONDS="0.05")
+        env.update(WANDB_X_GRAPHQL_RETRY_WAIT_MAX_SECONDS="0.1")
     out_dir = tmp_path / "out"
     result = subprocess.run(
         [
