@@ -811,6 +811,9 @@ def main(argv=None):
         try:
             run = setup(get_config(argv))
         except USER_ERRORS as e:
+            # a bad setting meets every process of a torchrun alike: the first says it
+            if isinstance(e, ConfigError) and int(os.environ.get("RANK", 0)) > 0:
+                sys.exit(BAD_INPUT)
             fail(e, BAD_INPUT)
         except (RuntimeError, MemoryError) as e:
             if not out_of_memory(e):

@@ -338,6 +338,21 @@ def test_gradient_accumulation_must_divide_among_processes(
     )
 
 
+def test_under_torchrun_a_bad_setting_is_said_once(data_root, tmp_path, monkeypatch, capsys):
+    # every process read the same command line and printed the same line, 8 on 8 GPUs
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    said = {}
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("LOCAL_RANK", rank)
+        with pytest.raises(SystemExit) as exit_info:
+            run_in_process(tiny_run(data_root, tmp_path, "--batch_sze=3"))
+        assert exit_info.value.code == 2
+        said[rank] = capsys.readouterr().err
+    assert_one_line_error(said["0"], "unknown config key 'batch_sze'", "batch_size")
+    assert said["1"] == ""
+
+
 # -----------------------------------------------------------------------------
 # Errors and logging
 
