@@ -167,14 +167,24 @@ def test_the_page_in_a_browser(trained, tmp_path):  # noqa: F811
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
         with open(downloads / "attention.png", "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-        # the exported page works alone: from a file, with the server gone
         guard.cancel()
         server.shutdown()
         server.server_close()
+        from selenium.webdriver.common.by import By
+
+        # the server gone (Ctrl-C): the page says so, where the browser said "Failed to fetch"
+        for ask in ("analyze", "generate"):
+            driver.execute_script("document.getElementById('status').textContent = '';")
+            if ask == "analyze":
+                driver.find_element(By.ID, "prompt").send_keys("x")
+            else:
+                driver.find_element(By.ID, "generate").click()
+            said = wait_for(lambda: page_status(driver), f"say why it cannot {ask}")
+            assert said.startswith("no answer from explore.py: is it still running?"), said
+        # the exported page works alone: from a file, with the server gone
         html = (downloads / "attention.html").read_text(encoding="utf-8")
         assert "EXPLORER_SNAPSHOT" in html and "://" not in html
         driver.get((downloads / "attention.html").as_uri())
-        from selenium.webdriver.common.by import By
 
         grid = wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, "#grid button"), "reopen")
         assert len(grid) == 2 * 4

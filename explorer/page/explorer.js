@@ -45,12 +45,24 @@ const PATCH_INPUTS = ["clean", "corrupt", "target", "foil"];
 // ---------------------------------------------------------------------------
 // The API
 
+// A POST to the server. Where no answer comes (explore.py stopped, or the network
+// gone), the browser's own words ("Failed to fetch") would not say which side failed.
+async function post(path, body, signal) {
+  try {
+    return await fetch(path, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(body),
+      signal,
+    });
+  } catch (e) {
+    if (e.name === "AbortError") throw e;
+    throw new Error("no answer from explore.py: is it still running? Start it again, then reload this page");
+  }
+}
+
 async function api(path, body) {
-  const response = await fetch(path, {
-    method: "POST",
-    headers: { "Content-Type": "application/json" },
-    body: JSON.stringify(body),
-  });
+  const response = await post(path, body);
   const answer = await response.json();
   if (!response.ok) throw new Error(answer.error);
   return answer;
@@ -109,12 +121,7 @@ async function generate() {
   let tokens = [];
   let generated = 0;
   try {
-    const response = await fetch("/api/generate", {
-      method: "POST",
-      headers: { "Content-Type": "application/json" },
-      body: JSON.stringify(body),
-      signal: state.controller.signal,
-    });
+    const response = await post("/api/generate", body, state.controller.signal);
     if (!response.ok) throw new Error((await response.json()).error);
     const reader = response.body.getReader();
     const decoder = new TextDecoder();
