@@ -82,6 +82,11 @@ def run(
     if wants_help(argv):
         print_help(doc, describe_settings(settings))
         return 0
+    # a model's text may hold characters the terminal's encoding lacks (a Windows
+    # console or a file written there, a latin-1 locale): shown as '?', not an error
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
     try:
         main(parse_settings(settings, argv, config_files, positional))
     except USER_ERRORS + errors as e:

@@ -481,6 +481,28 @@ def test_attention_folder_that_takes_no_file_stops_before_sampling(tmp_path, cap
     assert out == ""  # no sample was drawn only to be followed by this error
 
 
+def test_text_the_terminal_cannot_show_is_replaced_not_a_traceback(tmp_path, repo_root):
+    # GPT-2's tokens hold characters that an ascii or latin-1 terminal (or a file written
+    # on Windows, cp1252) cannot encode: print raised UnicodeEncodeError, a traceback
+    torch.manual_seed(1)
+    model = GPT(GPTConfig(block_size=64, vocab_size=50257, n_layer=1, n_head=2, n_embd=16))
+    hf = tmp_path / "gpt2-tiny"
+    hf.mkdir()
+    write_hf_gpt2(model.eval(), str(hf))
+    # the prompt starts the sample: what it holds is shown whatever the model writes
+    argv = [sys.executable, "sample.py", f"--init_from={hf}", "--prompt=Café — naïve", "--seed=3"]
+    argv += ["--max_new_tokens=60", "--num_samples=1", f"--attn_dir={tmp_path / 'attn'}"]
+    texts = {}
+    for encoding in ("utf-8", "ascii"):
+        env = dict(os.environ, PYTHONIOENCODING=encoding)
+        proc = subprocess.run(argv, cwd=repo_root, env=env, capture_output=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-2000:]
+        texts[encoding] = samples_of(proc.stdout.decode(encoding))[0]
+    assert texts["utf-8"][0].startswith("Café — naïve")
+    shown = [text.encode("ascii", errors="replace").decode("ascii") for text in texts["utf-8"]]
+    assert texts["ascii"] == shown
+
+
 def test_init_from_hugging_face_folder(tmp_path, capsys):
     torch.manual_seed(1)
     model = GPT(GPTConfig(block_size=64, vocab_size=50257, n_layer=1, n_head=2, n_embd=16)).eval()
