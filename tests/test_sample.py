@@ -492,15 +492,11 @@ def test_text_the_terminal_cannot_show_is_replaced_not_a_traceback(tmp_path, rep
     # the prompt starts the sample: what it holds is shown whatever the model writes
     argv = [sys.executable, "sample.py", f"--init_from={hf}", "--prompt=Café — naïve", "--seed=3"]
     argv += ["--max_new_tokens=60", "--num_samples=1", f"--attn_dir={tmp_path / 'attn'}"]
-    texts = {}
-    for encoding in ("utf-8", "ascii"):
-        env = dict(os.environ, PYTHONIOENCODING=encoding)
-        proc = subprocess.run(argv, cwd=repo_root, env=env, capture_output=True, timeout=120)
-        assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-2000:]
-        texts[encoding] = samples_of(proc.stdout.decode(encoding))[0]
-    assert texts["utf-8"][0].startswith("Café — naïve")
-    shown = [text.encode("ascii", errors="replace").decode("ascii") for text in texts["utf-8"]]
-    assert texts["ascii"] == shown
+    env = dict(os.environ, PYTHONIOENCODING="ascii")
+    proc = subprocess.run(argv, cwd=repo_root, env=env, capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-2000:]
+    texts, summary = samples_of(proc.stdout.decode("ascii"))
+    assert len(texts) == 1 and texts[0].startswith("Caf? ? na?ve") and "tokens/s" in summary
 
 
 def test_init_from_hugging_face_folder(tmp_path, capsys):
