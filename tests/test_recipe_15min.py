@@ -33,6 +33,9 @@ def test_the_recipe_trains_at_a_tiny_size(repo_root, data_root, tmp_path):
     assert recipes.schedule_args("config/shakespeare_classic.py", 10) == []
     out = tmp_path / "run"
     args = ["--max_iters=4", "--lr_decay_iters=4", "--eval_interval=4", "--eval_iters=1"]
+    # not compiled: some 20 s of inductor that tests nothing of the recipe here (a compiled
+    # run's training is test_gpu_path.py's, one process and two)
+    args += ["--compile=False"]
     proc = subprocess.run(
         [sys.executable, "train.py", "config/shakespeare_cpu_15min.py", *TINY, *args]
         + [f"--out_dir={out}", f"--data_root={data_root}", "--dtype=float32"],
