@@ -139,6 +139,7 @@ def test_the_holdout_split_is_cut_from_train_and_trains(repo_root, data_root, tm
     proc = subprocess.run(
         [sys.executable, "train.py", "config/shakespeare_cpu_15min.py", *TINY]
         + ["--max_iters=2", "--eval_interval=2", "--eval_iters=1", "--dtype=float32"]
+        + ["--compile=False"]
         + [f"--out_dir={out}", f"--data_root={tmp_path / 'held'}"]
         + ["--dataset=shakespeare_char_holdout"],
         cwd=repo_root,
