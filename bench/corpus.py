@@ -29,8 +29,9 @@ in one run are what count; the machine's load average is printed with them.
 import os
 import sys
 
-# run by its path too, not only with -m: the repository's modules come first
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the repository; run by its path too, not only with -m: its modules come first
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
@@ -59,8 +60,6 @@ from support.configurator import (
     wants_help,
 )
 from support.help import describe_settings, print_help
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # where the tests also look: a shared folder beside the checkout
 BESIDE = os.path.join(os.path.dirname(ROOT), "shared", "data", "tinyshakespeare", "input.txt")

@@ -27,8 +27,9 @@ after (a) share it. Without CUDA it says so and writes nothing.
 import os
 import sys
 
-# run by its path too, not only with -m: the repository's modules come first
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the repository; run by its path too, not only with -m: its modules come first
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
@@ -51,7 +52,6 @@ from support.configurator import ConfigError
 from support.mfu import peak_bandwidth, peak_flops
 from support.run_log import is_evaluation, read_log
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAIN_COMMAND = ["train.py", "config/shakespeare.py"]
 DATASET = "shakespeare_char"  # config/shakespeare.py's, prepared before the clock starts
 GOAL_SECONDS = 30  # the whole-val loss at or below the target within this wall time

@@ -17,8 +17,9 @@ time (the curve, drawn into --png) and their last val loss over the whole split.
 import os
 import sys
 
-# run by its path too, not only with -m: the repository's modules come first
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the repository; run by its path too, not only with -m: its modules come first
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
@@ -44,8 +45,6 @@ class Settings(common.Settings):
     png: str = ""  # with --minutes: where to draw the two val-loss curves
     keep: str = ""  # with --minutes: keep each run's folder (checkpoint, log) under this one
 
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The CPU recipe's targets (docs/benchmarks.md): the val loss nanoGPT's CPU settings
 # reach, in at most this fraction of their wall time, on the same machine.

@@ -30,8 +30,9 @@ data/shakespeare_char/input.txt, as train.py finds it.
 import os
 import sys
 
-# run by its path too, not only with -m: the repository's modules come first
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the repository; run by its path too, not only with -m: its modules come first
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
@@ -52,8 +53,6 @@ from experiments.transformer import look_ahead
 from model import GPT, GPTConfig
 from support import cli
 from support.configurator import ConfigError
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 KINDS = ("causal", "bidirectional")
 MASK_SHARE = 0.15  # BERT's: the share of positions whose character is hidden and predicted

@@ -33,8 +33,9 @@ models train at once, one thread each.
 import os
 import sys
 
-# run by its path too, not only with -m: the repository's modules come first
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the repository; run by its path too, not only with -m: its modules come first
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
@@ -57,8 +58,6 @@ from experiments.transformer import Transformer, TransformerConfig, look_ahead, 
 from model import GPT, GPTConfig
 from support import cli
 from support.configurator import ConfigError
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MODELS = ("none", "additive", "dot", "general", "concat", "transformer", "gpt")
 CROSS_ATTENTION = ("additive", "dot", "general", "concat", "transformer")

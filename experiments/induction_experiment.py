@@ -25,8 +25,9 @@ Everything measured goes to docs/induction.json; docs/heads.md discusses it.
 import os
 import sys
 
-# run by its path too, not only with -m: the repository's modules come first
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the repository; run by its path too, not only with -m: its modules come first
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
@@ -46,7 +47,6 @@ from support.composition import composition_scores
 from support.loading import load_model
 from support.run_log import read_evaluations
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "out-induction")
 DOCS = os.path.join(ROOT, "docs")
 CONFIG = os.path.join(ROOT, "config", "induction.py")

@@ -22,8 +22,9 @@ The corpus: set TINYSHAKESPEARE_PATH, as for train.py.
 import os
 import sys
 
-# run by its path too, not only with -m: the repository's modules come first
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the repository; run by its path too, not only with -m: its modules come first
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
@@ -43,7 +44,6 @@ from support import cli, engine
 from support.configurator import ConfigError
 from support.run_log import read_evaluations
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
 
 RESULTS = os.path.join(DOCS, "linear_attention.json")

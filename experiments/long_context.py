@@ -28,8 +28,9 @@ Prints markdown, writes docs/long_context.png and docs/long_context.json.
 import os
 import sys
 
-# run by its path too, not only with -m: the repository's modules come first
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the repository; run by its path too, not only with -m: its modules come first
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
@@ -44,8 +45,6 @@ import torch.nn.functional as F
 from support import cli
 from support.head_measures import ablated, patterns, val_tokens, windows
 from support.loading import load_model
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclasses.dataclass

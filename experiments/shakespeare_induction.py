@@ -35,8 +35,9 @@ one record per run, added to what is there; docs/heads.md quotes the table.
 import os
 import sys
 
-# run by its path too, not only with -m: the repository's modules come first
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the repository; run by its path too, not only with -m: its modules come first
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
@@ -56,7 +57,6 @@ from support import cli, timeline
 from support.configurator import ConfigError
 from support.head_measures import INDUCTION
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "out-shakespeare-induction")
 RESULTS = os.path.join(ROOT, "docs", "shakespeare_induction.json")
 

@@ -25,8 +25,9 @@ experiments/trace_plain_gpt.py, which traces model.py alone.
 import os
 import sys
 
-# run by its path too, not only with -m: the repository's modules come first
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the repository; run by its path too, not only with -m: its modules come first
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 import ast
 import json
@@ -37,7 +38,6 @@ import threading
 
 from experiments.readability import code_lines, read
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMAND = ["train.py", "config/shakespeare_cpu.py", "--max_iters=4", "--compile=False"]
 # the files only a machine's first run executes
 ONCE_PER_MACHINE = {
