@@ -43,8 +43,9 @@ The CPU's class comes from bench/common.py, as for every benchmark.
 import os
 import sys
 
-# run by its path too, not only with -m: the repository's modules come first
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the repository; run by its path too, not only with -m: its modules come first
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
@@ -84,7 +85,7 @@ class Settings:
     repeats: int = 20  # timed runs of each part; the median is reported
     gpt2: bool = True  # also patch every head of a GPT-2-shaped random model (about a minute)
     # the recipe whose training step --log_heads is against
-    config: str = "config/shakespeare_cpu.py"
+    config: str = "config/shakespeare_cpu.py"  # from the repository's folder, or absolute
     live: bool = True  # the live-follow latency: a training run watched in headless Chromium
     live_only: bool = False  # only that (no trained model needed)
     live_iters: int = 200  # the watched run's iters (the recipe's schedule, cut there) ...
@@ -312,7 +313,8 @@ def log_heads_cost(model, tok, cfg):
     import train
 
     folder = tempfile.mkdtemp(prefix="bench-explore-")
-    settings = train.get_config([cfg.config, f"--out_dir={folder}", "--device=cpu"])
+    recipe = os.path.join(REPO, cfg.config)
+    settings = train.get_config([recipe, f"--out_dir={folder}", "--device=cpu"])
     run = train.setup(settings)
     val = run.splits["val"]
     tokens = timeline.probe_text(val, timeline.PROBE_WINDOWS * timeline.PROBE_LENGTH + 1)
@@ -410,7 +412,8 @@ def wait(condition, seconds, what):
 def start_explorer(run):
     """explore.py over the run's folder as its own process, and its address."""
     child = subprocess.Popen(
-        [sys.executable, "explore.py", f"--out_dir={run}", "--port=0", "--threads=1"],
+        [sys.executable, os.path.join(REPO, "explore.py"), f"--out_dir={run}", "--port=0"]
+        + ["--threads=1"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -432,7 +435,7 @@ def live_follow(cfg):
     load_before = common.load_average()
     run = tempfile.mkdtemp(prefix="bench-live-")
     argv = [
-        cfg.config,
+        os.path.join(REPO, cfg.config),
         f"--out_dir={run}",
         f"--max_iters={cfg.live_iters}",
         f"--eval_interval={cfg.live_every}",
@@ -442,7 +445,9 @@ def live_follow(cfg):
         "--snapshot_limit=100000",  # none removed: each one's time is read at the end
     ]
     training = subprocess.Popen(
-        [sys.executable, "train.py", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [sys.executable, os.path.join(REPO, "train.py"), *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     driver = headless_chromium()
     explorer = None

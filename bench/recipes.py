@@ -103,16 +103,17 @@ def train_run(config, env, out_dir, data_root=None, args=()):
     """Run train.py on a config to the end: (wall seconds, its last log record, device
     and dtype, phases). Phases split the wall time by when train.py's lines appear:
     start-up (to the line naming the device), training (train.py's own clock),
-    evaluations and saving (the rest until its last line), exit (after it)."""
+    evaluations and saving (the rest until its last line), exit (after it). The config
+    is a path from the repository, where train.py runs; the folders are from here."""
     command = [
         sys.executable,
         "train.py",
         config,
-        f"--out_dir={out_dir}",
+        f"--out_dir={os.path.abspath(out_dir)}",
         "--eval_full_val=True",
     ]
     if data_root:
-        command.append(f"--data_root={data_root}")
+        command.append(f"--data_root={os.path.abspath(data_root)}")
     command += list(args)
     stamps = {}
     stdout = []

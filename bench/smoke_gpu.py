@@ -18,8 +18,9 @@ output to out-smoke-gpu/<step>.log. Without CUDA it says so and does nothing.
 import os
 import sys
 
-# run by its path too, not only with -m: the repository's modules come first
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the repository; run by its path too, not only with -m: its modules come first
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
 
@@ -61,6 +62,8 @@ def steps(out, gpus=None):
     """[(name, command)], in the order they run; gpus (default: this machine's)
     decides whether the sequence is also split over two GPUs."""
     gpus = torch.cuda.device_count() if gpus is None else gpus
+    # the commands run in the repository (run_step), their output where out is from here
+    out = os.path.abspath(out)
     python, ckpt = sys.executable, os.path.join(out, TRAINED[0])
     train = [python, "train.py", "config/shakespeare.py", f"--out_dir={ckpt}"]
     sample = [
@@ -170,7 +173,7 @@ def kill_group(proc):
 def run_step(name, command, out, timeout=STEP_TIMEOUT):
     """Run one step; its record: command, return code, seconds, figures, error."""
     t0 = time.perf_counter()
-    code, stdout, text = run_command(command, timeout)
+    code, stdout, text = run_command(command, timeout, cwd=REPO)
     log = os.path.join(out, re.sub(r"[^\w.]+", "_", name).strip("_") + ".log")
     with open(log, "w") as f:
         f.write(" ".join(command) + "\n\n" + text)

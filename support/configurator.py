@@ -91,8 +91,12 @@ def run_config_file(path, config, kinds):
         # max_iters=5 or -max_iters=5: a setting without its two dashes
         key, _, value = path.lstrip("-").partition("=")
         hint = ""
+        # a command run from another folder: its config files are the repository's
+        in_repo = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), path)
         if key in config:
             hint = f"; a setting is written --{key}={value or 'VALUE'}"
+        elif not os.path.isabs(path) and os.path.isfile(in_repo):
+            hint = f" in {os.getcwd()}; the repository's is {in_repo}"
         raise ConfigError(f"config file not found: {shown}{hint}")
     namespace = dict(config, __file__=path)
     try:

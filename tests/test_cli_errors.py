@@ -6,11 +6,13 @@ lists what each test proves.
 
 import dataclasses
 import os
+import subprocess
+import sys
 import typing
 
 import pytest
 import torch
-from conftest import error_line, small_run
+from conftest import ROOT, child_env, error_line, small_run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -167,6 +169,31 @@ def test_bad_input_is_one_line(bad_runs, name):
     for needle in needles:
         assert needle in line, line
     assert bad_runs["after"] == bad_runs["before"]  # no output folder, checkpoint or dataset made
+
+
+def test_a_config_file_named_from_another_folder_points_to_the_repositorys(tmp_path):
+    # the README's command with train.py called by its path from another folder: the
+    # config file's path is from that folder, where there is none
+    train_py = os.path.join(ROOT, "train.py")
+    argv = [sys.executable, train_py, "config/shakespeare_cpu.py"]
+    proc = subprocess.run(argv, cwd=tmp_path, env=child_env(), capture_output=True, text=True)
+    line = error_line(proc)
+    assert proc.returncode == 2
+    in_repo = os.path.join(ROOT, "config", "shakespeare_cpu.py")
+    assert line == (
+        f"error: config file not found: config/shakespeare_cpu.py in {tmp_path}; "
+        f"the repository's is {in_repo}"
+    )
+    assert os.listdir(tmp_path) == []
+    # a file the repository lacks as well gets no such pointer
+    proc = subprocess.run(
+        argv[:2] + ["config/no_such.py"],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert error_line(proc) == "error: config file not found: config/no_such.py"
 
 
 # -----------------------------------------------------------------------------

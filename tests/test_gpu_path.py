@@ -602,7 +602,9 @@ def test_smoke_test_commands_are_valid_settings(tmp_path, monkeypatch):
     )
 
 
-def test_smoke_test_reads_the_figures_of_real_runs(data_root, tmp_path):
+def test_smoke_test_reads_the_figures_of_real_runs(data_root, tmp_path, monkeypatch):
+    # run from another folder, as `python path/to/bench/gpu.py` is: the steps run in the repository
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"
     python = sys.executable
     rec = smoke_gpu.run_step(
