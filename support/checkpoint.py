@@ -77,9 +77,20 @@ def load_checkpoint(path, map_location="cpu"):
     if os.path.isdir(path):
         path = checkpoint_path(path)
     if not os.path.exists(path):
+        import glob  # here only: a missing checkpoint
+
+        # the folders beside it that hold one (another recipe's out_dir, say), as given
+        folder = os.path.dirname(path) if path.endswith(".pt") else path
+        beside = os.path.join(glob.escape(os.path.dirname(os.path.normpath(folder))), "*")
+        found = sorted(os.path.dirname(f) for f in glob.glob(checkpoint_path(beside)))[:3]
+        hint = "point --out_dir at one"
+        if len(found) == 1:
+            hint = f"{found[0]} holds one: --out_dir={found[0]}"
+        elif found:
+            hint = f"{', '.join(found)} hold one: --out_dir={found[0]}"
         raise CheckpointError(
-            f"no checkpoint at {path}; train one with "
-            "`python train.py config/shakespeare.py` or point --out_dir at one"
+            f"no checkpoint at {path}; {hint}, or train one with "
+            "`python train.py config/shakespeare.py`"
         )
     # torch.save writes a zip archive; anything else (random bytes, a cut-off
     # file whose central directory is gone) is not worth unpickling at all

@@ -6,6 +6,7 @@ lists what each test proves.
 
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 import typing
@@ -23,6 +24,7 @@ import heads
 import sample
 import train
 from data import prepare
+from support.checkpoint import checkpoint_path
 from support.configurator import ConfigError, parse_settings
 
 # -----------------------------------------------------------------------------
@@ -194,6 +196,37 @@ def test_a_config_file_named_from_another_folder_points_to_the_repositorys(tmp_p
         text=True,
     )
     assert error_line(proc) == "error: config file not found: config/no_such.py"
+
+
+def test_a_missing_checkpoint_names_the_folders_beside_it_that_hold_one(inputs, tmp_path):
+    # the CPU recipe trained into its own out_dir, then sample.py run with its default
+    # (the main command's out_dir), from the folder both are in
+    os.makedirs(tmp_path / "out-shakespeare-char-cpu")
+    shutil.copy(checkpoint_path(inputs["ckpt"]), tmp_path / "out-shakespeare-char-cpu")
+    sample_py = os.path.join(ROOT, "sample.py")
+    argv = [sys.executable, sample_py, "--max_new_tokens=3", "--num_samples=1", "--attn_dir="]
+    proc = subprocess.run(argv, cwd=tmp_path, env=child_env(), capture_output=True, text=True)
+    assert error_line(proc) == (
+        "error: no checkpoint at out-shakespeare-char; out-shakespeare-char-cpu holds one: "
+        "--out_dir=out-shakespeare-char-cpu, or train one with "
+        "`python train.py config/shakespeare.py`"
+    )
+    # the folder it names is one
+    argv.append("--out_dir=out-shakespeare-char-cpu")
+    proc = subprocess.run(argv, cwd=tmp_path, env=child_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # none beside it: the pointer alone
+    proc = subprocess.run(
+        argv[:-1] + [f"--out_dir={tmp_path / 'a' / 'b'}"],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert error_line(proc) == (
+        f"error: no checkpoint at {tmp_path / 'a' / 'b'}; point --out_dir at one, "
+        "or train one with `python train.py config/shakespeare.py`"
+    )
 
 
 # -----------------------------------------------------------------------------
