@@ -21,7 +21,8 @@ rules it out:
   - Mistral: a sliding window with model.py's rule, but RMSNorm blocks and a gated MLP.
 
 Only torch and transformers are imported: the file runs inside transformers, without
-this project beside it. Written against transformers 5.24 (its `cache` argument).
+this project beside it. Written against transformers 5.24, whose `cache` argument and
+output were `past_key_values` before 5.24: the model takes and returns either.
 Dropout is left out: a loaded model is for inference and fine-tuning without it.
 """
 
@@ -33,6 +34,9 @@ from torch.nn import functional as F
 from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
 from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
+
+# the name of the cache in a causal LM's arguments and output, in this transformers
+CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 class HackableGPTConfig(PreTrainedConfig):
@@ -275,6 +279,7 @@ class HackableGPTForCausalLM(PreTrainedModel, GenerationMixin):
         attention_mask=None,
         position_ids=None,
         cache=None,
+        past_key_values=None,
         inputs_embeds=None,
         labels=None,
         use_cache=None,
@@ -283,6 +288,8 @@ class HackableGPTForCausalLM(PreTrainedModel, GenerationMixin):
         **kwargs,
     ):
         c = self.config
+        if cache is None:
+            cache = past_key_values
         if inputs_embeds is None:
             inputs_embeds = self.transformer.wte(input_ids)  # (B, T, C)
         B, T, _ = inputs_embeds.shape
@@ -324,4 +331,4 @@ class HackableGPTForCausalLM(PreTrainedModel, GenerationMixin):
         kept = None
         if output_attentions:
             kept = tuple(attentions)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache, attentions=kept)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, attentions=kept, **{CACHE: cache})

@@ -161,6 +161,27 @@ def test_output_attentions_are_model_py_attention_maps(chars, tmp_path):
         assert (ours - weights).abs().max() <= EXACT
 
 
+def test_the_cache_goes_by_either_name_transformers_has_given_it(chars, tmp_path):
+    """transformers 5.24 calls the cache `cache`, its releases before `past_key_values`:
+    the folder's code continues a sequence from a cache passed by either name, and
+    returns it under the installed release's name."""
+    model = tiny(chars, **RECIPE)
+    export(model, chars, str(tmp_path / "hf"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path / "hf"), trust_remote_code=True
+    )
+    code = sys.modules[type(hf).__module__]
+    idx = tokens(BLOCK, chars.vocab_size)
+    with torch.no_grad():
+        whole = hf(idx).logits[:, -1]  # (1, vocab)
+        for name in ("cache", "past_key_values"):
+            cache = getattr(hf(idx[:, :-1], use_cache=True), code.CACHE)
+            last = hf(idx[:, -1:], use_cache=True, **{name: cache})
+            assert (last.logits[:, -1] - whole).abs().max() <= EXACT, name
+            assert getattr(last, code.CACHE) is cache
+            assert cache.get_seq_length() == BLOCK
+
+
 # -----------------------------------------------------------------------------
 # Back again: the folder is the model it came from
 

@@ -276,6 +276,10 @@ def fake_gpus(monkeypatch):
     monkeypatch.setattr(
         torch.cuda, "_check_bf16_tensor_supported", lambda d: True
     )  # emulation works, as on a V100
+    # a CUDA build of torch (PyPI's, on Linux) asks the driver for the stream at every
+    # optimizer step once it sees a GPU; the fake one never captures a graph
+    stream = types.SimpleNamespace(is_capturing=lambda: False)
+    monkeypatch.setattr(torch.accelerator, "current_stream", lambda device=None: stream)
     return gpu
 
 
