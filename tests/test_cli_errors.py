@@ -173,12 +173,16 @@ def test_bad_input_is_one_line(bad_runs, name):
     assert bad_runs["after"] == bad_runs["before"]  # no output folder, checkpoint or dataset made
 
 
+def run_from(folder, script, *argv):
+    """The project's script, called by its path from another folder."""
+    command = [sys.executable, os.path.join(ROOT, script), *argv]
+    return subprocess.run(command, cwd=folder, env=child_env(), capture_output=True, text=True)
+
+
 def test_a_config_file_named_from_another_folder_points_to_the_repositorys(tmp_path):
     # the README's command with train.py called by its path from another folder: the
     # config file's path is from that folder, where there is none
-    train_py = os.path.join(ROOT, "train.py")
-    argv = [sys.executable, train_py, "config/shakespeare_cpu.py"]
-    proc = subprocess.run(argv, cwd=tmp_path, env=child_env(), capture_output=True, text=True)
+    proc = run_from(tmp_path, "train.py", "config/shakespeare_cpu.py")
     line = error_line(proc)
     assert proc.returncode == 2
     in_repo = os.path.join(ROOT, "config", "shakespeare_cpu.py")
@@ -188,13 +192,7 @@ def test_a_config_file_named_from_another_folder_points_to_the_repositorys(tmp_p
     )
     assert os.listdir(tmp_path) == []
     # a file the repository lacks as well gets no such pointer
-    proc = subprocess.run(
-        argv[:2] + ["config/no_such.py"],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-    )
+    proc = run_from(tmp_path, "train.py", "config/no_such.py")
     assert error_line(proc) == "error: config file not found: config/no_such.py"
 
 
@@ -203,26 +201,18 @@ def test_a_missing_checkpoint_names_the_folders_beside_it_that_hold_one(inputs, 
     # (the main command's out_dir), from the folder both are in
     os.makedirs(tmp_path / "out-shakespeare-char-cpu")
     shutil.copy(checkpoint_path(inputs["ckpt"]), tmp_path / "out-shakespeare-char-cpu")
-    sample_py = os.path.join(ROOT, "sample.py")
-    argv = [sys.executable, sample_py, "--max_new_tokens=3", "--num_samples=1", "--attn_dir="]
-    proc = subprocess.run(argv, cwd=tmp_path, env=child_env(), capture_output=True, text=True)
+    argv = ["--max_new_tokens=3", "--num_samples=1", "--attn_dir="]
+    proc = run_from(tmp_path, "sample.py", *argv)
     assert error_line(proc) == (
         "error: no checkpoint at out-shakespeare-char; out-shakespeare-char-cpu holds one: "
         "--out_dir=out-shakespeare-char-cpu, or train one with "
         "`python train.py config/shakespeare.py`"
     )
     # the folder it names is one
-    argv.append("--out_dir=out-shakespeare-char-cpu")
-    proc = subprocess.run(argv, cwd=tmp_path, env=child_env(), capture_output=True, text=True)
+    proc = run_from(tmp_path, "sample.py", *argv, "--out_dir=out-shakespeare-char-cpu")
     assert proc.returncode == 0, proc.stderr[-2000:]
     # none beside it: the pointer alone
-    proc = subprocess.run(
-        argv[:-1] + [f"--out_dir={tmp_path / 'a' / 'b'}"],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-    )
+    proc = run_from(tmp_path, "sample.py", *argv, f"--out_dir={tmp_path / 'a' / 'b'}")
     assert error_line(proc) == (
         f"error: no checkpoint at {tmp_path / 'a' / 'b'}; point --out_dir at one, "
         "or train one with `python train.py config/shakespeare.py`"

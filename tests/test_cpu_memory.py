@@ -49,7 +49,7 @@ def test_a_training_step_reuses_its_freed_memory(repo_root):
     default, pages = faults(repo_root, "default")
     kept, _ = faults(repo_root, "keep")
     # kept, the heap settles within three rounds (where the freed blocks land moves it:
-    # 16,000 to 36,000 faults in rounds 1 and 2 here); after that a round takes nothing
+    # 4,000 to 29,000 faults in rounds 1 and 2 here); after that a round takes nothing
     # back from the system: 0 faults of 114,688 pages in every process measured here
     settled = kept[3:]
     assert sum(settled) < pages * len(settled) / 8, kept
