@@ -165,24 +165,43 @@ def generate_one(model, idx, cfg, generator, attention=False, on_token=None):
         attention=attention,
     )
     new, steps = [], []
-    for i in range(n_new + int(attention)):
-        if i == n_new:
-            rng_state = generator.get_state()
-        token, maps, window_start = next(stream)
-        if attention:
-            n_q, n_k = maps[0].shape[-2:]
-            if window_start != (steps[-1][1] if steps else None) or n_q == n_k:
-                # the window slid, or this forward covers all of it: earlier rows are stale
-                steps.clear()
-            steps.append(([m[0].float().cpu().numpy() for m in maps], window_start))
-        if i < n_new:
-            new.append(token)
-            if on_token is not None:
-                on_token(token.item())
+    try:
+        for i in range(n_new + int(attention)):
+            if i == n_new:
+                rng_state = generator.get_state()
+            token, maps, window_start = next(stream)
+            if attention:
+                n_q, n_k = maps[0].shape[-2:]
+                if window_start != (steps[-1][1] if steps else None) or n_q == n_k:
+                    # the window slid, or this forward covers all of it: earlier rows are stale
+                    steps.clear()
+                steps.append(([m[0].float().cpu().numpy() for m in maps], window_start))
+            if i < n_new:
+                new.append(token)
+                if on_token is not None:
+                    on_token(token.item())
+    except KeyboardInterrupt:
+        # Ctrl-C: the tokens generated so far are the user's, for main to print
+        raise Stopped(token_ids(new)) from None
     if attention:
         generator.set_state(rng_state)
     stream.close()
-    return torch.cat(new, dim=1)[0].tolist(), (steps if attention else None)
+    return token_ids(new), (steps if attention else None)
+
+
+def token_ids(new):
+    """The ids of the new tokens, each a (1, 1) tensor, as a list."""
+    if not new:
+        return []
+    return torch.cat(new, dim=1)[0].tolist()
+
+
+class Stopped(Exception):
+    """Ctrl-C during a sample; new: the ids of the tokens it had generated."""
+
+    def __init__(self, new):
+        super().__init__()
+        self.new = new
 
 
 def make_printer(tok, prompt_ids):
@@ -269,16 +288,22 @@ def main(cfg):
         on_token, finish = make_printer(tok, prompt_ids) if cfg.stream else (None, None)
         sync(device)
         t0 = time.perf_counter()
-        new, steps = generate_one(
-            model, idx, cfg, generator, want_attention and not rolling, on_token
-        )
+        try:
+            new, steps = generate_one(
+                model, idx, cfg, generator, want_attention and not rolling, on_token
+            )
+        except Stopped as stopped:
+            print_sample(cfg, tok, prompt_ids, stopped.new, finish)
+            # the maps of a first sample that was done are kept, as when all are
+            if attention is not None:
+                save_attention(attn_dir, tok, *attention)
+            raise KeyboardInterrupt(
+                f"stopped by Ctrl-C: sample {k + 1} of {cfg.num_samples} has "
+                f"{len(stopped.new):,} of {cfg.max_new_tokens:,} new tokens"
+            ) from None
         sync(device)
         elapsed += time.perf_counter() - t0
-        if cfg.stream:
-            finish()
-        else:
-            print(tok.decode(prompt_ids + new))
-        print("-" * 40)
+        print_sample(cfg, tok, prompt_ids, new, finish)
         if want_attention:
             attention = (
                 steps or final_window_maps(model, prompt_ids + new, device),
@@ -302,6 +327,16 @@ def main(cfg):
 
     if attention is not None:
         save_attention(attn_dir, tok, *attention)
+
+
+def print_sample(cfg, tok, prompt_ids, new, finish):
+    """A sample's text, or the end of it where it was streamed, then a rule. A sample
+    stopped by Ctrl-C is printed so too: what it had generated is not lost."""
+    if cfg.stream:
+        finish()
+    else:
+        print(tok.decode(prompt_ids + new))
+    print("-" * 40)
 
 
 @torch.no_grad()

@@ -101,8 +101,9 @@ def run(
             raise
         error(f"out of memory{asked_for(e)}; ask for less: smaller sizes, or fewer at once")
         return FAILED
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
+    except KeyboardInterrupt as e:
+        # after ^C, a new line; or what the command said of what it had done
+        print(*e.args, file=sys.stderr)
         return INTERRUPTED
     except BrokenPipeError:
         # the reader (e.g. `| head`) went away: stop quietly

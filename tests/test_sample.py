@@ -20,7 +20,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import train_char_model
+from conftest import ctrl_c_reaches_it, train_char_model
 
 import sample
 from data.tokenizer import get_tokenizer
@@ -261,6 +261,60 @@ def test_bad_input_on_the_command_line(runs, name):
     proc = runs[name]
     line = one_line_error(proc.returncode, proc.stderr)
     assert line.startswith("error: ") and bad_inputs("ckpt", runs["tmp"])[name][1] in line
+
+
+# Ctrl-C: sample.py in a child that sends itself SIGINT, as a terminal's Ctrl-C does,
+# once its second sample has 15 tokens; what it prints is compared with a run not stopped
+CTRL_C_AT_TOKEN_15 = """
+import os, signal, sys
+import sample
+from support import engine
+
+real_stream = engine.stream
+samples = []
+
+def stream(*args, **kwargs):
+    samples.append(0)
+    for step in real_stream(*args, **kwargs):
+        yield step
+        samples[-1] += 1
+        if len(samples) == 2 and samples[-1] == 15:
+            os.kill(os.getpid(), signal.SIGINT)
+
+engine.stream = stream
+sys.exit(sample.run(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_ctrl_c_prints_what_was_generated(trained, tmp_path, repo_root, capsys, stream):
+    argv = [f"--out_dir={trained['dir']}", "--prompt=ROMEO:", "--max_new_tokens=40"]
+    argv += ["--num_samples=2", "--seed=3", f"--stream={stream}"]
+    proc = subprocess.run(
+        [sys.executable, "-c", CTRL_C_AT_TOKEN_15, *argv, f"--attn_dir={tmp_path}/stopped"],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=ctrl_c_reaches_it,
+    )
+    assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines, "nothing said of the samples"
+    found = re.fullmatch(r"stopped by Ctrl-C: sample 2 of 2 has (\d+) of 40 new tokens", lines[-1])
+    assert found, proc.stderr
+    n = int(found.group(1))
+    assert 14 <= n <= 15
+    # the oracle: the same samples, not stopped
+    assert sample.run(argv + ["--attn_dir="]) == 0
+    whole, _ = samples_of(capsys.readouterr().out)
+    # the partial sample ends with its rule, as a whole one does
+    stopped = proc.stdout.split("\n" + DASHES + "\n")
+    assert stopped[0] == whole[0]
+    assert stopped[1] == whole[1][: len("ROMEO:") + n]  # one character a token
+    # the first sample was done: its attention maps are saved, as after a whole run
+    assert stopped[2].startswith("attention of sample 1 ")
+    assert os.path.exists(os.path.join(tmp_path, "stopped", "index.html"))
 
 
 # -----------------------------------------------------------------------------
