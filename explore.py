@@ -27,6 +27,7 @@ from explorer.live import open_model
 from explorer.server import Explorer, ExplorerServer, address
 from support import cli
 from support.device import inference_dtype, pick_device
+from support.head_measures import HeadsError
 
 
 @dataclasses.dataclass
@@ -100,7 +101,7 @@ def main(cfg):
 
 def run(argv):
     """The command: what `python explore.py ...` exits with (cli.py)."""
-    return cli.run(main, argv, __doc__, Settings, (ExploreError,))
+    return cli.run(main, argv, __doc__, Settings, (ExploreError, HeadsError))
 
 
 if __name__ == "__main__":

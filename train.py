@@ -71,7 +71,7 @@ from support.run_log import LogError, log_evaluation, log_step, start_log, start
 from support.settings import Settings, check
 
 # what the user can fix: a bad option, file, dataset or checkpoint (the settings' checks,
-# the device's, the tokenizer's and a model's loading raise ValueError)
+# the device's, the tokenizer's, the head probe's and a model's loading raise ValueError)
 USER_ERRORS = (ConfigError, DataError, CheckpointError, ValueError)
 
 
@@ -251,6 +251,9 @@ def setup(cfg):
     model_keys = {key: getattr(run.raw.config, key) for key in settings.MODEL_KEYS}
     cfg = dataclasses.replace(cfg, **model_keys)
     run.cfg = cfg
+    if cfg.log_heads:
+        # the heads are probed at every evaluation, the first perhaps after hours
+        run.features["timeline"].check(run.raw.config)
     run.raw.to(run.device)
     run.splits = {
         split: load_split(dataset_dir, split, cfg.block_size, run.meta["vocab_size"], run.device)

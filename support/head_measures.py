@@ -32,8 +32,10 @@ PROBE_SEQUENCES = 8
 BATCH_TOKENS = 8192
 
 
-class HeadsError(Exception):
-    """A problem with the user's input; the message is one line saying what to do."""
+class HeadsError(ValueError):
+    """A problem with the user's input; the message is one line saying what to do. A
+    ValueError, as train.py's bad settings are: --log_heads on a model the probe cannot
+    read stops the run before it starts."""
 
 
 def val_tokens(source, tok, name="", root=None):
@@ -118,14 +120,21 @@ def patterns(model, tok, data, spans, batch_size):
     return [[attention_maps.describe(s, h) for h in range(model.config.n_head)] for s in sums]
 
 
-def probe_tokens(config, seed, n_seq=PROBE_SEQUENCES):
-    """(n_seq, 2L) token ids x || x, each x L distinct random tokens, and L."""
+def probe_length(config):
+    """L, the length of each x in the probe's x || x: up to 32, within half the context
+    and the vocabulary less one. HeadsError where the model is too small for 2."""
     L = min(32, config.block_size // 2, config.vocab_size - 1)
     if L < 2:
         raise HeadsError(
             f"the induction probe needs block_size >= 4 and vocab_size >= 3 (this model has "
             f"{config.block_size} and {config.vocab_size})"
         )
+    return L
+
+
+def probe_tokens(config, seed, n_seq=PROBE_SEQUENCES):
+    """(n_seq, 2L) token ids x || x, each x L distinct random tokens, and L."""
+    L = probe_length(config)
     gen = torch.Generator().manual_seed(seed)
     sequences = [torch.randperm(config.vocab_size, generator=gen)[:L] for _ in range(n_seq)]
     x = torch.stack(sequences)  # (n_seq, L)

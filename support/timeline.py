@@ -199,6 +199,15 @@ def icl_score(model, tokens):
     return (losses[1] - losses[0]).item(), n_windows
 
 
+def check(config):
+    """For --log_heads: HeadsError (a ValueError) where a model of config's size is too
+    small for the induction probe, so that the run stops before it trains."""
+    try:
+        head_measures.probe_length(config)
+    except head_measures.HeadsError as e:
+        raise head_measures.HeadsError(f"log_heads=True: {e}") from None
+
+
 def at_evaluation(cfg, model, meta, val, iter_num):
     """What --snapshots and --log_heads do at an evaluation: the snapshot written, and
     the fields to add to the evaluation's log line (none without --log_heads)."""

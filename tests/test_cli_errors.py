@@ -82,6 +82,11 @@ BAD_INPUT = {
         ),
         "missing config file": (["config/no_such_file.py"], ["config file not found"]),
         "resume without a checkpoint": (["--init_from=resume"], ["no checkpoint at"]),
+        # the heads were probed at the first evaluation: a traceback, perhaps after hours
+        "log_heads on a model too small for its probe": (
+            ["--block_size=2", "--log_heads=True"],
+            ["log_heads=True: the induction probe needs block_size >= 4", "this model has 2"],
+        ),
     },
     "sample.py": {
         "sample: unknown option": (["--temprature=0.5"], ["did you mean 'temperature'"]),

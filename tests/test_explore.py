@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from conftest import ctrl_c_reaches_it, heads_zeroed, train_char_model
 
+import explore
 from explorer import server as explorer
 from explorer.server import PAGE_DIR, Explorer, ExplorerServer, address
 from model import GPT, GPTConfig
@@ -234,6 +235,23 @@ def test_a_hugging_face_gpt2_folder(tmp_path):
         guard.cancel()
         server.shutdown()
         server.server_close()
+
+
+def test_a_model_too_small_for_the_induction_probe_is_one_line(tmp_path, capsys):
+    """The labels need heads.py's induction probe, which needs 4 tokens of context: a
+    model of 3 gets one line and exit 2 before anything is served (it was a traceback)."""
+    from test_sample import write_hf_gpt2
+
+    torch.manual_seed(1)
+    model = GPT(GPTConfig(block_size=3, vocab_size=50257, n_layer=1, n_head=2, n_embd=16)).eval()
+    write_hf_gpt2(model, str(tmp_path))
+    code = explore.run([f"--init_from={tmp_path}", "--port=0"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    assert err.strip() == (
+        "error: the induction probe needs block_size >= 4 and vocab_size >= 3 "
+        "(this model has 3 and 50257)"
+    )
 
 
 # -----------------------------------------------------------------------------
