@@ -33,6 +33,7 @@ from data.corpus import prepare_corpus
 from data.shards import SHARD_TOKENS
 from data.text import prepare_text, read_corpus
 from data.tiny_shakespeare import prepare_shakespeare, shakespeare_dir
+from data.tokenizer import TokenizerError, bpe_vocab_size, check_bpe_size
 from support.configurator import (
     ConfigError,
     parse_settings,
@@ -100,8 +101,41 @@ def shakespeare_main(kind, argv=None):
 def _dataset_name(path, name):
     name = name or os.path.splitext(os.path.basename(os.path.normpath(path)))[0]
     if not name or name in (".", "..") or "/" in name or os.sep in name or glob.has_magic(name):
-        raise DataError(f"invalid dataset name {name!r}; pass --name NAME (a plain folder name)")
+        raise ConfigError(f"invalid dataset name {name!r}; pass --name NAME (a plain folder name)")
     return name
+
+
+def check_options(cfg):
+    """ConfigError (exit 2, as every bad option) for an option no corpus could be
+    prepared with, before any is read."""
+    if not cfg.source:
+        raise ConfigError("name the corpus: python data/prepare.py SOURCE (see --help)")
+    try:
+        vocab_size = bpe_vocab_size(cfg.tokenizer)
+        if vocab_size is not None:
+            check_bpe_size(vocab_size)
+    except TokenizerError as e:
+        raise ConfigError(str(e)) from None
+    if vocab_size is None and cfg.tokenizer not in ("char", "gpt2"):
+        raise ConfigError(
+            f"unknown --tokenizer {cfg.tokenizer!r}; use char, gpt2 or bpe:VOCAB (bpe:4096, say)"
+        )
+    for key in ("num_proc", "val_docs", "shard_tokens"):
+        value = getattr(cfg, key)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{key} must be 1 or more, got {value}")
+    if cfg.val_fraction is not None and not 0 < cfg.val_fraction < 1:
+        raise ConfigError(f"--val_fraction must be between 0 and 1, got {cfg.val_fraction}")
+    if cfg.subset is not None and os.path.exists(cfg.source):
+        raise ConfigError(
+            f"--subset names a subset of a Hugging Face dataset, and {cfg.source} is local "
+            "files, which have none; leave --subset out"
+        )
+    if cfg.tokenizer == "char" and not (os.path.isdir(cfg.source) or cfg.source.endswith(".txt")):
+        raise ConfigError(
+            f"--tokenizer char reads one text, a .txt file or a folder of them; "
+            f"for {cfg.source} use --tokenizer gpt2 or bpe:VOCAB"
+        )
 
 
 def _one_text(cfg):
@@ -111,20 +145,9 @@ def _one_text(cfg):
 
 def prepare(cfg):
     """Prepare cfg.source into data_root/NAME and print what was written."""
-    if not cfg.source:
-        raise DataError("name the corpus: python data/prepare.py SOURCE (see --help)")
+    check_options(cfg)
     name = _dataset_name(cfg.source, cfg.name)
     out_dir = os.path.join(cfg.data_root, name)
-    if cfg.subset is not None and os.path.exists(cfg.source):
-        raise DataError(
-            f"--subset names a subset of a Hugging Face dataset, and {cfg.source} is local "
-            "files, which have none; leave --subset out"
-        )
-    if cfg.tokenizer == "char" and not (os.path.isdir(cfg.source) or cfg.source.endswith(".txt")):
-        raise DataError(
-            f"--tokenizer char reads one text, a .txt file or a folder of them; "
-            f"for {cfg.source} use --tokenizer gpt2 or bpe:VOCAB"
-        )
     if _one_text(cfg):
         text = read_corpus(cfg.source)
         val_fraction = 0.1 if cfg.val_fraction is None else cfg.val_fraction
@@ -150,7 +173,7 @@ def run(command, argv, doc, settings, positional=None):
     """command(cfg) with cfg parsed from argv (sys.argv's by default), or --help.
     Every failure is one line, as in every command of the project (support/cli.py;
     this light copy keeps torch out, as preparing data needs none): exit code 2 for
-    a bad option, 1 for a corpus that cannot be prepared. Returns the exit code."""
+    a bad option (check_options), 1 for a corpus that cannot be prepared. Returns the exit code."""
     argv = sys.argv[1:] if argv is None else argv
     if wants_help(argv):
         print_help(doc, describe_settings(settings))

@@ -281,13 +281,18 @@ def _byte_level_chars():
 _BYTE_LEVEL_CHARS = _byte_level_chars()
 
 
-def train_bpe(texts, vocab_size):
-    """A BPETokenizer with vocab_size tokens, trained on an iterable of texts."""
+def check_bpe_size(vocab_size):
+    """TokenizerError for a byte-level BPE too small to hold its alphabet."""
     if vocab_size < 257:
         raise TokenizerError(
             f"bpe:{vocab_size} is too small: a byte-level BPE needs 256 byte tokens "
             "plus <|endoftext|>; use bpe:512 or more"
         )
+
+
+def train_bpe(texts, vocab_size):
+    """A BPETokenizer with vocab_size tokens, trained on an iterable of texts."""
+    check_bpe_size(vocab_size)
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()

@@ -126,10 +126,20 @@ BAD_INPUT = {
             ["{scratch}/one.txt", "--data_root", "{scratch}"],
             ["too few to split"],
         ),
+        # these two exited 1, as a corpus that cannot be prepared does
+        "prepare: val_fraction above 1": (
+            ["{scratch}/one.txt", "--val_fraction=1.5", "--data_root", "{scratch}"],
+            ["--val_fraction must be between 0 and 1, got 1.5"],
+        ),
+        "prepare: an unknown tokenizer": (
+            ["{scratch}/one.txt", "--tokenizer=sentencepiece", "--data_root", "{scratch}"],
+            ["unknown --tokenizer 'sentencepiece'", "bpe:VOCAB"],
+        ),
     },
 }
-# bad input exits 2; prepare's row is a run that failed (a text too short to split), 1
-EXIT_CODE = {"train.py": 2, "sample.py": 2, "heads.py": 2, "explore.py": 2, "data/prepare.py": 1}
+# bad input exits 2; a run that failed, 1: a text too short to split
+EXIT_CODE = {"train.py": 2, "sample.py": 2, "heads.py": 2, "explore.py": 2, "data/prepare.py": 2}
+FAILED_RUNS = {"prepare: too little text"}
 # name -> the script of its row, in the table's order
 SCRIPT = {name: script for script, rows in BAD_INPUT.items() for name in rows}
 NEEDS_NO_GPU = {"--device=cuda without a GPU", "sample: --device=cuda without a GPU"}
@@ -172,7 +182,10 @@ def test_bad_input_is_one_line(bad_runs, name):
     _, needles = BAD_INPUT[script][name]
     proc = bad_runs["results"][name]
     line = error_line(proc)
-    assert proc.returncode == EXIT_CODE[script], line
+    if name in FAILED_RUNS:
+        assert proc.returncode == 1, line
+    else:
+        assert proc.returncode == EXIT_CODE[script], line
     for needle in needles:
         assert needle in line, line
     assert bad_runs["after"] == bad_runs["before"]  # no output folder, checkpoint or dataset made

@@ -74,8 +74,9 @@ def run_prepare(*args, env=None):
     )
 
 
-def assert_one_line_error(result, *words):
-    assert result.returncode == 1, result.stdout + result.stderr
+def assert_one_line_error(result, *words, code=1):
+    """The one error line of a run that failed (exit 1), or of a bad option (code=2)."""
+    assert result.returncode == code, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1, result.stderr
@@ -507,29 +508,32 @@ def bad_sources(tmp_path):
     return tmp_path
 
 
+# a source that cannot be prepared exits 1; an option no source could be prepared with, 2
 @pytest.mark.parametrize(
-    "source, extra, words",
+    "source, extra, words, code",
     [
-        ("missing", [], ["does not exist"]),
-        ("empty", [], ["holds no"]),
-        ("nodocs", [], ["no documents"]),
-        ("nocol", [], ["no column 'text'", "--text_column"]),
-        ("nocolpq", [], ["no column 'text'", "body"]),
-        ("nocolpq", ["--text_column=body", "--num_proc=0"], ["--num_proc must be 1 or more"]),
-        ("nocolpq", ["--text_column=body", "--tokenizer=bpe:100"], ["too small"]),
-        ("nocolpq", ["--text_column=body", "--val_docs=5"], ["too few"]),
+        ("missing", [], ["does not exist"], 1),
+        ("empty", [], ["holds no"], 1),
+        ("nodocs", [], ["no documents"], 1),
+        ("nocol", [], ["no column 'text'", "--text_column"], 1),
+        ("nocolpq", [], ["no column 'text'", "body"], 1),
+        ("nocolpq", ["--text_column=body", "--num_proc=0"], ["--num_proc must be 1 or more"], 2),
+        ("nocolpq", ["--text_column=body", "--tokenizer=bpe:100"], ["too small"], 2),
+        # it was told to need the whole text in memory, as --tokenizer char does
+        ("nocolpq", ["--text_column=body", "--tokenizer=sentencepiece"], ["unknown"], 2),
+        ("nocolpq", ["--text_column=body", "--val_docs=5"], ["too few"], 1),
         # shards of no tokens: the writer looped for ever
-        ("nocolpq", ["--text_column=body", "--shard_tokens=0"], ["--shard_tokens must be 1"]),
-        ("nocol/d.jsonl", ["--tokenizer=char"], ["--tokenizer char reads one text"]),
+        ("nocolpq", ["--text_column=body", "--shard_tokens=0"], ["--shard_tokens must be 1"], 2),
+        ("nocol/d.jsonl", ["--tokenizer=char"], ["--tokenizer char reads one text"], 2),
         # a hub dataset's subset, given to local files: it was ignored
-        ("nocolpq", ["--text_column=body", "--subset=sample-10BT"], ["--subset", "local"]),
-        ("nocol/d.jsonl", ["--tokenizer=char", "--subset=x"], ["--subset", "local"]),
+        ("nocolpq", ["--text_column=body", "--subset=sample-10BT"], ["--subset", "local"], 2),
+        ("nocol/d.jsonl", ["--tokenizer=char", "--subset=x"], ["--subset", "local"], 2),
     ],
 )
-def test_bad_sources_get_one_line_and_no_dataset(bad_sources, source, extra, words):
+def test_bad_sources_get_one_line_and_no_dataset(bad_sources, source, extra, words, code):
     args = [str(bad_sources / source), "--tokenizer=gpt2", "--name=out", *extra]
     result = run_prepare(*args, f"--data_root={bad_sources / 'data'}")
-    assert_one_line_error(result, *words)
+    assert_one_line_error(result, *words, code=code)
     assert not (bad_sources / "data" / "out" / "meta.json").exists()
     if (bad_sources / "data" / "out").exists():
         assert os.listdir(bad_sources / "data" / "out") == []  # nothing half-written
