@@ -132,7 +132,8 @@ class Run:
     # the module of each feature a setting turns on, by name (setup imports them):
     # "hellaswag" scores HellaSwag at every evaluation, "timeline" saves snapshots and
     # logs the heads, "mfu" measures a GPU's model FLOPs utilisation, "run_estimate"
-    # says what a run costs where no device was named and no GPU was found
+    # says what a run costs where no device was named and no GPU was found,
+    # "distributed" has several processes agree at log steps (and compiles the model)
     features: dict
     lock: Any  # out_dir's lock, held by rank 0 until the run ends (start_log)
     signals: "StopSignals | None" = None  # set while training, for evaluations and steps
@@ -197,6 +198,8 @@ def setup(cfg):
     distributed = None
     if run.world > 1 or use_compile:
         from support import distributed  # torchrun's processes, and the model compiled or in DDP
+
+        run.features["distributed"] = distributed
 
     # the ranks of one sequence share its batches
     run.dp_rank = run.rank // cfg.context_parallel
@@ -363,15 +366,17 @@ def train(run):
                     run.seconds = seconds  # several processes agree on theirs at log steps
                 advance(bar, cfg, seconds)
 
-                # the processes agree on the loss and on stopping at log steps only,
-                # as that waits for the device; a signal to one process stops them all
+                # at log steps only, as it waits for the device: the step's loss, on which
+                # several processes agree, and on stopping (a signal to one stops them all)
                 signalled = signals.name is not None
                 timed_out = 0 < cfg.max_time <= seconds
                 if iter_num % cfg.log_interval == 0 or iter_num == cfg.max_iters:
-                    loss, signalled, timed_out, seconds = agree(
-                        run, loss_sum, signalled, timed_out, seconds
-                    )
-                    run.seconds = seconds
+                    loss = (loss_sum / cfg.gradient_accumulation_steps).item()
+                    if run.world > 1:
+                        loss, signalled, timed_out, seconds = run.features["distributed"].agree(
+                            run, loss_sum, signalled, timed_out, seconds
+                        )
+                        run.seconds = seconds
                     if not math.isfinite(loss):
                         raise diverged(run, loss, iter_num - 1)
                     dt = clock.per_iter(iter_num)  # seconds per iter since the last log step
@@ -497,23 +502,6 @@ def optimizer_step(run):
     run.scaler.update()
     for opt in run.optimizers:
         opt.zero_grad(set_to_none=True)
-
-
-def agree(run, loss_sum, signalled, timed_out, seconds):
-    """(mean loss of the step, whether any process has a stop signal, whether any has
-    reached max_time, their mean seconds of training): the processes agree on all
-    four (this waits for the device), so that they stop together and an lr schedule
-    by time is the same in every process. Every micro-batch's loss is the mean of its
-    context_parallel ranks' losses."""
-    micro_batches = run.cfg.gradient_accumulation_steps * run.cfg.context_parallel
-    signal_count = torch.tensor(float(signalled), device=run.device)
-    timed_out_count = torch.tensor(float(timed_out), device=run.device)
-    seconds_share = torch.tensor(seconds / run.world, device=run.device)  # summed: the mean
-    measures = torch.stack([loss_sum / micro_batches, signal_count, timed_out_count, seconds_share])
-    if run.world > 1:
-        dist.all_reduce(measures)
-    loss, signal_count, timed_out_count, seconds = measures.tolist()
-    return loss, signal_count > 0, timed_out_count > 0, seconds
 
 
 # a timed run's bar counts the seconds of training (evaluations are off the clock)

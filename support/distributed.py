@@ -1,6 +1,7 @@
 """
-Training in several processes (torchrun): joining them, and the model compiled and
-wrapped in DistributedDataParallel. Also the joining of processes forked on one
+Training in several processes (torchrun): joining them, the model compiled and
+wrapped in DistributedDataParallel, and their agreement at log steps (the loss,
+stopping, the seconds of training). Also the joining of processes forked on one
 machine, which the ring attention's tests and measurements use. train.py imports
 this module only for several processes or torch.compile.
 """
@@ -61,3 +62,19 @@ def wrap_model(raw, device, world, use_compile):
         return model
     device_ids = [device.index] if device.type == "cuda" else None
     return DDP(model, device_ids=device_ids)
+
+
+def agree(run, loss_sum, signalled, timed_out, seconds):
+    """(mean loss of the step, whether any process has a stop signal, whether any has
+    reached max_time, their mean seconds of training): the processes agree on all
+    four (this waits for the device), so that they stop together and an lr schedule
+    by time is the same in every process. Every micro-batch's loss is the mean of its
+    context_parallel ranks' losses."""
+    micro_batches = run.cfg.gradient_accumulation_steps * run.cfg.context_parallel
+    signal_count = torch.tensor(float(signalled), device=run.device)
+    timed_out_count = torch.tensor(float(timed_out), device=run.device)
+    seconds_share = torch.tensor(seconds / run.world, device=run.device)  # summed: the mean
+    measures = torch.stack([loss_sum / micro_batches, signal_count, timed_out_count, seconds_share])
+    dist.all_reduce(measures)
+    loss, signal_count, timed_out_count, seconds = measures.tolist()
+    return loss, signal_count > 0, timed_out_count > 0, seconds
