@@ -71,6 +71,25 @@ def save_checkpoint(obj, path):
         raise CheckpointError(f"could not write checkpoint {path}: {e}; {kept}") from None
 
 
+def not_loadable(path, problem):
+    """CheckpointError for a file that does not load. Named as a checkpoint is (ckpt.pt,
+    a snapshot's .pt), it is a damaged one, to delete; any other was given in a
+    checkpoint's place (a README, model.safetensors, an exported .gguf), and is the
+    user's to keep."""
+    if path.endswith(".pt"):
+        return CheckpointError(
+            f"{path} is {problem}; delete it and train again or resume from another copy"
+        )
+    folder = os.path.dirname(path) or "."
+    what = (
+        "a checkpoint (ckpt.pt, a snapshot's .pt) or its folder, "
+        "or a Hugging Face GPT-2 folder (with config.json)"
+    )
+    if os.path.isfile(os.path.join(folder, "config.json")):
+        what = f"its folder, {folder}, which holds a Hugging Face config.json"
+    return CheckpointError(f"{path} is not a checkpoint; pass {what}")
+
+
 def load_checkpoint(path, map_location="cpu"):
     """Load a checkpoint with weights_only=True: tensors and plain data only, so a
     file holding a pickled object that would run code is refused, not executed."""
@@ -95,10 +114,7 @@ def load_checkpoint(path, map_location="cpu"):
     # torch.save writes a zip archive; anything else (random bytes, a cut-off
     # file whose central directory is gone) is not worth unpickling at all
     if not zipfile.is_zipfile(path):
-        raise CheckpointError(
-            f"{path} is truncated or not a checkpoint (not a PyTorch zip archive); "
-            "delete it and train again or resume from another copy"
-        )
+        raise not_loadable(path, "truncated or not a checkpoint (not a PyTorch zip archive)")
     # torch.load does not check the CRC-32 each member carries, so flipped
     # bytes in the weights would load silently: check them first (one more read)
     try:
@@ -108,10 +124,7 @@ def load_checkpoint(path, map_location="cpu"):
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, zlib.error) as e:
         problem = type(e).__name__
     if problem:
-        raise CheckpointError(
-            f"{path} is truncated or corrupt ({problem}); "
-            "delete it and train again or resume from another copy"
-        )
+        raise not_loadable(path, f"truncated or corrupt ({problem})")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
@@ -122,10 +135,7 @@ def load_checkpoint(path, map_location="cpu"):
             "unpickled; only load checkpoints you trust, made by this project"
         ) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, KeyError) as e:
-        raise CheckpointError(
-            f"{path} is truncated or not a checkpoint ({type(e).__name__}); "
-            "delete it and train again or resume from another copy"
-        ) from None
+        raise not_loadable(path, f"truncated or not a checkpoint ({type(e).__name__})") from None
     if not isinstance(ckpt, dict) or not {"model", "model_args"} <= set(ckpt):
         raise CheckpointError(
             f"{path} is not a checkpoint of this project (missing 'model' or 'model_args')"

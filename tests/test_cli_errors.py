@@ -102,6 +102,15 @@ BAD_INPUT = {
         "sample: prompt file not UTF-8": (["--prompt=FILE:{scratch}/bytes"], ["UTF-8"]),
         "sample: --device=cuda without a GPU": (["--device=cuda"], ["no CUDA GPU"]),
         "sample: init_from nowhere": (["--init_from=/no/such/folder"], ["no such file or folder"]),
+        # a file given where a checkpoint goes was called a damaged checkpoint, to delete
+        "sample: init_from a file that is no checkpoint": (
+            ["--init_from={scratch}/bytes"],
+            ["{scratch}/bytes is not a checkpoint; pass a checkpoint (ckpt.pt"],
+        ),
+        "sample: init_from a Hugging Face folder's weights": (
+            ["--init_from={hf}/model.safetensors"],
+            ["model.safetensors is not a checkpoint; pass its folder, {hf}, which holds"],
+        ),
     },
     "heads.py": {
         "heads: max_windows=-1": (["--max_windows=-1"], ["--max_windows"]),
@@ -171,7 +180,8 @@ def bad_runs(forker, inputs):
         jobs[name] = (script, argv, {"delay": 120})
     before = sorted(os.listdir(scratch))
     results = dict(zip(jobs, forker.run(list(jobs.values()), workers=3)))
-    return {"results": results, "before": before, "after": sorted(os.listdir(scratch))}
+    after = sorted(os.listdir(scratch))
+    return {"results": results, "before": before, "after": after, **inputs}
 
 
 @pytest.mark.parametrize("name", list(SCRIPT))
@@ -186,8 +196,10 @@ def test_bad_input_is_one_line(bad_runs, name):
         assert proc.returncode == 1, line
     else:
         assert proc.returncode == EXIT_CODE[script], line
+    scratch = os.path.join(bad_runs["root"], "bad-input")
     for needle in needles:
-        assert needle in line, line
+        assert needle.format(hf=bad_runs["hf"], scratch=scratch) in line, line
+    assert "delete it" not in line  # the user's file, or no file at all
     assert bad_runs["after"] == bad_runs["before"]  # no output folder, checkpoint or dataset made
 
 
