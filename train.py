@@ -366,8 +366,9 @@ def train(run):
                     run.seconds = seconds  # several processes agree on theirs at log steps
                 advance(bar, cfg, seconds)
 
-                # at log steps only, as it waits for the device: the step's loss, on which
-                # several processes agree, and on stopping (a signal to one stops them all)
+                # at log steps only, as it waits for the device: the step's loss, and with
+                # several processes their agreement on it and on stopping (a signal to one
+                # process stops them all)
                 signalled = signals.name is not None
                 timed_out = 0 < cfg.max_time <= seconds
                 if iter_num % cfg.log_interval == 0 or iter_num == cfg.max_iters:

@@ -72,10 +72,9 @@ def save_checkpoint(obj, path):
 
 
 def not_loadable(path, problem):
-    """CheckpointError for a file that does not load. Named as a checkpoint is (ckpt.pt,
-    a snapshot's .pt), it is a damaged one, to delete; any other was given in a
-    checkpoint's place (a README, model.safetensors, an exported .gguf), and is the
-    user's to keep."""
+    """CheckpointError for a file that does not load. A .pt file (ckpt.pt, a snapshot)
+    is a damaged checkpoint, to delete; any other file was given in a checkpoint's
+    place (a README, model.safetensors, an exported .gguf), and is the user's to keep."""
     if path.endswith(".pt"):
         return CheckpointError(
             f"{path} is {problem}; delete it and train again or resume from another copy"
