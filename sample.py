@@ -239,6 +239,12 @@ def main(cfg):
     text = read_prompt(cfg.prompt)
     model, tok, folder = load_model(cfg.init_from, cfg.out_dir)
     prompt_ids = encode_prompt(tok, text, model)
+    if (cfg.window is not None or cfg.sinks) and model.config.attention == "linear":
+        # the window was ignored, and the summary line named a rolling cache all the same
+        raise SampleError(
+            "--window and --sinks shape a softmax model's KV cache; this linear-attention "
+            "model keeps a fixed-size state instead: drop them"
+        )
     if cfg.window is not None or cfg.sinks:
         try:  # a bad window, sinks without one, or learned positions: one line
             model.make_kv_cache(1, window=cfg.window, sinks=cfg.sinks)

@@ -253,6 +253,13 @@ def test_train_sample_and_heads_on_a_linear_checkpoint(data_root, tmp_path, caps
     assert "layer" in capsys.readouterr().out
     assert sample.run([f"--out_dir={out}", "--prompt=ROMEO:", "--compile", "--attn_dir="]) == 2
     assert capsys.readouterr().err.strip().endswith("drop it for this linear-attention model")
+    # a window has no cache to shape here: it was ignored, and the summary named one
+    assert sample.run([f"--out_dir={out}", "--window=8", "--sinks=2", "--attn_dir="]) == 2
+    printed, err = capsys.readouterr()
+    assert printed == "" and err.strip() == (
+        "error: --window and --sinks shape a softmax model's KV cache; this linear-attention "
+        "model keeps a fixed-size state instead: drop them"
+    )
 
 
 def test_gpt2_weights_with_linear_attention_is_refused(data_root, tmp_path, capsys):
