@@ -167,6 +167,12 @@ def check(cfg):
         raise ValueError(f"snapshot_limit must be 2 or more, got {cfg.snapshot_limit}")
     if cfg.log_heads and cfg.context_parallel > 1:
         raise ValueError("log_heads=True needs context_parallel=1: the probe runs the whole model")
+    if cfg.attention == "linear" and cfg.sliding_window is not None:
+        # it was ignored: linear attention's state sums the whole past, as attend() has it
+        raise ValueError(
+            "sliding_window and sink_tokens shape softmax attention; linear attention keeps "
+            "the whole past in its state: drop them, or train --attention=softmax"
+        )
     if cfg.attention != "softmax" and cfg.init_from not in ("scratch", "resume"):
         raise ValueError(
             f"init_from={cfg.init_from!r} loads GPT-2's weights, which need softmax attention; "

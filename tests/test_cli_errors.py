@@ -82,6 +82,11 @@ BAD_INPUT = {
         ),
         "missing config file": (["config/no_such_file.py"], ["config file not found"]),
         "resume without a checkpoint": (["--init_from=resume"], ["no checkpoint at"]),
+        # the window was ignored: linear attention's state sums the whole past
+        "a window on linear attention": (
+            ["--attention=linear", "--sliding_window=8"],
+            ["sliding_window and sink_tokens shape softmax attention", "drop them"],
+        ),
         # the heads were probed at the first evaluation: a traceback, perhaps after hours
         "log_heads on a model too small for its probe": (
             ["--block_size=2", "--log_heads=True"],
