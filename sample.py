@@ -254,11 +254,10 @@ def main(cfg):
         raise SampleError(
             "--compile decodes a full-attention cache; this model has a sliding window"
         )
-    # a rolling cache holds its keys by slot, not position: the maps come from one
-    # forward over the last block_size tokens once a sample is done
-    rolling = cfg.window is not None or (
-        model.config.sliding_window is not None and model.config.rope
-    )
+    # a rolling cache (a window: the model's own, with rope or learned positions, or
+    # --window's) holds its keys by slot, not position: the maps come from one forward
+    # over the last block_size tokens once a sample is done
+    rolling = cfg.window is not None or model.config.sliding_window is not None
     model.to(device=device, dtype=dtype).eval()
 
     attn_dir = cfg.attn_dir

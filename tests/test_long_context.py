@@ -2,6 +2,7 @@
 independent oracles: masks written out by hand, the explicit attention path,
 token-by-token locality, and whole-sequence re-scoring of what the cache generated."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -318,6 +319,40 @@ def test_sample_streams_past_block_size_with_window_and_sinks(tmp_path, capsys):
     )
     assert "rolling kv cache of 1 sinks + 5 tokens" in capsys.readouterr().out
     assert (tmp_path / "maps" / "index.html").exists()
+
+
+@pytest.mark.parametrize("rope", [True, False])
+def test_sample_maps_of_a_windowed_model_past_its_window(tmp_path, capsys, rope):
+    """A model trained with a window decodes through a rolling cache, whose rows are by
+    slot: the maps sample.py saves are one forward's over the last block_size tokens,
+    with learned positions as with rope (a traceback after the samples, before)."""
+    import sample
+
+    model, tok = save_tiny_checkpoint(tmp_path / "m", sliding_window=4, rope=rope)
+    argv = [
+        f"--out_dir={tmp_path / 'm'}",
+        "--prompt=abc",
+        "--max_new_tokens=30",
+        "--num_samples=1",
+        "--temperature=0",
+        f"--attn_dir={tmp_path / 'maps'}",
+    ]
+    assert sample.run(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "rolling kv cache of 0 sinks + 4 tokens" in out
+    ids = engine.generate(model, torch.tensor([tok.encode("abc")]), 30, temperature=0)[0]
+    assert tok.decode(ids.tolist()) in out
+    # the oracle: the model's own maps over the last block_size tokens, each row zero
+    # outside the window of 4
+    with torch.no_grad():
+        _, maps = model.attention_maps(ids[-16:][None])
+    saved = np.load(tmp_path / "maps" / "attention.npz")
+    assert saved["window_start"] == len(ids) - 16
+    assert saved["token_ids"].tolist() == ids[-16:].tolist()
+    saved = saved["layer_0"]
+    assert saved.shape == (4, 16, 16)
+    np.testing.assert_allclose(saved, maps[0][0].numpy(), atol=1e-6)
+    assert np.all(np.triu(saved, 1) == 0) and np.all(np.tril(saved, -4) == 0)
 
 
 @pytest.mark.parametrize(
