@@ -167,6 +167,13 @@ def prepare(cfg):
             shard_tokens=cfg.shard_tokens,
         )
     print(summary(out_dir, meta))
+    asked = bpe_vocab_size(cfg.tokenizer)
+    if asked is not None and meta["vocab_size"] < asked:
+        # a corpus this small runs out of pairs to merge
+        print(
+            f"(--tokenizer {cfg.tokenizer}: the corpus gave {meta['vocab_size']:,} tokens, "
+            "by then each of its words was one token; a larger corpus gives more)"
+        )
 
 
 def run(command, argv, doc, settings, positional=None):

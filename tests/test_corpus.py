@@ -442,6 +442,43 @@ def test_bpe_describes_itself_fully(bpe):
     assert "".join(bpe.token_strings(bpe.encode(plain))) == plain
 
 
+def test_bpe_larger_than_the_corpus_allows_says_so(tmp_path, documents):
+    """bpe:VOCAB beyond what a small corpus can merge: the vocabulary it did reach, and
+    a line that says why; the oracle for that why: every word, split as GPT-2's
+    pre-tokenizer splits it, is one token."""
+    from tokenizers import pre_tokenizers
+
+    docs = documents[:200]
+    write_jsonl(str(tmp_path / "src" / "d.jsonl"), docs)
+    result = run_prepare(
+        str(tmp_path / "src"),
+        "--tokenizer=bpe:60000",
+        "--name=small",
+        f"--data_root={tmp_path / 'data'}",
+        "--num_proc=1",
+    )
+    assert result.returncode == 0, result.stderr
+    meta = load_meta(str(tmp_path / "data" / "small"))
+    assert meta["vocab_size"] < 60000
+    note = f"(--tokenizer bpe:60000: the corpus gave {meta['vocab_size']:,} tokens, by then"
+    assert note in result.stdout
+    tok = get_tokenizer(meta["tokenizer"])
+    split = pre_tokenizers.ByteLevel(add_prefix_space=False).pre_tokenize_str
+    words = {doc[a:b] for doc in docs for _, (a, b) in split(doc)}
+    assert len(words) > 1000
+    assert [w for w in words if len(tok.encode(w)) != 1] == []
+    # a vocabulary the corpus reaches prints no such line
+    result = run_prepare(
+        str(tmp_path / "src"),
+        "--tokenizer=bpe:300",
+        "--name=reached",
+        f"--data_root={tmp_path / 'data'}",
+        "--num_proc=1",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--tokenizer bpe" not in result.stdout
+
+
 def test_bpe_dataset_trains_and_samples_through_the_checkpoint(tmp_path, documents):
     write_jsonl(str(tmp_path / "src" / "d.jsonl"), documents)
     result = run_prepare(
