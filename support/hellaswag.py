@@ -66,8 +66,10 @@ class HellaSwagError(ValueError):
 # ---------------------------------------------------------------- the examples
 
 
-def fetch_official(path=DEFAULT_DATA):
-    """The official validation file at `path`, downloaded there first if missing."""
+def fetch_official(option="--data"):
+    """The official validation file at DEFAULT_DATA, downloaded there first if missing;
+    option: the caller's setting for a file of one's own, named where that fails."""
+    path = DEFAULT_DATA
     if os.path.isfile(path):
         return path
     print(f"downloading HellaSwag's validation set from {HELLASWAG_URL}", file=sys.stderr)
@@ -78,7 +80,7 @@ def fetch_official(path=DEFAULT_DATA):
         reason = getattr(e, "reason", None) or e
         raise HellaSwagError(
             f"cannot download HellaSwag ({reason}); fetch {HELLASWAG_URL} "
-            "yourself and pass --data PATH"
+            f"yourself and put it at {path}, or pass {option}=PATH"
         ) from None
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".tmp", "wb") as f:
@@ -203,7 +205,7 @@ def accuracy(records):
 @functools.lru_cache(maxsize=2)
 def training_examples(path):
     """The examples at path (None: the official file), read once per run."""
-    return read_examples(path or fetch_official())
+    return read_examples(path or fetch_official("--hellaswag_data"))
 
 
 def training_scores(model, tokenizer_desc, path, device, autocast, rank=0, world=1, stop=None):

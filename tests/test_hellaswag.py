@@ -182,6 +182,31 @@ def test_a_malformed_line_is_one_line(tmp_path, hf_gpt2, line, words):
     assert not out.exists()  # nothing half-written
 
 
+def test_a_failed_download_names_each_command_s_own_setting(
+    tmp_path, data_root, hf_gpt2, monkeypatch, capsys
+):
+    """Where HellaSwag cannot be downloaded (here: a port that refuses), train.py names
+    its --hellaswag_data and the command its --data, before any training."""
+    import train
+    from support import hellaswag
+
+    monkeypatch.setattr(hellaswag, "HELLASWAG_URL", "http://127.0.0.1:9/hellaswag_val.jsonl")
+    monkeypatch.setattr(hellaswag, "DEFAULT_DATA", str(tmp_path / "hs" / "hellaswag_val.jsonl"))
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as stop:
+        train.main(tiny_run(data_root, out, "--hellaswag=True", max_iters=2))
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1
+    assert lines[0].endswith(f"put it at {hellaswag.DEFAULT_DATA}, or pass --hellaswag_data=PATH")
+    assert not out.exists()  # refused before any run started
+    assert hellaswag.run([f"--init_from={hf_gpt2[1]}"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and lines[0].endswith("or pass --data=PATH")
+
+
 def test_train_logs_hellaswag_at_every_evaluation(tmp_path, data_root):
     import train
 
