@@ -31,7 +31,7 @@ from explorer.server import DIGITS, Explorer
 from support import cli
 from support.attention_maps import display_token
 from support.composition import composition_scores, strongest
-from support.export_lens import hooked_transformer
+from support.export_lens import LensError, hooked_transformer
 from support.loading import load_model
 
 
@@ -70,9 +70,14 @@ def main(cfg):
     model, tok, _ = load_model("", cfg.out_dir)
     model.eval()
     lens = hooked_transformer(model, tok)
+    ids = tok.encode(cfg.text)
+    if len(ids) > model.config.block_size:
+        raise LensError(
+            f"--text is {len(ids)} tokens, and this model reads {model.config.block_size} "
+            "at most (its block_size): pass a shorter --text"
+        )
     # TransformerLens's own entry point: a string, through the model's own tokenizer
     logits, cache = lens.run_with_cache(cfg.text)
-    ids = tok.encode(cfg.text)
     same_tokens = lens.to_tokens(cfg.text, prepend_bos=False)[0].tolist() == ids
     ours, maps = model.attention_maps(torch.tensor([ids]))
     print(f"{len(ids)} tokens, the checkpoint's own: {same_tokens}")
@@ -91,7 +96,16 @@ def main(cfg):
     print("the explorer's labels:", ", ".join(f"{a}.{b} {label}" for a, b, label in labelled))
     layer, head = cfg.layer, cfg.head
     if layer is None or head is None:
-        layer, head, _ = next(h for h in labelled if h[2] != "mixed" and h[0] > 0)
+        # one that reads earlier heads, for the composition scores below (layer 0's only
+        # in a one-layer model)
+        later = [h for h in labelled if h[2] != "mixed" and h[0] > 0]
+        layer, head, _ = later[0] if later else labelled[-1]
+    c = model.config
+    if not (0 <= layer < c.n_layer and 0 <= head < c.n_head):
+        raise LensError(
+            f"--layer={layer} --head={head}: this model has layers 0 to {c.n_layer - 1} "
+            f"and heads 0 to {c.n_head - 1}"
+        )
     pattern = cache["pattern", layer][0, head].numpy()
     shown = np.array(answer["attention"][layer][head])
     print(f"head {layer}.{head}: its pattern against the explorer's map (rounded to ", end="")
@@ -103,7 +117,9 @@ def main(cfg):
     theirs = processed.all_composition_scores("K")  # (L, H, L, H)
     found = composition_scores(model)["k"]
     n_head = model.config.n_head
-    for reader in range(n_head):
+    if layer == 0:
+        print(f"head {layer}.{head} is in layer 0: no earlier head composes into it")
+    for reader in range(n_head if layer > 0 else 0):
         writer, score = strongest(found, layer, reader)
         into = theirs[:layer, :, layer, reader]
         best = int(torch.argmax(into))
@@ -118,7 +134,7 @@ def main(cfg):
 
 
 def run(argv):
-    return cli.run(main, argv, __doc__, Settings)
+    return cli.run(main, argv, __doc__, Settings, (LensError,))
 
 
 if __name__ == "__main__":

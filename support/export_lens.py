@@ -176,6 +176,10 @@ def hf_tokenizer(tok):
 
     fields = tokenizer_config(tok)
     del fields["tokenizer_class"]
+    # TransformerLens reloads a tokenizer that has a BOS by its hub name, to make it
+    # prepend one (a KeyError for one built here, which has no name); the models
+    # trained here take none (default_prepend_bos=False), so the lens's has none
+    fields.pop("bos_token", None)
     if isinstance(tok, CharTokenizer):
         # TransformerLens pads a batch of strings, on the right by default, where no real
         # token sees the padding; a character vocabulary has no pad token, so its first

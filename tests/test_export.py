@@ -73,9 +73,8 @@ def tiny(chars, **overrides):
     """A 2-layer, 32-wide model whose every weight, gain and bias is moved off its
     initial value, so that a missed transpose, a swapped part or a dropped bias shows."""
     torch.manual_seed(0)
-    config = GPTConfig(
-        block_size=BLOCK, vocab_size=chars.vocab_size, n_layer=2, n_head=4, n_embd=32, **overrides
-    )
+    shape = dict(block_size=BLOCK, vocab_size=chars.vocab_size, n_layer=2, n_head=4, n_embd=32)
+    config = GPTConfig(**(shape | overrides))
     model = GPT(config)
     with torch.no_grad():
         for p in model.parameters():
@@ -484,6 +483,73 @@ def test_hooked_transformer_gives_model_py_logits_and_patterns(name, chars):
         assert (cache["pattern", layer] - weights).abs().max() <= EXACT
     # strings go through the same tokenizer
     assert lens.to_tokens("ROMEO:", prepend_bos=False)[0].tolist() == chars.encode("ROMEO:")
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "bpe"])
+def test_hooked_transformer_takes_strings_through_a_bpe(kind, text):
+    """A model of GPT-2's BPE, or of one trained on the corpus, in TransformerLens: its
+    strings tokenized as data/tokenizer.py tokenizes them (tiktoken's encoding for GPT-2's),
+    no BOS prepended, and model.py's logits from a string (a KeyError in TransformerLens
+    before, which reloads a tokenizer with a BOS by its hub name)."""
+    from support.export_lens import hooked_transformer
+
+    tok = GPT2Tokenizer() if kind == "gpt2" else train_bpe([text[:50_000]], 512)
+    model = tiny(tok, rope=True, qk_norm=True, activation="relu2", bias=False)
+    lens = hooked_transformer(model, tok)
+    words = "ROMEO: But soft! Ün <|endoftext|>"
+    ids = tok.encode(words)
+    assert len(ids) <= BLOCK  # the lens cuts a longer text at its n_ctx
+    assert lens.to_tokens(words, prepend_bos=False)[0].tolist() == ids
+    assert lens.to_tokens(words)[0].tolist() == ids  # the lens's default: no BOS
+    with torch.no_grad():
+        ours, _ = model.attention_maps(torch.tensor([ids]))
+        logits = lens(words)
+    assert (ours - logits).abs().max() <= EXACT
+
+
+def save_for_lens(folder, tok, **overrides):
+    import dataclasses
+
+    from support.checkpoint import checkpoint_path, save_checkpoint
+
+    model = tiny(tok, **overrides)
+    ckpt = {
+        "model": model.state_dict(),
+        "model_args": dataclasses.asdict(model.config),
+        "tokenizer": tok.describe(),
+        "dataset": "tiny",
+    }
+    save_checkpoint(ckpt, checkpoint_path(str(folder)))
+    return model
+
+
+def test_lens_example_on_a_bpe_model_of_one_layer_and_its_refusals(tmp_path, capsys):
+    """experiments.lens_example, as docs/export.md gives it, on a GPT-2-BPE model of one
+    layer (a KeyError, then a StopIteration, before); a text longer than block_size, a
+    head that is not there and a model TransformerLens cannot hold: one line each."""
+    from experiments import lens_example
+
+    tok = GPT2Tokenizer()
+    save_for_lens(tmp_path / "one", tok, n_layer=1, rope=True)
+    png = tmp_path / "lens.png"
+    assert lens_example.run([f"--out_dir={tmp_path / 'one'}", f"--png={png}"]) == 0
+    out = capsys.readouterr().out
+    differences = [float(line.rsplit(" ", 1)[1]) for line in out.splitlines() if "largest" in line]
+    assert len(differences) == 3  # the logits, layer 0's pattern, the drawn head's map
+    assert max(differences) <= EXACT
+    assert "is in layer 0: no earlier head composes into it" in out
+    assert png.exists()
+    save_for_lens(tmp_path / "linear", tok, attention="linear")
+    refused = [
+        ([f"--out_dir={tmp_path / 'one'}", "--text=" + "a b " * BLOCK], "pass a shorter --text"),
+        ([f"--out_dir={tmp_path / 'one'}", "--layer=1", "--head=0"], "layers 0 to 0"),
+        ([f"--out_dir={tmp_path / 'linear'}"], "TransformerLens has no linear attention"),
+    ]
+    for argv, words in refused:
+        assert lens_example.run(argv + [f"--png={tmp_path / 'no.png'}"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
+    assert not (tmp_path / "no.png").exists()
 
 
 @pytest.mark.parametrize("name", ["classic, bias", "15-minute recipe", "grouped-query"])
