@@ -11,7 +11,8 @@ table, measured on runs of the configs there.
         --json=docs/export.json
 
 Each run's logits are over --windows windows of block_size tokens spread over its val
-split; greedy decoding starts from the split's first 16 tokens and runs to block_size,
+split; greedy decoding starts from the split's first 16 tokens (half of a shorter
+block_size) and runs to block_size,
 or twice past it where the positions have no end (a window, linear attention).
 """
 
@@ -71,8 +72,9 @@ def measure(name, folder_of_run, cfg):
     export(model, tok, folder)
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
     row["transformers"] = largest(ours, hf(idx).logits)
-    prompt = idx[:1, : cfg.prompt_tokens]
-    n = c.block_size - cfg.prompt_tokens
+    # a model shorter than twice the prompt decodes from its first half
+    prompt = idx[:1, : min(cfg.prompt_tokens, max(1, c.block_size // 2))]
+    n = max(1, c.block_size - prompt.size(1))
     if c.context > c.block_size:
         n = 2 * c.block_size
     greedy = hf.generate(prompt, do_sample=False, max_new_tokens=n, min_new_tokens=n)

@@ -507,7 +507,7 @@ def test_hooked_transformer_takes_strings_through_a_bpe(kind, text):
     assert (ours - logits).abs().max() <= EXACT
 
 
-def save_for_lens(folder, tok, **overrides):
+def save_for_lens(folder, tok, dataset="tiny", data_root=None, **overrides):
     import dataclasses
 
     from support.checkpoint import checkpoint_path, save_checkpoint
@@ -517,7 +517,8 @@ def save_for_lens(folder, tok, **overrides):
         "model": model.state_dict(),
         "model_args": dataclasses.asdict(model.config),
         "tokenizer": tok.describe(),
-        "dataset": "tiny",
+        "dataset": dataset,
+        "config": {"data_root": data_root},
     }
     save_checkpoint(ckpt, checkpoint_path(str(folder)))
     return model
@@ -550,6 +551,22 @@ def test_lens_example_on_a_bpe_model_of_one_layer_and_its_refusals(tmp_path, cap
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0], err
     assert not (tmp_path / "no.png").exists()
+
+
+def test_export_exactness_on_a_model_shorter_than_its_prompt(tmp_path, chars, data_root, capsys):
+    """experiments.export_exactness on a model of block_size 8, below its 16-token
+    prompt: greedy decoding from half the block (a traceback in transformers'
+    generate, asked for -8 new tokens, before)."""
+    from experiments import export_exactness
+
+    save_for_lens(tmp_path / "short", chars, "shakespeare_char", data_root, block_size=8)
+    assert export_exactness.run([f"--runs=short={tmp_path / 'short'}"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| short")]
+    assert len(rows) == 1
+    cells = [cell.strip() for cell in rows[0].split("|")]
+    assert float(cells[3]) <= EXACT  # transformers' logits
+    assert cells[4] == "4 equal"  # greedy tokens from a 4-token prompt
+    assert cells[-2] == "equal"  # the round trip
 
 
 @pytest.mark.parametrize("name", ["classic, bias", "15-minute recipe", "grouped-query"])
