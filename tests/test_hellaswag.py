@@ -192,6 +192,7 @@ def test_a_failed_download_names_each_command_s_own_setting(
 
     monkeypatch.setattr(hellaswag, "HELLASWAG_URL", "http://127.0.0.1:9/hellaswag_val.jsonl")
     monkeypatch.setattr(hellaswag, "DEFAULT_DATA", str(tmp_path / "hs" / "hellaswag_val.jsonl"))
+    hellaswag.training_examples.cache_clear()  # a file read before would answer instead
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as stop:
         train.main(tiny_run(data_root, out, "--hellaswag=True", max_iters=2))
