@@ -242,6 +242,8 @@ def setup(cfg):
         dist.barrier()
     dataset_dir = ensure_dataset(cfg.dataset, cfg.data_root)
     run.meta = load_meta(dataset_dir)
+    if cfg.hellaswag:
+        run.features["hellaswag"].check_vocabulary(cfg.hellaswag_data, run.meta["tokenizer"])
     # the model: a new one of the settings' shape, or one init_from loads (out_dir's
     # checkpoint, GPT-2's weights); from here on the model keys are the model's own
     ckpt = None

@@ -208,6 +208,29 @@ def training_examples(path):
     return read_examples(path or fetch_official("--hellaswag_data"))
 
 
+def check_vocabulary(path, tokenizer_desc):
+    """HellaSwagError where the examples hold characters a character vocabulary lacks
+    (a byte-level BPE encodes any text): found before training, not at its first
+    evaluation, which would fail and lose the run."""
+    if tokenizer_desc.get("kind") != "char":
+        return
+    texts = [text for example in training_examples(path) for text in example_texts(example)]
+    missing = sorted(set("".join(texts)) - set(tokenizer_desc["chars"]))
+    if missing:
+        shown = "".join(missing[:12])
+        more = "..." if len(missing) > 12 else ""
+        raise HellaSwagError(
+            f"hellaswag=True: HellaSwag's texts hold {len(missing)} characters this dataset's "
+            f"vocabulary lacks ({shown!r}{more}); score it with a BPE dataset "
+            "(--dataset=shakespeare, say), or leave hellaswag off"
+        )
+
+
+def example_texts(example):
+    """The texts render() encodes: the context, and each ending after a space."""
+    return [example["ctx"]] + [" " + ending for ending in example["endings"]]
+
+
 def training_scores(model, tokenizer_desc, path, device, autocast, rank=0, world=1, stop=None):
     """{'hellaswag_acc', 'hellaswag_acc_norm'} for train.py's evaluation: each
     process scores every world-th example, and the counts are summed. stop (a

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_run
 
+from data.dataset import load_meta
 from data.tokenizer import CharTokenizer, gpt2_encoding
 from model import GPT, GPTConfig
 from support import hellaswag
@@ -206,6 +207,34 @@ def test_a_failed_download_names_each_command_s_own_setting(
     assert hellaswag.run([f"--init_from={hf_gpt2[1]}"]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and lines[0].endswith("or pass --data=PATH")
+
+
+def test_train_refuses_hellaswag_outside_a_character_vocabulary(tmp_path, data_root, capsys):
+    """HellaSwag's texts hold characters tiny Shakespeare's 65 lack (digits, brackets,
+    accents): train.py says so before it trains (after training, at its first evaluation,
+    a traceback, and no checkpoint saved, before)."""
+    import train
+
+    examples = EXAMPLES + [example("[header] 2 cups of café", ["a", "b", "c", "d"], 0)]
+    write_examples(tmp_path / "hs.jsonl", examples)
+    out = tmp_path / "out"
+    argv = [
+        "--hellaswag=True",
+        f"--hellaswag_data={tmp_path / 'hs.jsonl'}",
+        "--eval_at_start=False",
+    ]
+    with pytest.raises(SystemExit) as stop:
+        train.main(tiny_run(data_root, out, *argv, max_iters=2))
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err and len(lines) == 1, err
+    # the characters missing from the vocabulary, found another way than the check's
+    vocabulary = set(load_meta(os.path.join(data_root, "shakespeare_char"))["tokenizer"]["chars"])
+    missing = sorted(set("[header] 2 cups of café") - vocabulary)
+    assert missing and f"hold {len(missing)} characters" in lines[0]
+    assert f"({''.join(missing)!r})" in lines[0]
+    assert not out.exists()
 
 
 def test_train_logs_hellaswag_at_every_evaluation(tmp_path, data_root):
