@@ -450,14 +450,19 @@ def test_bpe_larger_than_the_corpus_allows_says_so(tmp_path, documents):
 
     docs = documents[:200]
     write_jsonl(str(tmp_path / "src" / "d.jsonl"), docs)
-    result = run_prepare(
-        str(tmp_path / "src"),
-        "--tokenizer=bpe:60000",
-        "--name=small",
-        f"--data_root={tmp_path / 'data'}",
-        "--num_proc=1",
-    )
-    assert result.returncode == 0, result.stderr
+
+    def prepare(vocab_size, name):
+        result = run_prepare(
+            str(tmp_path / "src"),
+            f"--tokenizer=bpe:{vocab_size}",
+            f"--name={name}",
+            f"--data_root={tmp_path / 'data'}",
+            "--num_proc=1",
+        )
+        assert result.returncode == 0, result.stderr
+        return result
+
+    result = prepare(60000, "small")
     meta = load_meta(str(tmp_path / "data" / "small"))
     assert meta["vocab_size"] < 60000
     note = f"(--tokenizer bpe:60000: the corpus gave {meta['vocab_size']:,} tokens, by then"
@@ -468,15 +473,7 @@ def test_bpe_larger_than_the_corpus_allows_says_so(tmp_path, documents):
     assert len(words) > 1000
     assert [w for w in words if len(tok.encode(w)) != 1] == []
     # a vocabulary the corpus reaches prints no such line
-    result = run_prepare(
-        str(tmp_path / "src"),
-        "--tokenizer=bpe:300",
-        "--name=reached",
-        f"--data_root={tmp_path / 'data'}",
-        "--num_proc=1",
-    )
-    assert result.returncode == 0, result.stderr
-    assert "--tokenizer bpe" not in result.stdout
+    assert "--tokenizer bpe" not in prepare(300, "reached").stdout
 
 
 def test_bpe_dataset_trains_and_samples_through_the_checkpoint(tmp_path, documents):
