@@ -41,11 +41,12 @@ def what_is_kept(out_dir):
     return "no checkpoint was saved"
 
 
-def save_checkpoint(obj, path):
+def save_checkpoint(obj, path, kept=None):
     """Write to a temporary file beside path, then rename it over path.
 
     os.replace is atomic on POSIX and Windows, so a crash, kill or full disk
-    during the write leaves the previous checkpoint untouched.
+    during the write leaves the previous checkpoint untouched. kept ends the
+    message of a failed write: what is left (by default, path's previous version).
     """
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
@@ -63,12 +64,16 @@ def save_checkpoint(obj, path):
     except (OSError, RuntimeError) as e:
         if os.path.exists(tmp):
             os.remove(tmp)
-        kept = (
-            "the previous checkpoint is kept"
-            if os.path.exists(path)
-            else "no checkpoint was written"
-        )
-        raise CheckpointError(f"could not write checkpoint {path}: {e}; {kept}") from None
+        if kept is None:
+            kept = (
+                "the previous checkpoint is kept"
+                if os.path.exists(path)
+                else "no checkpoint was written"
+            )
+        # torch.save reports a write the disk refused (full, or over a size limit) as
+        # a RuntimeError about zip positions; the OSError that caused it is its context
+        reason = e.__context__ if isinstance(e.__context__, OSError) else e
+        raise CheckpointError(f"could not write checkpoint {path}: {reason}; {kept}") from None
 
 
 def not_loadable(path, problem):

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from data.tokenizer import get_tokenizer
 from support import head_measures
-from support.checkpoint import checkpoint_path, save_checkpoint
+from support.checkpoint import checkpoint_path, save_checkpoint, what_is_kept
 from support.run_log import read_evaluations
 
 SNAPSHOT_DIR = "snapshots"
@@ -93,7 +93,9 @@ def write_snapshot(cfg, model, meta, iter_num):
         tokenizer=meta["tokenizer"],
         dataset=cfg.dataset,
     )
-    save_checkpoint(snapshot, snapshot_path(cfg.out_dir, iter_num))
+    # a snapshot has no earlier version: what a failed one leaves is ckpt.pt
+    kept = f"no snapshot at iter {iter_num}; {what_is_kept(cfg.out_dir)}"
+    save_checkpoint(snapshot, snapshot_path(cfg.out_dir, iter_num), kept)
 
 
 def kept_snapshots(iters, newest, limit, eval_interval):

@@ -9,9 +9,11 @@ docs/reliability.md lists what each test proves.
 """
 
 import concurrent.futures
+import errno
 import glob
 import os
 import random
+import resource
 import shutil
 import signal
 import subprocess
@@ -143,31 +145,24 @@ def test_ctrl_c_saves_and_exits_zero(inputs, tmp_path):
     assert stopped >= 1 and f"stopped by SIGINT at iter {stopped}" in stdout
 
 
-DISK_FULL = """
-import errno, os, sys
-sys.path.insert(0, os.getcwd())
-import torch
-import train
-
-def disk_full(obj, f, *args, **kwargs):
-    f.write(b"PK\\x03\\x04 half a checkpoint")  # some bytes got out before the disk filled up
-    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-torch.save = disk_full
-train.main(sys.argv[1:])
-"""
-
-
 def test_full_disk_keeps_the_previous_checkpoint(inputs, tmp_path):
+    """A write the kernel refuses part way through, as on a full disk: here a file size
+    limit (RLIMIT_FSIZE, which any user may lower) of half a checkpoint, so the write
+    fails with EFBIG where a full disk gives ENOSPC. Nothing in the process is replaced."""
     out = tmp_path / "out"
     shutil.copytree(inputs["ckpt"], out)
     before = file_hash(out / "ckpt.pt")
-    wrapper = tmp_path / "disk_full.py"
-    wrapper.write_text(DISK_FULL)
+    limit = os.path.getsize(out / "ckpt.pt") // 2
+
+    def limit_file_size():
+        # a write past the limit then fails with EFBIG instead of killing the process
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
     proc = subprocess.run(
         [
             sys.executable,
-            str(wrapper),
+            "train.py",
             *small_run(inputs, out, "--max_iters=4", "--init_from=resume"),
         ],
         cwd=REPO,
@@ -175,14 +170,46 @@ def test_full_disk_keeps_the_previous_checkpoint(inputs, tmp_path):
         capture_output=True,
         text=True,
         timeout=120,
+        preexec_fn=limit_file_size,
     )
     line = error_line(proc)
     assert proc.returncode == 1
-    assert "could not write checkpoint" in line and "No space left on device" in line
+    # the kernel's own reason, not the RuntimeError torch.save turns it into
+    assert "could not write checkpoint" in line and os.strerror(errno.EFBIG) in line, line
     assert "previous checkpoint is kept" in line
     assert file_hash(out / "ckpt.pt") == before
     # the half-written temporary file is gone (.lock: out_dir's lock, an empty file)
     assert sorted(os.listdir(out)) == [".lock", "ckpt.pt", "log.jsonl"]
+
+
+def test_full_disk_at_a_snapshot_says_the_checkpoint_is_kept(inputs, tmp_path):
+    """A snapshot is written before ckpt.pt at an evaluation, and has no earlier version
+    of its own: its failed write says that ckpt.pt is kept, not that nothing was."""
+    out = tmp_path / "out"
+    shutil.copytree(inputs["ckpt"], out)
+    before = file_hash(out / "ckpt.pt")
+    # a snapshot is the weights alone, a third of ckpt.pt (weights and AdamW's two moments)
+    limit = os.path.getsize(out / "ckpt.pt") // 6
+
+    def limit_file_size():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    args = small_run(inputs, out, "--max_iters=4", "--init_from=resume", "--snapshots=True")
+    proc = subprocess.run(
+        [sys.executable, "train.py", *args],
+        cwd=REPO,
+        env=own_data_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=limit_file_size,
+    )
+    line = error_line(proc)
+    assert f"{out / 'snapshots'}" in line and os.strerror(errno.EFBIG) in line, line
+    assert line.endswith("no snapshot at iter 3; the last checkpoint is kept"), line
+    assert file_hash(out / "ckpt.pt") == before
+    assert os.listdir(out / "snapshots") == []
 
 
 def no_memory(*args, **kwargs):
