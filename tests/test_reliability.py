@@ -35,7 +35,6 @@ from conftest import (
 )
 from forker import read
 
-import support.loading
 import train
 from support.checkpoint import load_checkpoint
 
@@ -216,23 +215,14 @@ def no_memory(*args, **kwargs):
     raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
 
-def no_cpu_memory(*args, **kwargs):
-    raise RuntimeError(
-        "[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory"
-    )
-
-
-@pytest.mark.parametrize(
-    "fault", ["no memory for the model", "no memory while training", "log not writable"]
-)
+@pytest.mark.parametrize("fault", ["no memory while training", "log not writable"])
 def test_resource_faults_keep_the_checkpoint(inputs, tmp_path, monkeypatch, capsys, fault):
-    """In process, with the fault injected where it would happen."""
+    """In process, with the fault injected where it would happen: a GPU's out of memory
+    (no GPU here; a CPU's is real, below) and a log that cannot be appended to."""
     out = tmp_path / "out"
     shutil.copytree(inputs["ckpt"], out)
     before = file_hash(out / "ckpt.pt")
-    if fault == "no memory for the model":
-        monkeypatch.setattr(support.loading, "GPT", no_cpu_memory)  # resuming builds the model
-    elif fault == "no memory while training":
+    if fault == "no memory while training":
         monkeypatch.setattr(train, "forward_backward", no_memory)
     else:
         os.remove(out / "log.jsonl")
@@ -242,12 +232,61 @@ def test_resource_faults_keep_the_checkpoint(inputs, tmp_path, monkeypatch, caps
     lines = messages(capsys.readouterr().err)
     assert len(lines) == 1, lines
     expected = {
-        "no memory for the model": (2, "out of memory building the model"),
         "no memory while training": (1, "out of memory while training; lower --batch_size"),
         "log not writable": (1, "log.jsonl (Is a directory); the last checkpoint is kept"),
     }[fault]
     assert exit_info.value.code == expected[0] and expected[1] in lines[0], lines[0]
     assert file_hash(out / "ckpt.pt") == before
+
+
+# train.main under a real memory limit: RLIMIT_AS, set once torch and the project are
+# loaded, to what the process maps then and 1.5 GiB more
+LOW_MEMORY = """
+import os, resource, sys
+sys.path.insert(0, os.getcwd())
+import train
+
+with open("/proc/self/status") as f:
+    mapped = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (mapped + 1536 * 2**20, resource.RLIM_INFINITY))
+train.main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("fault", ["model", "batch"])
+def test_out_of_cpu_memory_is_one_line(inputs, tmp_path, fault):
+    """The CPU's allocator refusing for real: a model of 4 GiB of float32 weights, or a
+    resumed run's batch whose activations pass the limit, where 2 GiB would do."""
+    out = tmp_path / "out"
+    wrapper = tmp_path / "low_memory.py"
+    wrapper.write_text(LOW_MEMORY)
+    if fault == "model":
+        # 12 layers of 12 x 5120^2 weights: 3.8G parameters
+        extra = ["--n_layer=12", "--n_embd=5120", "--n_head=8", "--dtype=float32"]
+        args = small_run(inputs, out, *extra)
+    else:
+        shutil.copytree(inputs["ckpt"], out)
+        extra = ["--max_iters=4", "--init_from=resume", "--batch_size=200000"]
+        args = small_run(inputs, out, *extra)
+    before = file_hash(out / "ckpt.pt") if fault == "batch" else None
+    proc = subprocess.run(
+        [sys.executable, str(wrapper), *args],
+        cwd=REPO,
+        env=own_data_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    line = error_line(proc)
+    if fault == "model":
+        assert proc.returncode == 2
+        assert line.startswith("error: out of memory building the model"), line
+        assert not os.path.exists(out / "ckpt.pt")
+    else:
+        assert proc.returncode == 1
+        assert line.startswith("error: out of memory while training; lower --batch_size"), line
+        assert line.endswith("the last checkpoint is kept"), line
+        assert file_hash(out / "ckpt.pt") == before
 
 
 # -----------------------------------------------------------------------------
