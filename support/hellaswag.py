@@ -21,6 +21,7 @@ import support.before_torch  # bfloat16 tried in a child process, before torch l
 
 import dataclasses
 import functools
+import http.client
 import json
 import os
 import sys
@@ -76,12 +77,27 @@ def fetch_official(option="--data"):
     try:
         with urllib.request.urlopen(HELLASWAG_URL, timeout=DOWNLOAD_TIMEOUT_S) as response:
             data = response.read()
-    except (OSError, ValueError) as e:  # URLError is an OSError
+    # URLError is an OSError; a connection cut before its Content-Length, an IncompleteRead
+    except (OSError, http.client.HTTPException, ValueError) as e:
         reason = getattr(e, "reason", None) or e
         raise HellaSwagError(
             f"cannot download HellaSwag ({reason}); fetch {HELLASWAG_URL} "
             f"yourself and put it at {path}, or pass {option}=PATH"
         ) from None
+    # a connection closed early, with no length to check, cuts the last example: every
+    # example is read before the file is kept, or it would be used from then on
+    try:
+        lines = data.decode("utf-8").splitlines()
+        examples = [
+            _example(line, f"its line {i + 1}") for i, line in enumerate(lines) if line.strip()
+        ]
+    except (UnicodeDecodeError, HellaSwagError) as e:
+        raise HellaSwagError(
+            f"the download from {HELLASWAG_URL} is damaged ({e}); try again, or fetch it "
+            f"yourself and put it at {path}, or pass {option}=PATH"
+        ) from None
+    if not examples:
+        raise HellaSwagError(f"the download from {HELLASWAG_URL} holds no examples; try again")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".tmp", "wb") as f:
         f.write(data)

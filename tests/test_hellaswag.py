@@ -5,8 +5,10 @@ Hugging Face GPT-2 as the oracle for the command line."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -207,6 +209,64 @@ def test_a_failed_download_names_each_command_s_own_setting(
     assert hellaswag.run([f"--init_from={hf_gpt2[1]}"]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and lines[0].endswith("or pass --data=PATH")
+
+
+def serve_once(reply):
+    """A local HTTP server that answers every request with the bytes of reply and closes
+    the connection; its URL. A thread of this process, stopped with the test."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def answer():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:  # the socket closed: the test is over
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(reply)
+
+    threading.Thread(target=answer, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.getsockname()[1]}/hellaswag_val.jsonl"
+
+
+EXAMPLE = json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 0}) + "\n"
+CUT = (EXAMPLE * 20)[:-25].encode()  # 19 examples and the cut start of a 20th
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + CUT, id="short"),
+        pytest.param(b"HTTP/1.0 200 OK\r\n\r\n" + CUT, id="no length"),
+    ],
+)
+def test_a_cut_download_is_one_line_and_not_kept(tmp_path, data_root, monkeypatch, capsys, cut):
+    """A connection closed part way, by a real server: short of its Content-Length (an
+    IncompleteRead, a traceback before), or with no length to check (the cut file was
+    kept, and read as the official one from then on, before)."""
+    import train
+
+    server, url = serve_once(cut)
+    monkeypatch.setattr(hellaswag, "HELLASWAG_URL", url)
+    monkeypatch.setattr(hellaswag, "DEFAULT_DATA", str(tmp_path / "hs" / "hellaswag_val.jsonl"))
+    hellaswag.training_examples.cache_clear()
+    with server, pytest.raises(SystemExit) as stop:
+        train.main(tiny_run(data_root, tmp_path / "out", "--hellaswag=True", max_iters=2))
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, err
+    if b"Content-Length" in cut:
+        assert "IncompleteRead" in lines[0] and "cannot download HellaSwag" in lines[0]
+    else:
+        assert "is damaged (its line 20 is not valid JSON)" in lines[0], lines[0]
+    assert lines[0].endswith(f"put it at {hellaswag.DEFAULT_DATA}, or pass --hellaswag_data=PATH")
+    assert not os.path.exists(hellaswag.DEFAULT_DATA)
+    assert not os.path.exists(hellaswag.DEFAULT_DATA + ".tmp")
 
 
 def test_train_refuses_hellaswag_outside_a_character_vocabulary(tmp_path, data_root, capsys):
