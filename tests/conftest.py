@@ -8,9 +8,11 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -381,6 +383,38 @@ def error_line(proc):
     lines = messages(proc.stderr)
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
     return lines[0]
+
+
+@contextlib.contextmanager
+def local_server(reply):
+    """A real HTTP server on 127.0.0.1, in a thread, that answers every request with the
+    raw bytes of reply (status line, headers and body) and closes the connection; yields
+    the URL of a file on it."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def answer():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:  # the socket is shut: the test is over
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(reply)
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}/file"
+    finally:
+        server.shutdown(socket.SHUT_RDWR)
+        server.close()
+
+
+def http_ok(body):
+    """An HTTP reply of 200 with body and its Content-Length, for local_server."""
+    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
 
 
 def own_data_env():

@@ -1,6 +1,5 @@
 """Tokenizers and dataset preparation, all offline and outside the repo's data/."""
 
-import io
 import json
 import os
 import re
@@ -11,6 +10,7 @@ import urllib.request
 
 import numpy as np
 import pytest
+from conftest import http_ok, local_server
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -39,6 +39,9 @@ quick = settings(
 def no_user_corpus(monkeypatch):
     # The developer's own environment must not decide where tests read from.
     monkeypatch.delenv(tiny_shakespeare.SHAKESPEARE_ENV, raising=False)
+
+
+REAL_URLOPEN = urllib.request.urlopen  # before the offline fixture replaces it
 
 
 @pytest.fixture
@@ -156,28 +159,28 @@ def test_offline_without_local_file_says_where_to_put_it(tmp_path, offline):
     assert f"{tiny_shakespeare.SHAKESPEARE_ENV}=PATH" in message and "--input" not in message
 
 
-class FakeResponse(io.BytesIO):
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
 def test_download_is_verified_and_saved(tmp_path, corpus_text, monkeypatch):
-    monkeypatch.setattr(
-        urllib.request, "urlopen", lambda url, timeout: FakeResponse(corpus_text.encode())
-    )
-    dataset_dir = tmp_path / "shakespeare"
-    assert tiny_shakespeare.shakespeare_text(str(dataset_dir)) == corpus_text
+    with local_server(http_ok(corpus_text.encode())) as url:
+        monkeypatch.setattr(tiny_shakespeare, "SHAKESPEARE_URL", url)
+        dataset_dir = tmp_path / "shakespeare"
+        assert tiny_shakespeare.shakespeare_text(str(dataset_dir)) == corpus_text
     assert (dataset_dir / "input.txt").read_text(encoding="utf-8") == corpus_text
 
 
-def test_corrupt_download_is_an_error_and_not_saved(tmp_path, corpus_text, monkeypatch):
+@pytest.mark.parametrize("cut", ["damaged", "short of its length"])
+def test_corrupt_download_is_an_error_and_not_saved(tmp_path, corpus_text, monkeypatch, cut):
+    """A real server's answer: ten bytes short and whole by its Content-Length (the
+    sha256 catches it), or cut before its Content-Length (http.client's IncompleteRead)."""
     damaged = corpus_text.encode()[:-10]
-    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: FakeResponse(damaged))
-    with pytest.raises(DataError, match="corrupt"):
-        tiny_shakespeare.shakespeare_text(str(tmp_path))
+    reply = http_ok(damaged)
+    if cut == "short of its length":
+        reply = http_ok(corpus_text.encode())[:-10]
+    with local_server(reply) as url:
+        monkeypatch.setattr(tiny_shakespeare, "SHAKESPEARE_URL", url)
+        with pytest.raises(DataError) as err:
+            tiny_shakespeare.shakespeare_text(str(tmp_path))
+    expected = {"damaged": "is corrupt", "short of its length": "IncompleteRead"}[cut]
+    assert expected in str(err.value) and "\n" not in str(err.value)
     assert not (tmp_path / "input.txt").exists()
 
 
@@ -200,10 +203,10 @@ def test_corpus_lookup_order(tmp_path, corpus_text, monkeypatch, offline):
     beside.unlink()
     with pytest.raises(DataError, match="put tiny Shakespeare at .*shakespeare_char.input.txt"):
         find()  # offline, no copy anywhere
-    monkeypatch.setattr(
-        urllib.request, "urlopen", lambda url, timeout: FakeResponse(corpus_text.encode())
-    )
-    assert find() == str(dataset_dir / "input.txt")  # downloaded, checked, kept for the next run
+    monkeypatch.setattr(urllib.request, "urlopen", REAL_URLOPEN)  # online again
+    with local_server(http_ok(corpus_text.encode())) as url:
+        monkeypatch.setattr(tiny_shakespeare, "SHAKESPEARE_URL", url)
+        assert find() == str(dataset_dir / "input.txt")  # downloaded, checked, kept
     assert (dataset_dir / "input.txt").read_text(encoding="utf-8") == corpus_text
 
 

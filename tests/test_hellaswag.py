@@ -5,15 +5,13 @@ Hugging Face GPT-2 as the oracle for the command line."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_run
+from conftest import local_server, tiny_run
 
 from data.dataset import load_meta
 from data.tokenizer import CharTokenizer, gpt2_encoding
@@ -211,27 +209,6 @@ def test_a_failed_download_names_each_command_s_own_setting(
     assert len(lines) == 1 and lines[0].endswith("or pass --data=PATH")
 
 
-def serve_once(reply):
-    """A local HTTP server that answers every request with the bytes of reply and closes
-    the connection; its URL. A thread of this process, stopped with the test."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-
-    def answer():
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:  # the socket closed: the test is over
-                return
-            with conn:
-                conn.recv(65536)
-                conn.sendall(reply)
-
-    threading.Thread(target=answer, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.getsockname()[1]}/hellaswag_val.jsonl"
-
-
 EXAMPLE = json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 0}) + "\n"
 CUT = (EXAMPLE * 20)[:-25].encode()  # 19 examples and the cut start of a 20th
 
@@ -249,11 +226,10 @@ def test_a_cut_download_is_one_line_and_not_kept(tmp_path, data_root, monkeypatc
     kept, and read as the official one from then on, before)."""
     import train
 
-    server, url = serve_once(cut)
-    monkeypatch.setattr(hellaswag, "HELLASWAG_URL", url)
     monkeypatch.setattr(hellaswag, "DEFAULT_DATA", str(tmp_path / "hs" / "hellaswag_val.jsonl"))
     hellaswag.training_examples.cache_clear()
-    with server, pytest.raises(SystemExit) as stop:
+    with local_server(cut) as url, pytest.raises(SystemExit) as stop:
+        monkeypatch.setattr(hellaswag, "HELLASWAG_URL", url)
         train.main(tiny_run(data_root, tmp_path / "out", "--hellaswag=True", max_iters=2))
     assert stop.value.code == 2
     err = capsys.readouterr().err
