@@ -24,6 +24,7 @@ WAIT = 60  # seconds for anything the page does
 # not the page's example prompt (PROMPT itself, cut to the context): the tokens
 # shown equal the typed ones only once the last analysis has come back
 TYPED = PROMPT.lower()
+LONG_TOKEN = " the whole<|endoftext|>"
 
 pytestmark = pytest.mark.skipif(
     not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
@@ -116,6 +117,18 @@ def drive(driver, url, prompt, head, downloads, screenshot):
     ActionChains(driver).move_to_element(tokens()[-3]).perform()
     seen["hovered"] = "hover" in tokens()[-3].get_attribute("class")
     seen["intact"] = wait_for(lambda: columns(driver), "show the probabilities")[0]
+    # a next token wider than its column (GPT-2's BPE has them): cut with an ellipsis,
+    # and whole in its title (before, cut with no mark, and nowhere whole)
+    seen["long token"] = driver.execute_script(
+        "const c = column('t', {loss: null, next: [{token: LONG, prob: 1}], token_loss: [1],"
+        " continuation: []}, 'x');"
+        "document.body.appendChild(c);"
+        "const name = c.querySelector('.bar .name');"
+        "const seen = [name.scrollWidth > name.clientWidth, name.title,"
+        " getComputedStyle(name).textOverflow];"
+        "c.remove();"
+        "return seen;".replace("LONG", repr(LONG_TOKEN))
+    )
     driver.find_element(By.ID, f"ablate-{head[0]}-{head[1]}").click()
     seen["compare"] = wait_for(lambda: (c := columns(driver)) and len(c) == 2 and c, "compare")
     seen["off"] = driver.find_element(By.ID, f"ablate-{head[0]}-{head[1]}").get_attribute("class")
@@ -155,6 +168,7 @@ def test_the_page_in_a_browser(trained, tmp_path):  # noqa: F811
         assert seen["tokens"] == [t.replace(" ", "\u2423").replace("\n", "\u21b5") for t in TYPED]
         assert seen["label"].startswith("L1 H2: ")
         assert seen["hovered"]
+        assert seen["long token"] == [True, "\u2423the\u2423whole<|endoftext|>", "ellipsis"]
         assert "off" in seen["off"]
         # the page shows what the API answers: intact beside ablated, and they differ
         answer = server.explorer.analyze({"prompt": TYPED, "ablate": [list(head)]})

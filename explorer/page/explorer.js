@@ -375,6 +375,7 @@ function column(title, r, cls) {
     const name = document.createElement("span");
     name.className = "name";
     name.textContent = shown(n.token);
+    name.title = shown(n.token); // a token wider than its column ends in an ellipsis
     const track = document.createElement("span");
     track.className = "track";
     const fill = document.createElement("span");
