@@ -245,7 +245,8 @@ def setup(cfg):
     if cfg.hellaswag:
         run.features["hellaswag"].check_vocabulary(cfg.hellaswag_data, run.meta["tokenizer"])
     # the model: a new one of the settings' shape, or one init_from loads (out_dir's
-    # checkpoint, GPT-2's weights); from here on the model keys are the model's own
+    # checkpoint, another run's, or GPT-2's weights); from here on the model keys are
+    # the model's own
     ckpt = None
     if cfg.init_from == "scratch":
         run.raw = GPT(GPTConfig(**settings.model_args(cfg, run.meta["vocab_size"])))

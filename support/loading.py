@@ -111,8 +111,9 @@ def is_gpt2(source):
 
 def training_model(cfg, meta):
     """(model, checkpoint or None) for train.py's init_from other than 'scratch' (a new
-    model, which train.py makes itself): 'resume' (out_dir's checkpoint), or GPT-2's
-    weights. Every failure the user can fix is a ValueError or a CheckpointError."""
+    model, which train.py makes itself): 'resume' (out_dir's checkpoint, returned too),
+    GPT-2's weights, or another run's checkpoint (its weights alone). Every failure the
+    user can fix is a ValueError or a CheckpointError."""
     init, ckpt = cfg.init_from, None
     run_choices = dict(dropout=cfg.dropout, attn_dropout=cfg.attn_dropout, fused=cfg.fused)
     if init == "resume":
@@ -127,7 +128,12 @@ def training_model(cfg, meta):
                 f"(dataset {ckpt.get('dataset')!r}); pass --dataset={ckpt.get('dataset')}"
             )
         model = from_checkpoint(ckpt, path, **run_choices)
-    elif os.path.isdir(init) or init.startswith("gpt2"):
+    elif is_gpt2(init):
+        if cfg.attention != "softmax":
+            raise ValueError(
+                f"init_from={init!r} loads GPT-2's weights, which need softmax attention; "
+                f"train --attention={cfg.attention} from scratch"
+            )
         try:
             wanted = folder_tokenizer(init).describe()
         except LoadError as e:
@@ -148,9 +154,17 @@ def training_model(cfg, meta):
             )
         except LoadError as e:
             raise ValueError(str(e)) from None
+    elif os.path.isfile(init) or os.path.isfile(checkpoint_path(init)):
+        model = from_another_run(init, cfg, meta, run_choices)
+    elif os.path.isdir(init):
+        raise ValueError(
+            f"init_from={init!r} holds neither a checkpoint (ckpt.pt) nor a Hugging Face "
+            "model (config.json); pass a checkpoint's folder or file, or a GPT-2 folder"
+        )
     else:
         raise ValueError(
-            f"init_from must be 'scratch', 'resume', a GPT-2 folder or a 'gpt2*' name, not {init!r}"
+            f"init_from must be 'scratch', 'resume', a checkpoint (its folder or file), a GPT-2 "
+            f"folder or a 'gpt2*' name, not {init!r}"
         )
     if model.config.vocab_size < meta["vocab_size"]:
         raise ValueError(
@@ -161,6 +175,22 @@ def training_model(cfg, meta):
     if kept and int(os.environ.get("RANK", 0)) == 0:
         print(f"note: the model keeps the shape it was trained with: {', '.join(kept)}")
     return model, ckpt
+
+
+def from_another_run(init, cfg, meta, run_choices):
+    """The weights of another run's checkpoint (its folder's ckpt.pt, or a file: a
+    snapshot) to start this run from: iter 0, a new optimizer, this run's out_dir. Its
+    tokenizer must be the dataset's, token for token."""
+    path = checkpoint_path(init) if os.path.isdir(init) else init
+    ckpt = load_checkpoint(path)
+    if ckpt.get("tokenizer") != meta["tokenizer"]:
+        trained_on = ckpt.get("dataset")
+        raise ValueError(
+            f"{path} was trained on another tokenizer (dataset {trained_on!r}) than "
+            f"dataset {cfg.dataset!r}'s; pass --dataset={trained_on}, or a dataset "
+            "prepared with the same tokenizer"
+        )
+    return from_checkpoint(ckpt, path, **run_choices)
 
 
 def kept_model_keys(cfg, config):

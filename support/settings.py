@@ -54,7 +54,8 @@ class Settings(ModelSettings):
     log_heads: bool = False  # each head's induction score and label in log.jsonl, every evaluation
     muon_ns_steps: int = 5  # Newton-Schulz iterations per Muon step (torch.optim.Muon's ns_steps)
     always_save_checkpoint: bool = True  # False: save only when val loss improves, and at the end
-    # 'scratch', 'resume' (from out_dir), a Hugging Face GPT-2 folder, or 'gpt2*'
+    # 'scratch', 'resume' (from out_dir), another run's checkpoint (its folder or file),
+    # a Hugging Face GPT-2 folder, or 'gpt2*'
     init_from: str = "scratch"
     wandb_log: bool = False
     wandb_project: str = "gpt"
@@ -172,11 +173,6 @@ def check(cfg):
         raise ValueError(
             "sliding_window and sink_tokens shape softmax attention; linear attention keeps "
             "the whole past in its state: drop them, or train --attention=softmax"
-        )
-    if cfg.attention != "softmax" and cfg.init_from not in ("scratch", "resume"):
-        raise ValueError(
-            f"init_from={cfg.init_from!r} loads GPT-2's weights, which need softmax attention; "
-            f"train --attention={cfg.attention} from scratch"
         )
     if cfg.init_from == "scratch":
         GPTConfig(**model_args(cfg, vocab_size=1))  # raises on bad model sizes

@@ -13,9 +13,9 @@ from support import hardware
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_FILES = 15
-# ceilings against regressions, about 3% above what is measured: 1,187 code lines on a
+# ceilings against regressions, about 3% above what is measured: 1,186 code lines on a
 # CPU whose flags rule native bfloat16 out (AVX2 alone: 'auto' is float32 from the flags);
-# 1,231 where they promise it, the verdict is read from its cache and the model is timed
+# 1,230 where they promise it, the verdict is read from its cache and the model is timed
 # in both precisions (an AMD EPYC with avx512_bf16; 1,278 there with
 # GPT_SIMULATE_CPU=avx512_bf16, the simulation's own lines included); 1,286 when the
 # timing picks float32 (Muon's float32 path) and is taken in the run, not read from its

@@ -221,6 +221,60 @@ def test_init_from_a_local_gpt2_folder(data_root, corpus_path, tmp_path, gpt2_fo
     with pytest.raises(SystemExit):
         run_in_process(base + ["--dataset=shakespeare_char"])
     assert_one_line_error(capsys.readouterr().err, "GPT-2 BPE", "--dataset=shakespeare")
+    with pytest.raises(SystemExit):
+        run_in_process(base + ["--attention=linear"])
+    assert_one_line_error(capsys.readouterr().err, "which need softmax attention")
+
+
+def test_init_from_another_run_s_checkpoint(data_root, tmp_path, capsys):
+    """A new run from another's weights: its folder (ckpt.pt) or a snapshot's file. With
+    max_iters=0 the new run saves what it started from, which must be those weights, at
+    iter 0 with a new optimizer; before, the folder was taken for GPT-2's and refused
+    with advice to use GPT-2's BPE, and the file was refused outright."""
+    first = tmp_path / "first"
+    run_in_process(tiny_run(data_root, first, "--snapshots=True", max_iters=3, eval_interval=1))
+    ckpt = load_checkpoint(str(first))
+    snapshot = first / "snapshots" / "iter_000002.pt"
+    for source, n in ((first, 3), (snapshot, 2)):
+        out = tmp_path / f"from_{n}"
+        # other settings' shape and dropout: the model keeps its own, and says so
+        extra = [f"--init_from={source}", "--n_layer=5", "--dropout=0.1"]
+        capsys.readouterr()
+        run_in_process(tiny_run(data_root, out, *extra, max_iters=0))
+        said = capsys.readouterr().out
+        assert "note: the model keeps the shape it was trained with: n_layer=2 (not 5)" in said
+        started = load_checkpoint(str(out))
+        weights = load_checkpoint(str(source))["model"]
+        assert started["iter_num"] == 0 and started["model"].keys() == weights.keys()
+        for key in weights:
+            assert torch.equal(started["model"][key], weights[key]), key
+        assert started["optimizer"]["state"] == {} and started["model_args"]["dropout"] == 0.1
+    assert load_checkpoint(str(snapshot))["iter_num"] == 2 and ckpt["iter_num"] == 3
+
+    def refused(*extra, dataset="shakespeare_char", root=data_root):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_info:
+            run_in_process(tiny_run(root, tmp_path / "refused", *extra, dataset=dataset))
+        assert exit_info.value.code == 2
+        assert not (tmp_path / "refused" / "ckpt.pt").exists()
+        return capsys.readouterr().err
+
+    # a corpus of other characters: another vocabulary, token for token
+    other = tmp_path / "other_root"
+    (other / "abc").mkdir(parents=True)
+    (other / "abc" / "input.txt").write_text("abc cab bca " * 400, encoding="utf-8")
+    prepared = subprocess.run(
+        [sys.executable, "data/prepare.py", str(other / "abc" / "input.txt"), "--name=abc"]
+        + [f"--data_root={other}", "--tokenizer=char"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert prepared.returncode == 0, prepared.stderr
+    err = refused(f"--init_from={first}", dataset="abc", root=other)
+    assert_one_line_error(err, "was trained on another tokenizer", "--dataset=shakespeare_char")
+    err = refused(f"--init_from={tmp_path / 'other_root'}")
+    assert_one_line_error(err, "holds neither a checkpoint (ckpt.pt) nor a Hugging Face model")
 
 
 def test_memmap_batches_equal_in_memory_batches(data_root, tmp_path, monkeypatch):
