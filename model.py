@@ -744,11 +744,15 @@ def windowed_attention(q, k, v, window, sinks=0, dropout_p=0.0, block=128):
     n = (window - 1 + c - 1) // c  # the blocks a query reaches back: ceil((W - 1) / c)
     nb = (T + c - 1) // c  # the query blocks: ceil(T / c)
     q_blocks = F.pad(q, (0, 0, 0, nb * c - T)).view(B, nh, nb, c, hs)
-    # overlapping views: block b's keys are those of blocks b - n .. b, zeros before the start
+    # block b's keys are those of blocks b - n .. b, zeros before the start: n + 1 shifted
+    # slices side by side. (Tensor.unfold gives the same windows, but PyTorch 2.13's
+    # torch.compile of its backward, in bfloat16 on a CPU, corrupts the heap.)
     k_padded = F.pad(k, (0, 0, n * c, nb * c - T))
     v_padded = F.pad(v, (0, 0, n * c, nb * c - T))
-    k_blocks = k_padded.unfold(2, (n + 1) * c, c).transpose(-1, -2)  # (B, nh, nb, (n + 1) c, hs)
-    v_blocks = v_padded.unfold(2, (n + 1) * c, c).transpose(-1, -2)  # (B, nh, nb, (n + 1) c, hs)
+    k_shifted = [k_padded[:, :, s * c : (s + nb) * c].view(B, nh, nb, c, hs) for s in range(n + 1)]
+    v_shifted = [v_padded[:, :, s * c : (s + nb) * c].view(B, nh, nb, c, hs) for s in range(n + 1)]
+    k_blocks = torch.cat(k_shifted, dim=3)  # (B, nh, nb, (n + 1) c, hs)
+    v_blocks = torch.cat(v_shifted, dim=3)  # (B, nh, nb, (n + 1) c, hs)
     i = torch.arange(nb * c, device=q.device).view(nb, c, 1)  # the queries' positions
     j = i[:, :1] - n * c + torch.arange((n + 1) * c, device=q.device)  # (nb, 1, (n + 1) c) keys'
     mask = visible(i, j, window) & (j >= 0)  # (nb, c, (n + 1) c)
