@@ -252,8 +252,15 @@ def main(cfg):
             raise SampleError(f"--window={cfg.window} --sinks={cfg.sinks}: {e}") from None
     if cfg.compile and model.config.sliding_window:
         raise SampleError(
-            "--compile decodes a full-attention cache; this model has a sliding window"
+            "--compile decodes a full-attention cache; this model has a sliding window: "
+            "drop --compile"
         )
+    if cfg.compile and model.config.attention != "softmax":
+        raise SampleError(
+            "--compile decodes softmax attention only; drop it for this linear-attention model"
+        )
+    if cfg.compile and device.type not in ("cpu", "cuda"):
+        raise SampleError(f"--compile runs on CPU and CUDA, not {device}; drop --compile")
     # a rolling cache (a window: the model's own, with rope or learned positions, or
     # --window's) holds its keys by slot, not position: the maps come from one forward
     # over the last block_size tokens once a sample is done
@@ -276,12 +283,6 @@ def main(cfg):
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)
 
     if cfg.compile:
-        if device.type not in ("cpu", "cuda"):
-            raise SampleError(f"--compile runs on CPU and CUDA, not {device}; drop --compile")
-        if model.config.attention != "softmax":
-            raise SampleError(
-                "--compile decodes softmax attention only; drop it for this linear-attention model"
-            )
         t0 = time.perf_counter()
         # the second token compiles the step
         engine.generate_compiled(model, idx, 2, temperature=0.0)

@@ -426,6 +426,21 @@ def test_sample_bad_window_options_fail_in_one_line(tmp_path, capsys, extra, exp
     assert expected in one_line(code, capsys.readouterr().err)
 
 
+@pytest.mark.parametrize("model", ["windowed", "linear"])
+def test_sample_compile_refused_in_one_line(tmp_path, capsys, model):
+    """--compile on a model its decode step cannot take, with the default maps folder:
+    the refusal alone (before, a linear model's came after a note that no maps would be
+    saved, two lines for one mistake)."""
+    import sample
+
+    kind = {"windowed": dict(sliding_window=4), "linear": dict(attention="linear")}[model]
+    save_tiny_checkpoint(tmp_path, **kind)
+    code = sample.run([f"--out_dir={tmp_path}", "--prompt=abc", "--compile"])
+    line = one_line(code, capsys.readouterr().err)
+    assert line.startswith("error: --compile decodes") and "drop" in line, line
+    assert not (tmp_path / "attention").exists()
+
+
 def test_train_flags_reach_the_checkpoint(tmp_path, data_root):
     import train
     from support.checkpoint import load_checkpoint
