@@ -144,26 +144,19 @@ def test_ctrl_c_saves_and_exits_zero(inputs, tmp_path):
     assert stopped >= 1 and f"stopped by SIGINT at iter {stopped}" in stdout
 
 
-def test_full_disk_keeps_the_previous_checkpoint(inputs, tmp_path):
-    """A write the kernel refuses part way through, as on a full disk: here a file size
-    limit (RLIMIT_FSIZE, which any user may lower) of half a checkpoint, so the write
-    fails with EFBIG where a full disk gives ENOSPC. Nothing in the process is replaced."""
-    out = tmp_path / "out"
-    shutil.copytree(inputs["ckpt"], out)
-    before = file_hash(out / "ckpt.pt")
-    limit = os.path.getsize(out / "ckpt.pt") // 2
+def train_under_file_limit(inputs, out, limit, *extra):
+    """train.py resuming the checkpoint in out, in a process whose files may not grow past
+    limit bytes (RLIMIT_FSIZE, which any user may lower): a write past it fails part way
+    with EFBIG, as on a full disk with ENOSPC. Nothing in the process is replaced."""
 
     def limit_file_size():
-        # a write past the limit then fails with EFBIG instead of killing the process
+        # a write past the limit then fails instead of killing the process
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            *small_run(inputs, out, "--max_iters=4", "--init_from=resume"),
-        ],
+    args = small_run(inputs, out, "--max_iters=4", "--init_from=resume", *extra)
+    return subprocess.run(
+        [sys.executable, "train.py", *args],
         cwd=REPO,
         env=own_data_env(),
         capture_output=True,
@@ -171,6 +164,13 @@ def test_full_disk_keeps_the_previous_checkpoint(inputs, tmp_path):
         timeout=120,
         preexec_fn=limit_file_size,
     )
+
+
+def test_full_disk_keeps_the_previous_checkpoint(inputs, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(inputs["ckpt"], out)
+    before = file_hash(out / "ckpt.pt")
+    proc = train_under_file_limit(inputs, out, os.path.getsize(out / "ckpt.pt") // 2)
     line = error_line(proc)
     assert proc.returncode == 1
     # the kernel's own reason, not the RuntimeError torch.save turns it into
@@ -189,22 +189,7 @@ def test_full_disk_at_a_snapshot_says_the_checkpoint_is_kept(inputs, tmp_path):
     before = file_hash(out / "ckpt.pt")
     # a snapshot is the weights alone, a third of ckpt.pt (weights and AdamW's two moments)
     limit = os.path.getsize(out / "ckpt.pt") // 6
-
-    def limit_file_size():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
-    args = small_run(inputs, out, "--max_iters=4", "--init_from=resume", "--snapshots=True")
-    proc = subprocess.run(
-        [sys.executable, "train.py", *args],
-        cwd=REPO,
-        env=own_data_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        preexec_fn=limit_file_size,
-    )
-    line = error_line(proc)
+    line = error_line(train_under_file_limit(inputs, out, limit, "--snapshots=True"))
     assert f"{out / 'snapshots'}" in line and os.strerror(errno.EFBIG) in line, line
     assert line.endswith("no snapshot at iter 3; the last checkpoint is kept"), line
     assert file_hash(out / "ckpt.pt") == before
