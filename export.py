@@ -51,7 +51,10 @@ def main(cfg):
     # before the model loads: an answer in a second, not after the work
     check_target(os.path.abspath(cfg.to))
     model, tok, _ = load_model(cfg.init_from, cfg.out_dir)
-    kind = export(model.eval(), tok, cfg.to)
+    try:
+        kind = export(model.eval(), tok, cfg.to)
+    except OSError as e:
+        raise written(e, cfg.to) from None
     c = model.config
     print(
         f"wrote {cfg.to}: {ARCHITECTURES[kind]}, {c.n_layer} layers x {c.n_head} heads, "
@@ -67,10 +70,19 @@ def main_gguf(cfg):
     from support.export_gguf import write_gguf
 
     model, tok, _ = load_model(cfg.init_from, cfg.out_dir)
-    write_gguf(model.eval(), tok, cfg.to)
+    try:
+        write_gguf(model.eval(), tok, cfg.to)
+    except OSError as e:
+        raise written(e, cfg.to) from None
     c = model.config
     print(f"wrote {cfg.to}: gpt2, {c.n_layer} layers x {c.n_head} heads, {c.n_embd} wide")
     print(f"run it with llama.cpp: llama-cli -m {cfg.to} -p 'ROMEO:'")
+
+
+def written(e, target):
+    """A failed write (a full disk) as its line: the file it was for is the export's,
+    and the write leaves nothing of it behind."""
+    return cli.Failed(f"cannot write {target} ({e.strerror or e}); pass another --to")
 
 
 def run(argv):

@@ -327,9 +327,10 @@ def main(cfg):
     cli.output_folder(out)  # found now, not after the measurements
     rep = report(cfg, model, tok, data, dataset, source)
     try:
-        table = write(rep, out, model.config.n_layer, model.config.n_head)
+        with cli.replacing_files(out) as folder:
+            table = write(rep, folder, model.config.n_layer, model.config.n_head)
     except OSError as e:
-        raise HeadsError(
+        raise cli.Failed(
             f"cannot write into {out} ({e.strerror or e}); pass an --out_dir you can write to"
         ) from None
     print(table)

@@ -356,9 +356,12 @@ def save_attention(attn_dir, tok, steps, ids):
     layers, start = attention_maps.assemble(steps)
     window = ids[start:]
     try:
-        stats = attention_maps.write_all(attn_dir, layers, tok.token_strings(window), window, start)
+        with cli.replacing_files(attn_dir) as folder:
+            stats = attention_maps.write_all(
+                folder, layers, tok.token_strings(window), window, start
+            )
     except OSError as e:
-        raise SampleError(
+        raise cli.Failed(
             f"cannot write attention maps to {attn_dir} ({e.strerror or e}); "
             'pass --attn_dir DIR, or --attn_dir "" to skip them'
         ) from None

@@ -373,7 +373,7 @@ def prepare_corpus(
     except BaseException:
         # a failure here leaves no shards behind; a kill leaves no meta.json
         for writer in writers.values():
-            writer.finish()
+            writer.discard()
         clear_dataset(folder)
         raise
     shards = {split: writers[split].finish() for split in SPLITS}

@@ -14,6 +14,7 @@ end to end, each memory-mapped, none of them read whole.
     ShardedTokens   the shards of a split read as one array of tokens
 """
 
+import contextlib
 import os
 
 import numpy as np
@@ -65,12 +66,24 @@ class ShardWriter:
             if self.file is None:
                 self._open()
             room = self.shard_tokens - self.count
-            # file.write: ndarray.tofile opens a second handle on the file at each call
-            self.file.write(np.ascontiguousarray(tokens[:room]))
+            try:
+                # file.write: ndarray.tofile opens a second handle on the file at each call
+                self.file.write(np.ascontiguousarray(tokens[:room]))
+            except OSError as e:
+                # a full disk: the file it was for, and the reason (a write names neither)
+                raise DataError(f"cannot write {self._path()} ({e.strerror or e})") from None
             self.count += min(room, len(tokens))
             tokens = tokens[room:]
             if self.count == self.shard_tokens:
                 self._close()
+
+    def discard(self):
+        """Close the open shard without keeping it (a failed preparation; its .tmp file
+        is removed with the rest). Closing flushes, which a full disk refuses again."""
+        if self.file is not None:
+            with contextlib.suppress(OSError):
+                self.file.close()
+            self.file = None
 
     def finish(self):
         """Close the last shard; returns the list of shards with their token counts."""
@@ -91,7 +104,10 @@ class ShardWriter:
 
     def _close(self):
         path = self._path()
-        self.file.close()
+        try:
+            self.file.close()  # the last of the shard's bytes, flushed
+        except OSError as e:
+            raise DataError(f"cannot write {path} ({e.strerror or e})") from None
         os.replace(path + ".tmp", path)
         self.shards.append({"file": os.path.basename(path), "tokens": self.count})
         self.file = None

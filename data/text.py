@@ -36,6 +36,9 @@ def _atomic_open(path):
         with open(tmp, "wb") as f:
             yield f
         os.replace(tmp, path)
+    except OSError as e:
+        # a full disk: the file it was for, and the reason (a write names neither)
+        raise DataError(f"cannot write {path} ({e.strerror or e})") from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -70,7 +73,8 @@ def _encode_to_file(tok, text, path, label):
     with bar, _atomic_open(path) as f:
         for piece in _chunks(text, CHUNK_CHARS):
             ids = np.array(tok.encode(piece), dtype=np.uint16)
-            ids.tofile(f)
+            # file.write: ndarray.tofile's error on a full disk gives no reason
+            f.write(ids)
             count += len(ids)
             bar.update(len(piece))
     return count

@@ -5,8 +5,10 @@ failure the user can fix said in one line on stderr, never a traceback, with
 the exit codes configurator.py gives (0 done, 2 bad input, 1 failed, 130 Ctrl-C).
 """
 
+import contextlib
 import os
 import re
+import shutil
 import sys
 import tempfile
 
@@ -33,6 +35,11 @@ from support.loading import LoadError
 USER_ERRORS = (ConfigError, DataError, CheckpointError, TokenizerError, LoadError, DeviceError)
 
 
+class Failed(Exception):
+    """The command's work failed after it began, in a way no option caused (a full
+    disk): the message is its line, and the exit code FAILED, as for training."""
+
+
 def try_writing_in(folder):
     """Make a file in folder and remove it, or OSError. os.makedirs and os.access say
     yes where a folder exists but takes no file (/proc to root, a read-only mount),
@@ -51,6 +58,20 @@ def output_folder(path, option="--out_dir"):
         raise ConfigError(
             f"cannot write into {path} ({e.strerror or e}); pass {option}=DIR"
         ) from None
+
+
+@contextlib.contextmanager
+def replacing_files(folder):
+    """A new folder inside folder to write a command's files into; when the block ends,
+    each moved into folder in place of its namesake. A failed write (a full disk)
+    leaves the files of an earlier run as they were, not half replaced."""
+    tmp = tempfile.mkdtemp(prefix=".writing.", dir=folder)
+    try:
+        yield tmp
+        for name in os.listdir(tmp):
+            os.replace(os.path.join(tmp, name), os.path.join(folder, name))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def check_threads(threads, least=0):
@@ -92,6 +113,9 @@ def run(
     except USER_ERRORS + errors as e:
         error(e)
         return BAD_INPUT
+    except Failed as e:
+        error(e)
+        return FAILED
     except torch.OutOfMemoryError:
         error(f"out of GPU memory; {out_of_memory}")
         return FAILED

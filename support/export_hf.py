@@ -27,6 +27,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 
 import torch
@@ -281,9 +282,19 @@ def write_atomically(target, write):
         raise
 
 
+def written_error(e, path):
+    """safetensors' error for a write the system refused (a full disk), as the OSError
+    Python gives for one: its errno is in the error's text, as `(os error 28)`."""
+    found = re.search(r"\(os error (\d+)\)", str(e))
+    if found is None:
+        return e
+    return OSError(int(found.group(1)), os.strerror(int(found.group(1))), path)
+
+
 def export(model, tok, target):
     """Write model (a GPT) and tok (data/tokenizer.py's) into the folder target, which
     must be new or empty. Returns the model_type the folder holds."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     from support.export_tokenizer import end_of_text, tokenizer_files
@@ -303,7 +314,10 @@ def export(model, tok, target):
 
     def write(folder):
         weights = os.path.join(folder, "model.safetensors")
-        save_file(tensors, weights, metadata={"format": "pt"})
+        try:
+            save_file(tensors, weights, metadata={"format": "pt"})
+        except SafetensorError as e:
+            raise written_error(e, weights) from None
         # safetensors writes its file readable by its owner alone; the folder is for sharing
         umask = os.umask(0)
         os.umask(umask)

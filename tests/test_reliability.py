@@ -144,19 +144,19 @@ def test_ctrl_c_saves_and_exits_zero(inputs, tmp_path):
     assert stopped >= 1 and f"stopped by SIGINT at iter {stopped}" in stdout
 
 
-def train_under_file_limit(inputs, out, limit, *extra):
-    """train.py resuming the checkpoint in out, in a process whose files may not grow past
-    limit bytes (RLIMIT_FSIZE, which any user may lower): a write past it fails part way
-    with EFBIG, as on a full disk with ENOSPC. Nothing in the process is replaced."""
+def under_file_limit(command, limit):
+    """command (a script and its arguments) run in a process whose files may not grow
+    past limit bytes (RLIMIT_FSIZE, which any user may lower): a write past it fails
+    part way with EFBIG, as on a full disk with ENOSPC. Nothing in the process is
+    replaced."""
 
     def limit_file_size():
         # a write past the limit then fails instead of killing the process
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    args = small_run(inputs, out, "--max_iters=4", "--init_from=resume", *extra)
     return subprocess.run(
-        [sys.executable, "train.py", *args],
+        [sys.executable, *command],
         cwd=REPO,
         env=own_data_env(),
         capture_output=True,
@@ -164,6 +164,12 @@ def train_under_file_limit(inputs, out, limit, *extra):
         timeout=120,
         preexec_fn=limit_file_size,
     )
+
+
+def train_under_file_limit(inputs, out, limit, *extra):
+    """train.py resuming the checkpoint in out, under a file size limit."""
+    args = small_run(inputs, out, "--max_iters=4", "--init_from=resume", *extra)
+    return under_file_limit(["train.py", *args], limit)
 
 
 def test_full_disk_keeps_the_previous_checkpoint(inputs, tmp_path):
@@ -194,6 +200,71 @@ def test_full_disk_at_a_snapshot_says_the_checkpoint_is_kept(inputs, tmp_path):
     assert line.endswith("no snapshot at iter 3; the last checkpoint is kept"), line
     assert file_hash(out / "ckpt.pt") == before
     assert os.listdir(out / "snapshots") == []
+
+
+@pytest.mark.parametrize("source", ["one text", "shards"])
+def test_full_disk_while_preparing_names_the_file(inputs, tmp_path, source):
+    """data/prepare.py's line said `cannot read or write a file (1000002 requested and
+    524288 written)` for one text (numpy's words), and named no file for shards."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    text = "All the world's a stage, and all the men and women merely players.\n" * 300
+    for i in range(4):
+        (corpus / f"part{i}.txt").write_text(text)
+    root = tmp_path / "data"
+    if source == "one text":
+        args = [str(corpus / "part0.txt"), "--name=full"]
+        written = root / "full" / "train.bin"
+    else:
+        args = [str(corpus), "--tokenizer=gpt2", "--name=full", "--num_proc=1"]
+        written = root / "full" / "train_00000.bin"
+    command = ["data/prepare.py", *args, f"--data_root={root}"]
+    proc = under_file_limit(command, 4_000)
+    line = error_line(proc)
+    assert proc.returncode == 1
+    assert line == f"error: cannot write {written} ({os.strerror(errno.EFBIG)})", line
+    assert os.listdir(root / "full") == []  # no part of a dataset, not even a temporary file
+
+
+@pytest.mark.parametrize("command", ["sample.py", "heads.py"])
+def test_full_disk_keeps_the_earlier_results(inputs, tmp_path, command):
+    """The maps (sample.py) and the head report (heads.py) of an earlier run stay as they
+    were when a new run cannot write its own; they were overwritten one by one, and the
+    first file that did not fit was left cut short."""
+    out = tmp_path / "out"
+    shutil.copytree(inputs["ckpt"], out)
+    args = [command, f"--out_dir={out}", f"--data_root={inputs['data']}", "--max_windows=2"]
+    folder = out / "heads"
+    if command == "sample.py":
+        args = [command, f"--out_dir={out}", "--max_new_tokens=8", "--num_samples=1"]
+        folder = out / "attention"
+    first = subprocess.run(
+        [sys.executable, *args], cwd=REPO, env=own_data_env(), capture_output=True, text=True
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = {name: file_hash(folder / name) for name in os.listdir(folder)}
+    assert len(before) >= 3, before
+    proc = under_file_limit([*args, "--seed=2"], 2_000)
+    line = error_line(proc)
+    assert proc.returncode == 1  # the run failed: no option caused it (2 is bad input)
+    assert f"{folder} ({os.strerror(errno.EFBIG)})" in line, line
+    assert {name: file_hash(folder / name) for name in os.listdir(folder)} == before
+
+
+@pytest.mark.parametrize("form", ["hf", "gguf"])
+def test_full_disk_while_exporting_is_one_line(inputs, tmp_path, form):
+    """export.py's Hugging Face folder ended in safetensors' SafetensorError traceback;
+    a GGUF file's line named no file. Neither leaves anything behind."""
+    pytest.importorskip("gguf")
+    target = tmp_path / "exported"
+    if form == "gguf":
+        target = tmp_path / "exported.gguf"
+    command = ["export.py", f"--init_from={inputs['hf']}", f"--to={target}", f"--format={form}"]
+    proc = under_file_limit(command, 100_000)
+    line = error_line(proc)
+    assert proc.returncode == 1
+    assert line.startswith(f"error: cannot write {target} ({os.strerror(errno.EFBIG)})"), line
+    assert os.listdir(tmp_path) == []
 
 
 def no_memory(*args, **kwargs):
