@@ -117,11 +117,18 @@ def training_model(cfg, meta):
     init, ckpt = cfg.init_from, None
     run_choices = dict(dropout=cfg.dropout, attn_dropout=cfg.attn_dropout, fused=cfg.fused)
     if init == "resume":
-        from support.resume import check_resumable
+        from support.resume import changed_settings, check_resumable
 
         ckpt = load_checkpoint(cfg.out_dir)
         path = checkpoint_path(cfg.out_dir)
         check_resumable(ckpt, path)
+        changed = changed_settings(ckpt, cfg)
+        if changed and int(os.environ.get("RANK", 0)) == 0:
+            print(
+                "note: the run goes on with settings other than those it was trained with: "
+                f"{', '.join(changed)}; to continue it as it was, give its own settings "
+                "(its config file)"
+            )
         if ckpt.get("tokenizer") != meta["tokenizer"]:
             raise ValueError(
                 f"the checkpoint in {cfg.out_dir} was trained on another tokenizer "

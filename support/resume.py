@@ -29,6 +29,30 @@ RESUME_FIELDS = {
 }
 # What resuming reads where a checkpoint has it (older ones lack these).
 OPTIONAL_FIELDS = {"seconds": (int, float), "evaluated": bool, "scaler": dict}
+# The settings besides the model's shape that decide which steps a run takes: resumed
+# with other values, it goes on as another run would (the evaluations, logs, saves and
+# limits such as max_iters change what is seen of the run, not the run).
+RUN_SETTINGS = (
+    "dataset",
+    "batch_size",
+    "gradient_accumulation_steps",
+    "optimizer",
+    "learning_rate",
+    "weight_decay",
+    "beta1",
+    "beta2",
+    "grad_clip",
+    "muon_ns_steps",
+    "decay_lr",
+    "warmup_iters",
+    "lr_decay_iters",
+    "lr_decay_time",
+    "min_lr",
+    "dropout",
+    "attn_dropout",
+    "seed",
+    "dtype",
+)
 
 
 def check_resumable(ckpt, path):
@@ -62,6 +86,17 @@ def check_resumable(ckpt, path):
             f"({', '.join(repr(ckpt[key]) for key in bad)}); the file is damaged, "
             "resume from another copy"
         )
+
+
+def changed_settings(ckpt, cfg):
+    """The RUN_SETTINGS where cfg is not what the checkpoint's run was trained with, each
+    as 'key=cfg's (was the run's)': a resume without the run's config file trains on with
+    the defaults, 15 times the tokens per iter of config/shakespeare_cpu.py's."""
+    changed = []
+    for key in RUN_SETTINGS:
+        if key in ckpt["config"] and ckpt["config"][key] != getattr(cfg, key):
+            changed.append(f"{key}={getattr(cfg, key)!r} (was {ckpt['config'][key]!r})")
+    return changed
 
 
 def check_unfinished(ckpt, cfg):

@@ -20,6 +20,7 @@ from conftest import (
     signal_when_training,
     start_training,
     tiny_run,
+    tiny_settings,
 )
 
 import train
@@ -56,6 +57,30 @@ def test_resume_repeats_the_uninterrupted_run(data_root, tmp_path, optimizer):
         assert torch.equal(ca["model"][key], cb["model"][key]), key
     assert torch.equal(ca["data"]["generator"], cb["data"]["generator"])
     assert torch.equal(ca["rng"]["cpu"], cb["rng"]["cpu"])
+
+
+def test_resume_with_other_settings_says_which(data_root, tmp_path, capsys):
+    """A resume without the run's settings (its config file left out) trained on with the
+    defaults and said nothing; the note names each setting of the run that differs."""
+    out = tmp_path / "out"
+    run_in_process(tiny_run(data_root, out, "--max_iters=2", learning_rate=0.01, eval_interval=2))
+    capsys.readouterr()
+    run_in_process(tiny_run(data_root, out, "--init_from=resume", learning_rate=0.01, max_iters=4))
+    assert "note: the run goes on" not in capsys.readouterr().out  # the same settings
+    trained = load_checkpoint(str(out))["config"]
+    run_in_process(tiny_run(data_root, out, "--init_from=resume", max_iters=6, batch_size=3))
+    notes = [
+        line
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("note: the run goes on")
+    ]
+    assert len(notes) == 1, notes
+    settings = tiny_settings()
+    changed = [f"learning_rate={settings.learning_rate!r} (was 0.01)", "batch_size=3 (was 8)"]
+    for text in changed:
+        assert text in notes[0], notes[0]
+    assert trained["max_iters"] == 4 and "max_iters" not in notes[0]  # a limit, not the run
+    assert notes[0].count(" (was ") == len(changed), notes[0]
 
 
 def test_checkpoint_holds_plain_data_only(data_root, tmp_path):
