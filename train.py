@@ -810,14 +810,20 @@ def main(argv=None):
             if isinstance(e, ConfigError) and int(os.environ.get("RANK", 0)) > 0:
                 sys.exit(BAD_INPUT)
             fail(e, BAD_INPUT)
-        except (RuntimeError, MemoryError) as e:
-            if not out_of_memory(e):
+        except (RuntimeError, MemoryError, OSError) as e:
+            if out_of_memory(e):
+                fail(
+                    "out of memory building the model or loading the data; use a smaller "
+                    "model, --block_size or --batch_size",
+                    BAD_INPUT,
+                )
+            # here only: a disk or a compiler the run needs and cannot use
+            from support.cli import failure_line
+
+            line = failure_line(e)
+            if line is None:
                 raise
-            fail(
-                "out of memory building the model or loading the data; use a smaller model, "
-                "--block_size or --batch_size",
-                BAD_INPUT,
-            )
+            fail(line, FAILED)
         try:
             if run.cfg.eval_only:
                 evaluate_only(run)
@@ -825,7 +831,7 @@ def main(argv=None):
                 train(run)
         except (CheckpointError, LogError, TrainingError) as e:
             fail(e, FAILED)
-        except (RuntimeError, MemoryError) as e:
+        except (RuntimeError, MemoryError, OSError) as e:
             if out_of_memory(e):
                 fail(
                     "out of memory while training; lower --batch_size (raise "
@@ -833,14 +839,19 @@ def main(argv=None):
                     f"{what_is_kept(run.cfg.out_dir)}",
                     FAILED,
                 )
-            if not lost_peer(e, run.world):
+            if lost_peer(e, run.world):
+                fail(
+                    f"process {run.rank} lost contact with the others ({first_line(e)}); "
+                    "another process failed or stopped responding (see its error above); "
+                    f"{what_is_kept(run.cfg.out_dir)}",
+                    FAILED,
+                )
+            from support.cli import failure_line
+
+            line = failure_line(e)
+            if line is None:
                 raise
-            fail(
-                f"process {run.rank} lost contact with the others ({first_line(e)}); another "
-                "process failed or stopped responding (see its error above); "
-                f"{what_is_kept(run.cfg.out_dir)}",
-                FAILED,
-            )
+            fail(f"{line}; {what_is_kept(run.cfg.out_dir)}", FAILED)
         finally:
             if run.wandb is not None:
                 run.wandb.finish()

@@ -6,11 +6,13 @@ the exit codes configurator.py gives (0 done, 2 bad input, 1 failed, 130 Ctrl-C)
 """
 
 import contextlib
+import errno
 import os
 import re
 import shutil
 import sys
 import tempfile
+import traceback
 
 import torch
 
@@ -74,6 +76,50 @@ def replacing_files(folder):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def failure_line(e):
+    """What failed a run in one line, where the machine failed it and not the code: a
+    file that could not be read or written (a full or read-only disk), or torch.compile
+    that could not build its kernels (no C++ compiler; a full disk under its cache,
+    where the file goes unnamed). None for anything else, which stays a traceback."""
+    chain = causes(e)
+    refused = next((x.strerror for x in chain if isinstance(x, OSError) and x.strerror), None)
+    if "No space left on device" in str(e):
+        refused = os.strerror(errno.ENOSPC)  # the linker's, in the compiler's output
+    compiled = any(type(x).__module__.startswith("torch._inductor") for x in chain)
+    frames = (frame.f_code.co_filename for frame, _ in traceback.walk_tb(e.__traceback__))
+    in_cache = any(f"{os.sep}_inductor{os.sep}" in name for name in frames)
+    if (compiled or in_cache) and refused:
+        folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "its folder")
+        return (
+            f"cannot write torch.compile's cache in {folder} ({refused}); make room there, "
+            "or set TORCHINDUCTOR_CACHE_DIR to a folder that can be written"
+        )
+    if isinstance(e, OSError):
+        return f"cannot read or write {e.filename or 'a file'} ({e.strerror or e})"
+    if any(type(x).__name__ == "InvalidCxxCompiler" for x in chain):
+        return (
+            f"torch.compile needs a C++ compiler and found none ({checkpoint.first_line(e)}); "
+            "install g++ or clang, or pass --compile=False"
+        )
+    if compiled:
+        return (
+            f"torch.compile could not build its kernels ({checkpoint.first_line(chain[-1])}); "
+            "pass --compile=False to run without it"
+        )
+    return None
+
+
+def causes(e):
+    """e and the exceptions behind it, torch.compile's wrapped ones among them."""
+    chain = [e]
+    while len(chain) < 10:
+        inner = chain[-1].__cause__ or getattr(chain[-1], "inner_exception", None)
+        if inner is None or inner in chain:
+            break
+        chain.append(inner)
+    return chain
+
+
 def check_threads(threads, least=0):
     """--threads from least to this machine's cores (0: torch's default): more only
     makes the threads wait on each other, and a billion of them kill the process
@@ -121,9 +167,12 @@ def run(
         return FAILED
     except (RuntimeError, MemoryError) as e:
         # the CPU's allocator refuses with a RuntimeError that says so; Python's, MemoryError
-        if not checkpoint.out_of_memory(e):
+        if checkpoint.out_of_memory(e):
+            error(f"out of memory{asked_for(e)}; ask for less: smaller sizes, or fewer at once")
+            return FAILED
+        if failure_line(e) is None:
             raise
-        error(f"out of memory{asked_for(e)}; ask for less: smaller sizes, or fewer at once")
+        error(failure_line(e))
         return FAILED
     except KeyboardInterrupt as e:
         # after ^C, a new line; or what the command said of what it had done
@@ -135,7 +184,7 @@ def run(
         return FAILED
     except OSError as e:
         # a file the run could not write or read after it started: a full disk, a folder gone
-        error(f"cannot read or write {e.filename or 'a file'} ({e.strerror or e})")
+        error(failure_line(e))
         return FAILED
     return 0
 

@@ -144,7 +144,7 @@ def test_ctrl_c_saves_and_exits_zero(inputs, tmp_path):
     assert stopped >= 1 and f"stopped by SIGINT at iter {stopped}" in stdout
 
 
-def under_file_limit(command, limit):
+def under_file_limit(command, limit, **env):
     """command (a script and its arguments) run in a process whose files may not grow
     past limit bytes (RLIMIT_FSIZE, which any user may lower): a write past it fails
     part way with EFBIG, as on a full disk with ENOSPC. Nothing in the process is
@@ -158,7 +158,7 @@ def under_file_limit(command, limit):
     return subprocess.run(
         [sys.executable, *command],
         cwd=REPO,
-        env=own_data_env(),
+        env=dict(own_data_env(), **env),
         capture_output=True,
         text=True,
         timeout=120,
@@ -265,6 +265,47 @@ def test_full_disk_while_exporting_is_one_line(inputs, tmp_path, form):
     assert proc.returncode == 1
     assert line.startswith(f"error: cannot write {target} ({os.strerror(errno.EFBIG)})"), line
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("command", ["train.py", "sample.py"])
+def test_torch_compile_without_a_compiler_is_one_line(inputs, tmp_path, command):
+    """--compile=True on a CPU where no C++ compiler runs (CXX names none, as on a laptop
+    without build tools): before, torch's InvalidCxxCompiler traceback."""
+    out = tmp_path / "out"
+    if command == "train.py":
+        args = small_run(inputs, out, "--compile=True", "--dtype=float32")
+    else:
+        shutil.copytree(inputs["ckpt"], out)
+        args = [f"--out_dir={out}", "--compile=True", "--max_new_tokens=4", "--attn_dir="]
+    env = dict(
+        own_data_env(), CXX=str(tmp_path / "no-compiler"), TORCHINDUCTOR_CACHE_DIR=str(tmp_path)
+    )
+    proc = subprocess.run(
+        [sys.executable, command, *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    line = error_line(proc)
+    assert proc.returncode == 1
+    assert line.startswith("error: torch.compile needs a C++ compiler and found none"), line
+    assert line.endswith("install g++ or clang, or pass --compile=False"), line
+
+
+def test_torch_compile_s_cache_that_cannot_grow_is_one_line(inputs, tmp_path):
+    """torch.compile writes its kernels into its cache (TORCHINDUCTOR_CACHE_DIR, or a folder
+    in /tmp) during the first step; a full disk there ended in InductorError's traceback.
+    Under a file size limit, as on a full disk (a real full one said the same)."""
+    cache = tmp_path / "cache"
+    command = ["train.py", *small_run(inputs, tmp_path / "out", "--compile=True")]
+    proc = under_file_limit(command, 5_000, TORCHINDUCTOR_CACHE_DIR=str(cache))
+    line = error_line(proc)
+    assert proc.returncode == 1
+    reason = os.strerror(errno.EFBIG)
+    assert line.startswith(f"error: cannot write torch.compile's cache in {cache} ({reason})")
+    assert "set TORCHINDUCTOR_CACHE_DIR to a folder that can be written" in line, line
 
 
 def no_memory(*args, **kwargs):
