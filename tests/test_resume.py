@@ -159,13 +159,17 @@ def test_a_resumed_model_keeps_its_shape_and_says_which_settings_it_ignores(
         tiny_run(data_root, out, *common, *changed, "--max_iters=4", "--init_from=resume")
     )
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
-    # dropout is a run's choice, and applies; the shape is the checkpoint's
+    # dropout is a run's choice, and applies (said as another of the run's settings); the
+    # shape is the checkpoint's
     kept = "block_size=32 (not 64), n_layer=2 (not 3), rope=False (not True)"
-    assert notes == [f"note: the model keeps the shape it was trained with: {kept}"]
+    assert notes[1:] == [f"note: the model keeps the shape it was trained with: {kept}"]
+    assert notes[0].startswith("note: the run goes on with settings other than those it was")
+    assert "dropout=0.1 (was 0.0)" in notes[0] and notes[0].count(" (was ") == 1, notes[0]
     ckpt = load_checkpoint(str(out))
     assert ckpt["model_args"]["block_size"] == 32 and ckpt["model_args"]["n_layer"] == 2
     assert ckpt["model_args"]["dropout"] == 0.1 and ckpt["iter_num"] == 4
-    run_in_process(tiny_run(data_root, out, *common, "--max_iters=6", "--init_from=resume"))
+    again = ["--max_iters=6", "--dropout=0.1", "--init_from=resume"]
+    run_in_process(tiny_run(data_root, out, *common, *again))
     assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
 
 
