@@ -80,8 +80,8 @@ def main_gguf(cfg):
 
 
 def written(e, target):
-    """A failed write (a full disk) as its line: the file it was for is the export's,
-    and the write leaves nothing of it behind."""
+    """The line of an export that could not be written (a full disk); nothing of it is
+    left behind."""
     return cli.Failed(f"cannot write {target} ({e.strerror or e}); pass another --to")
 
 

@@ -170,9 +170,10 @@ def run(
         if checkpoint.out_of_memory(e):
             error(f"out of memory{asked_for(e)}; ask for less: smaller sizes, or fewer at once")
             return FAILED
-        if failure_line(e) is None:
+        line = failure_line(e)
+        if line is None:
             raise
-        error(failure_line(e))
+        error(line)
         return FAILED
     except KeyboardInterrupt as e:
         # after ^C, a new line; or what the command said of what it had done
