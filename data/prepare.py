@@ -136,6 +136,16 @@ def check_options(cfg):
             f"--tokenizer char reads one text, a .txt file or a folder of them; "
             f"for {cfg.source} use --tokenizer gpt2 or bpe:VOCAB"
         )
+    # one text has no documents, columns or shards: these did nothing, and said nothing
+    for_documents = {"val_docs": None, "text_column": "text", "shard_tokens": SHARD_TOKENS}
+    given = [f"--{key}" for key, default in for_documents.items() if getattr(cfg, key) != default]
+    if given and _one_text(cfg):
+        raise ConfigError(
+            f"{cfg.source} is prepared as one text (train.bin and val.bin, its last "
+            "--val_fraction of characters for val), and only a corpus of documents takes "
+            f"{' and '.join(given)}: leave it out, or use --tokenizer gpt2 or bpe:VOCAB on "
+            "a folder of files"
+        )
 
 
 def _one_text(cfg):

@@ -149,6 +149,22 @@ BAD_INPUT = {
             ["{scratch}/one.txt", "--tokenizer=sentencepiece", "--data_root", "{scratch}"],
             ["unknown --tokenizer 'sentencepiece'", "bpe:VOCAB"],
         ),
+        # options of a corpus of documents, given for one text: they did nothing, silently
+        "prepare: --val_docs for one text": (
+            ["{scratch}/one.txt", "--val_docs=1", "--data_root", "{scratch}"],
+            ["one.txt is prepared as one text", "only a corpus of documents takes --val_docs"],
+        ),
+        "prepare: --text_column and --shard_tokens for one text": (
+            [
+                "{scratch}/one.txt",
+                "--tokenizer=gpt2",
+                "--text_column=body",
+                "--shard_tokens=1000",
+                "--data_root",
+                "{scratch}",
+            ],
+            ["takes --text_column and --shard_tokens: leave it out"],
+        ),
     },
 }
 # bad input exits 2; a run that failed, 1: a text too short to split
