@@ -453,12 +453,14 @@ class GPTConfig:
     def check_window(self):
         w = self.sliding_window
         s = self.sink_tokens
-        bad_window = w is not None and (type(w) is not int or w < 1)
-        bad_sinks = type(s) is not int or s < 0 or (s and w is None)
-        if bad_window or bad_sinks:
+        if w is not None and (type(w) is not int or w < 1):
+            raise ValueError(f"sliding_window must be a whole number >= 1 (or None), got {w!r}")
+        if type(s) is not int or s < 0:
+            raise ValueError(f"sink_tokens must be a whole number >= 0, got {s!r}")
+        if s and w is None:
+            # the sinks are what a query sees besides its window: no window, nothing to add to
             raise ValueError(
-                "need sliding_window None or >= 1, sink_tokens >= 0 and a window for sinks, "
-                f"got {w} {s}"
+                f"sink_tokens={s} needs a sliding_window: give one too, or leave the sinks out"
             )
 
 
