@@ -23,6 +23,7 @@ import time
 import torch
 
 from support import attention_maps, cli, engine
+from support.configurator import ConfigError
 from support.device import inference_dtype, pick_device
 from support.loading import load_model
 
@@ -276,7 +277,15 @@ def main(cfg):
             file=sys.stderr,
         )
         attn_dir = ""
-    if attn_dir:
+    if attn_dir and cfg.attn_dir is None:
+        try:
+            cli.output_folder(attn_dir, "--attn_dir")
+        except ConfigError as e:
+            # the default place, in a checkpoint's folder that cannot be written (another's,
+            # read-only): the samples are what was asked for, the maps a bonus
+            print(f"(no attention maps: {e} for them)", file=sys.stderr)
+            attn_dir = ""
+    elif attn_dir:
         cli.output_folder(attn_dir, "--attn_dir")  # found now, not after the samples
     torch.manual_seed(cfg.seed)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)

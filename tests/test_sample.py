@@ -9,6 +9,7 @@ sequence.
 import base64
 import concurrent.futures
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -533,6 +534,24 @@ def test_attention_folder_that_takes_no_file_stops_before_sampling(tmp_path, cap
     assert err.strip().startswith(f"error: cannot write into {attn_dir}"), err
     assert err.strip().endswith("pass --attn_dir=DIR"), err
     assert out == ""  # no sample was drawn only to be followed by this error
+
+
+def test_default_maps_folder_that_takes_no_file_still_samples(trained, tmp_path, capsys):
+    """The maps' default place is in the checkpoint's folder, which may not be writable
+    (another's, read-only; here a file stands where the folder goes): the samples were
+    refused for maps nobody asked for. Now they are drawn, and a note says why no maps."""
+    folder = tmp_path / "ckpt"
+    shutil.copytree(trained["dir"], folder)
+    (folder / "attention").write_text("not a folder")
+    code = sample.run([f"--out_dir={folder}", "--max_new_tokens=4", "--num_samples=1"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert len(samples_of(out)[0]) == 1
+    assert err.strip().splitlines() == [
+        f"(no attention maps: cannot write into {folder / 'attention'} "
+        f"({os.strerror(errno.EEXIST)}); pass --attn_dir=DIR for them)"
+    ]
+    assert (folder / "attention").read_text() == "not a folder"
 
 
 def test_text_the_terminal_cannot_show_is_replaced_not_a_traceback(tmp_path, repo_root):
