@@ -25,7 +25,8 @@ and on the induction probe each head knocked out in turn: the loss on the repeat
 half and the best induction score of a later head without it.
 
 It writes <folder>/heads/heads.json, heads.md (printed too) and heads.png, a
-picture of every head's label and importance. docs/heads.md shows it on two
+picture of every head's label and importance (--heads_dir DIR: into DIR instead,
+for a checkpoint in a folder that cannot be written). docs/heads.md shows it on two
 models. Options are --key=value; `python heads.py --help` lists them.
 """
 
@@ -64,6 +65,8 @@ class Settings:
     out_dir: str = "out-shakespeare-char"
     # "" = out_dir's checkpoint; or a checkpoint folder, or a Hugging Face GPT-2 folder
     init_from: str = ""
+    # where the results go; None: heads/ in the checkpoint's folder (out_dir for GPT-2)
+    heads_dir: str | None = None
     dataset: str = ""  # "" = the one the checkpoint was trained on; else a prepared dataset's name
     # the folder of dataset folders; None: the checkpoint's, else data/ in this repo
     data_root: str | None = None
@@ -323,15 +326,15 @@ def main(cfg):
     data, dataset = val_tokens(source, tok, cfg.dataset, cfg.data_root)
     model.to(device=device, dtype=dtype).eval()
     cfg.batch_size = cfg.batch_size or max(1, BATCH_TOKENS // model.config.block_size)
-    out = os.path.join(folder, "heads")
-    cli.output_folder(out)  # found now, not after the measurements
+    out = cfg.heads_dir or os.path.join(folder, "heads")
+    cli.output_folder(out, "--heads_dir")  # found now, not after the measurements
     rep = report(cfg, model, tok, data, dataset, source)
     try:
         with cli.replacing_files(out) as folder:
             table = write(rep, folder, model.config.n_layer, model.config.n_head)
     except OSError as e:
         raise cli.Failed(
-            f"cannot write into {out} ({e.strerror or e}); pass an --out_dir you can write to"
+            f"cannot write into {out} ({e.strerror or e}); pass --heads_dir=DIR"
         ) from None
     print(table)
     print(f"wrote {os.path.join(out, 'heads.json')}, heads.md and heads.png")

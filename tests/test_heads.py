@@ -9,6 +9,7 @@ one window at a time.
 import copy
 import dataclasses
 import json
+import os
 import re
 import shutil
 import types
@@ -496,8 +497,13 @@ def test_a_folder_that_takes_no_file_stops_before_the_measurements(
     assert heads.run([f"--out_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: cannot write into {tmp_path / 'heads'}"), err
-    assert err.endswith("pass --out_dir=DIR"), err
+    # before, `pass --out_dir=DIR`: the folder the checkpoint is read from, no way out
+    assert err.endswith("pass --heads_dir=DIR"), err
     assert len(err.splitlines()) == 1 and measured == []
+    monkeypatch.undo()
+    elsewhere = tmp_path / "elsewhere"
+    assert heads.run([f"--out_dir={tmp_path}", f"--heads_dir={elsewhere}", "--max_windows=2"]) == 0
+    assert sorted(os.listdir(elsewhere)) == ["heads.json", "heads.md", "heads.png"]
 
 
 def test_checkpoint_file_and_a_checkpoint_without_its_dataset(ckpt_dir, tiny, tmp_path, capsys):
