@@ -94,6 +94,8 @@ def failure_line(e):
             f"cannot write torch.compile's cache in {folder} ({refused}); make room there, "
             "or set TORCHINDUCTOR_CACHE_DIR to a folder that can be written"
         )
+    if isinstance(e, BrokenPipeError):
+        return "the output's reader went away (Broken pipe: `| head`, say, closed it)"
     if isinstance(e, OSError):
         return f"cannot read or write {e.filename or 'a file'} ({e.strerror or e})"
     if any(type(x).__name__ == "InvalidCxxCompiler" for x in chain):

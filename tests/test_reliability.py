@@ -308,6 +308,28 @@ def test_torch_compile_s_cache_that_cannot_grow_is_one_line(inputs, tmp_path):
     assert "set TORCHINDUCTOR_CACHE_DIR to a folder that can be written" in line, line
 
 
+def test_output_closed_by_its_reader_is_one_line(inputs, tmp_path):
+    """`python train.py ... | head -1`: the next line printed met a closed pipe, and
+    BrokenPipeError's traceback followed."""
+    out = tmp_path / "out"
+    args = small_run(inputs, out, "--max_iters=100000", "--eval_interval=2")
+    child = subprocess.Popen(
+        [sys.executable, "train.py", *args],
+        cwd=REPO,
+        env=own_data_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    child.stdout.readline()  # the run's first line, as `head -1` reads it
+    child.stdout.close()
+    stderr = child.stderr.read()
+    assert child.wait(timeout=120) == 1
+    assert "Traceback" not in stderr, stderr[-3000:]
+    line = messages(stderr)[-1]
+    assert line.startswith("error: the output's reader went away (Broken pipe"), line
+
+
 def no_memory(*args, **kwargs):
     raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
