@@ -542,6 +542,7 @@ def test_default_maps_folder_that_takes_no_file_still_samples(trained, tmp_path,
     refused for maps nobody asked for. Now they are drawn, and a note says why no maps."""
     folder = tmp_path / "ckpt"
     shutil.copytree(trained["dir"], folder)
+    shutil.rmtree(folder / "attention", ignore_errors=True)  # the other tests' maps
     (folder / "attention").write_text("not a folder")
     code = sample.run([f"--out_dir={folder}", "--max_new_tokens=4", "--num_samples=1"])
     out, err = capsys.readouterr()
