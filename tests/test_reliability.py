@@ -312,15 +312,7 @@ def test_output_closed_by_its_reader_is_one_line(inputs, tmp_path):
     """`python train.py ... | head -1`: the next line printed met a closed pipe, and
     BrokenPipeError's traceback followed."""
     out = tmp_path / "out"
-    args = small_run(inputs, out, "--max_iters=100000", "--eval_interval=2")
-    child = subprocess.Popen(
-        [sys.executable, "train.py", *args],
-        cwd=REPO,
-        env=own_data_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    child = start_training(small_run(inputs, out, "--max_iters=100000", "--eval_interval=2"))
     child.stdout.readline()  # the run's first line, as `head -1` reads it
     child.stdout.close()
     stderr = child.stderr.read()
