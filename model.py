@@ -25,7 +25,7 @@ named place, MultiHeadAttention.attend or GPT.make_kv_cache:
 
 Shapes use B = batch, T = sequence length, C = n_embd, nh = heads, nkv = key/value heads,
 hs = head size. Only torch and the standard library are imported at the top; loading GPT-2
-imports its file reader (support/checkpoint.py, safetensors) inside from_pretrained.
+imports its file reader (support/loading.py, safetensors) inside from_pretrained.
 """
 
 import math
@@ -694,7 +694,7 @@ class GPT(nn.Module):
                 "GPT-2's weights need softmax attention; train a linear model from scratch"
             )
         # safetensors, or a weights_only torch.load
-        from support.checkpoint import read_gpt2_files
+        from support.loading import read_gpt2_files
 
         hf, state = read_gpt2_files(path_or_name)
         if hf["activation_function"] not in ("gelu_new", "gelu_pytorch_tanh"):

@@ -1,5 +1,5 @@
 """
-The rare cases of hardware.py: measuring this CPU, where no verdict is cached yet,
+The rare cases of bf16_verdict.py: measuring this CPU, where no verdict is cached yet,
 and the CPU classes the tests simulate.
 
 A child process runs bfloat16 at the training step's shapes (probe_child), so that
@@ -8,7 +8,7 @@ AVX512-BF16, below its AMX kernels (probe_verdict). The child also times a bfloa
 matrix multiply against float32's (bf16_slowdown): a busy machine must not decide
 for good, so each precision's best of rounds that alternate the two is taken, and a
 figure that contradicts the CPU's flags is measured again before it is believed.
-hardware.py caches the verdict.
+bf16_verdict.py caches the verdict.
 
 GPT_SIMULATE_CPU makes the probe behave as one of the CPU classes below
 (SIMULATED_CLASSES), so that the tests of every class run on any machine: the

@@ -14,7 +14,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from data.batches import get_batch
-from support.hardware import auto_dtype, bf16_error, faster_cpu_dtype, native_bf16
+from support.hardware import auto_dtype, bf16_error, native_bf16
 from support.settings import MODEL_KEYS
 
 
@@ -179,7 +179,7 @@ def time_cpu_dtypes(cfg, model, data):
     """('bfloat16' or 'float32', why) for dtype='auto' on a CPU with native bfloat16:
     whichever runs a forward and backward of this model faster (on up to 2048
     tokens at the run's shapes, the best of rounds that alternate the two), timed
-    once per shape (hardware.py)."""
+    once per shape (bf16_verdict.py)."""
     n = max(1, min(cfg.batch_size, 2048 // cfg.block_size))
     x, y = get_batch(data, torch.zeros(n, dtype=torch.long), cfg.block_size, torch.device("cpu"))
 
@@ -195,6 +195,8 @@ def time_cpu_dtypes(cfg, model, data):
                 best = min(best, time.perf_counter() - t0)
         model.zero_grad(set_to_none=True)
         return best
+
+    from support.bf16_verdict import faster_cpu_dtype
 
     shape = ",".join(f"{key}={getattr(cfg, key)}" for key in MODEL_KEYS + ("batch_size",))
     return faster_cpu_dtype(f"{shape},threads={torch.get_num_threads()}", seconds)

@@ -9,21 +9,21 @@ CPU matrix multiply in bfloat16 is then about 40x slower than in float32
 
 A CPU's flags prove absence, not presence. Where they name no bfloat16 instruction
 (AVX2 alone: most laptops and many cloud CPUs), bfloat16 is emulated and nothing
-needs trying (bf16_ruled_out). Where they promise it, they may lie: some virtual
-machines advertise AMX and then do not let a process use it: oneDNN (PyTorch's CPU
-bfloat16 matmul library) picks its AMX kernels and the process dies with SIGILL, no
-message. So on such a CPU every entry point calls check_bf16() before it imports
-torch. Its verdict is cached per CPU model, flags, torch version and oneDNN cap, in
-the user's cache folder, so that a run reads it there; only where none is cached yet
-does the probe run, in child processes, with oneDNN capped at AVX512-BF16 if bfloat16
-kills the first (support/cpu_probe.py, with the CPU classes the tests simulate). Where the cap
-was needed, this process sets it before torch loads (ONEDNN_MAX_CPU_ISA, which
-oneDNN reads then), and says so. `python -m support.hardware` prints the verdict
-(and probes again with --again).
+needs trying (bf16_ruled_out): this file is all such a machine reads. Where they
+promise it, they may lie: some virtual machines advertise AMX and then do not let a
+process use it: oneDNN (PyTorch's CPU bfloat16 matmul library) picks its AMX kernels
+and the process dies with SIGILL, no message. So on such a CPU every entry point
+calls bf16_verdict.check_bf16() before it imports torch: the verdict, cached per
+machine, measured in child processes where none is cached yet, with oneDNN capped
+at AVX512-BF16 if bfloat16 kills the first (support/bf16_verdict.py, and
+support/cpu_probe.py with the CPU classes the tests simulate). Where the cap was
+needed, the process sets it before torch loads (ONEDNN_MAX_CPU_ISA, which oneDNN
+reads then), and says so. `python -m support.hardware` prints the verdict (and
+probes again with --again).
 
 On a CPU that runs bfloat16 natively, dtype='auto' still trains in it only if a
 forward and backward pass of the run's own model is faster than in float32
-(faster_cpu_dtype; cached too), and Muon's orthogonalisation follows
+(bf16_verdict.faster_cpu_dtype; cached too), and Muon's orthogonalisation follows
 the training precision.
 
 Capping oneDNN below AVX512-BF16 (ONEDNN_MAX_CPU_ISA=AVX2) makes bfloat16 really
@@ -31,13 +31,8 @@ emulated on a CPU that has it, and rules it out as the flags of a CPU without it
 do: how the float32 path of such a CPU is measured on one that has it.
 """
 
-import hashlib
-import importlib.metadata
-import json
 import os
 import platform
-import sys
-import time
 
 ISA = "ONEDNN_MAX_CPU_ISA"
 AMX_FREE_ISA = "AVX512_CORE_BF16"  # oneDNN's highest level with bfloat16 but without AMX
@@ -54,13 +49,6 @@ ISAS_WITHOUT_BF16 = {
     "AVX512_CORE_VNNI",
 }
 NATIVE_SLOWDOWN = 1.5  # a bfloat16 matmul taking more than this x float32's time is emulated
-
-_verdict = None  # this process's, set by check_bf16
-
-
-def cache_path():
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "hackable-gpt", "bf16.json")
 
 
 def read_cpuinfo():
@@ -90,7 +78,7 @@ def bf16_ruled_out():
     else "". Flags prove absence, not presence: a CPU whose flags name none of
     NATIVE_BF16_FLAGS has no bfloat16 instruction for oneDNN to use (most laptops and
     many cloud CPUs: AVX2 alone), and oneDNN capped below AVX512-BF16 uses none. A
-    CPU whose flags promise it is tried (check_bf16)."""
+    CPU whose flags promise it is tried (bf16_verdict.check_bf16)."""
     isa = os.environ.get(ISA, "").upper()
     if isa in ISAS_WITHOUT_BF16:
         return f"{ISA}={isa} leaves out its instructions"
@@ -103,94 +91,6 @@ def bf16_ruled_out():
     if flags and not flags & NATIVE_BF16_FLAGS:
         return "the CPU's flags name none of avx512_bf16, amx_bf16, bf16"
     return ""
-
-
-def machine_key():
-    """What the verdict depends on: the CPU model and flags, torch's version, the
-    oneDNN cap and a simulated class."""
-    model, flags = read_cpuinfo()
-    parts = [
-        model,
-        hashlib.sha256(flags.encode()).hexdigest()[:16],
-        importlib.metadata.version("torch"),  # read without importing torch
-        os.environ.get(ISA, "").upper(),
-        os.environ.get(SIMULATE, ""),
-    ]
-    return "|".join(parts)
-
-
-def read_cache():
-    try:
-        with open(cache_path()) as f:
-            data = json.load(f)
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def write_cache(key, field, value):
-    """Add one entry; a cache that cannot be written only means probing again next time."""
-    data = read_cache()
-    data.setdefault(key, {})[field] = value
-    path = cache_path()
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, path)  # atomic: several processes may probe at once
-    except OSError:
-        pass
-
-
-def check_bf16(again=False):
-    """The verdict on CPU bfloat16, from the cache or a probe, with its fix applied:
-    call before `import torch`. A dict: runs (bool), why (when it does not),
-    slowdown (bfloat16 matmul time / float32's), env (what was set to make it run),
-    measured_at (when), and under GPT_SIMULATE_CPU the simulated class."""
-    global _verdict
-    if _verdict is not None and not again:
-        return _verdict
-    key = machine_key()
-    verdict = None if again else read_cache().get(key, {}).get("verdict")
-    if verdict is None:
-        from support.cpu_probe import new_verdict  # here only: a cached verdict needs no probe
-
-        verdict = new_verdict()
-        if "failed" not in verdict:
-            write_cache(key, "verdict", verdict)
-        if again:
-            # the models' timings were taken under the old verdict: taken again at next use
-            write_cache(key, "timed", {})
-    verdict = dict(verdict)
-    if "failed" in verdict:
-        verdict["why"] = f"bfloat16 was not tried: the check could not run ({verdict['failed']})"
-    for name, value in verdict["env"].items():
-        if os.environ.get(name) == value:
-            continue
-        if "torch" in sys.modules:  # oneDNN has read its settings: too late for the fix
-            verdict.update(
-                runs=False,
-                why=(
-                    f"bf16 crashes in oneDNN's AMX kernels on this CPU; set "
-                    f"{name}={value} to use AVX512-BF16"
-                ),
-            )
-        else:
-            os.environ[name] = value
-    if os.environ.get(SIMULATE):
-        from support.cpu_probe import simulate
-
-        simulate(verdict)  # from the process's start, as on the real machine
-    _verdict = verdict
-    return verdict
-
-
-def measured(when):
-    """Where a cached measurement is quoted: when it was taken, and how to take it again."""
-    if when is None:
-        return ""
-    return f"; measured {when}, python -m support.hardware --again measures again"
 
 
 def native_bf16(device_type):
@@ -207,8 +107,10 @@ def native_bf16(device_type):
     ruled_out = bf16_ruled_out()
     if ruled_out:
         return False, f"no native bfloat16: {ruled_out}"
-    v = check_bf16()
-    note = measured(v.get("measured_at"))
+    from support import bf16_verdict  # here only: flags that promise bfloat16
+
+    v = bf16_verdict.check_bf16()
+    note = bf16_verdict.measured(v.get("measured_at"))
     if not v["runs"]:
         return False, v["why"] + note
     if v["slowdown"] > NATIVE_SLOWDOWN:
@@ -238,51 +140,19 @@ def bf16_error(device_type):
     """A one-line reason why an explicit bfloat16 cannot run here, or None."""
     if device_type != "cpu":
         return None
-    v = check_bf16()
+    from support import bf16_verdict
+
+    v = bf16_verdict.check_bf16()
     return (
         None if v["runs"] else f"--dtype=bfloat16 cannot run here: {v['why']}; use --dtype=float32"
     )
 
 
-def faster_cpu_dtype(key, seconds_per_pass, rounds=3):
-    """'bfloat16' or 'float32', whichever seconds_per_pass(dtype name) finds
-    faster for this model here, with why; cached under key (the model's shapes).
-    Each precision's best of `rounds` that alternate the two, so that other work
-    on the machine for a while slows both, not one."""
-    machine = machine_key()
-    cached = read_cache().get(machine, {}).get("timed", {}).get(key)
-    if cached is None:
-        print(
-            "timing bfloat16 against float32 on this model (once per model shape and machine)",
-            flush=True,
-        )
-        cached = {"bfloat16": float("inf"), "float32": float("inf")}
-        for _ in range(rounds):
-            for dtype in ("bfloat16", "float32"):
-                cached[dtype] = min(cached[dtype], seconds_per_pass(dtype))
-        cached["measured_at"] = time.strftime("%Y-%m-%d %H:%M")
-        # read again: other processes may have added
-        timed = read_cache().get(machine, {}).get("timed", {})
-        write_cache(machine, "timed", dict(timed, **{key: cached}))
-    bf, fp = cached["bfloat16"] * 1e3, cached["float32"] * 1e3
-    verdict = check_bf16()
-    fix = "".join(
-        f"; {name}={value} set: oneDNN's AMX kernels crash on this CPU ({verdict['amx_crashed']})"
-        for name, value in verdict["env"].items()
-    )
-    why = fix + measured(cached.get("measured_at"))
-    if bf < fp:
-        return (
-            "bfloat16",
-            f"faster than float32 here: {bf:.0f} vs {fp:.0f} ms per forward and backward{why}",
-        )
-    return (
-        "float32",
-        f"faster than bf16 here: {fp:.0f} vs {bf:.0f} ms per forward and backward{why}",
-    )
-
-
 if __name__ == "__main__":
+    import json
+    import sys
+
+    from support import bf16_verdict
     from support.configurator import BAD_INPUT, error, wants_help  # no torch there either
 
     if wants_help(sys.argv[1:]):
@@ -292,7 +162,7 @@ if __name__ == "__main__":
     if unknown:
         error(f"unknown option {unknown[0]!r}; python -m support.hardware [--again]")
         sys.exit(BAD_INPUT)
-    verdict = check_bf16(again="--again" in sys.argv)
+    verdict = bf16_verdict.check_bf16(again="--again" in sys.argv)
     print(json.dumps(verdict, indent=1))
-    print(f"(the verdict above is cached in {cache_path()})")
+    print(f"(the verdict above is cached in {bf16_verdict.cache_path()})")
     print("cpu:", ", ".join(auto_dtype("cpu")))

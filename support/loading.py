@@ -3,27 +3,164 @@ Every way a command gets a model from files: a checkpoint (a run's ckpt.pt or on
 of its snapshots), or GPT-2's weights (a Hugging Face folder or a 'gpt2*' name).
 train.py starts from either (training_model; a new model it makes itself, and then
 imports none of this); sample.py, heads.py, explore.py and HellaSwag load one to use
-it (load_model). Every failure the user can fix is one line.
+it (load_model). Every failure the user can fix is one line. A checkpoint is read
+with weights_only=True (tensors and plain data: a pickled object that would run
+code is refused), and only after its zip members pass their CRC checks; GPT-2's
+Hugging Face files the same way (read_gpt2_files, for model.from_pretrained).
 """
 
+import json
 import os
+import pickle
+import re
+import zipfile
+import zlib
 
 import torch
 
 from model import GPT, GPTConfig
-from support.checkpoint import (
-    LOAD_ERRORS,
-    CheckpointError,
-    checkpoint_path,
-    first_line,
-    load_checkpoint,
-    out_of_memory,
-)
+from support.checkpoint import CheckpointError, checkpoint_path, first_line, out_of_memory
 from support.settings import MODEL_KEYS
+
+# What loading a damaged (but unpicklable) checkpoint or weights file raises.
+LOAD_ERRORS = (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError, EOFError)
 
 
 class LoadError(Exception):
     """A model folder or name that cannot be used; one line saying what to do."""
+
+
+# -----------------------------------------------------------------------------
+# Reading a checkpoint, and GPT-2's files
+
+
+def not_loadable(path, problem):
+    """CheckpointError for a file that does not load. A .pt file (ckpt.pt, a snapshot)
+    is a damaged checkpoint, to delete; any other file was given in a checkpoint's
+    place (a README, model.safetensors, an exported .gguf), and is the user's to keep."""
+    if path.endswith(".pt"):
+        return CheckpointError(
+            f"{path} is {problem}; delete it and train again or resume from another copy"
+        )
+    folder = os.path.dirname(path) or "."
+    what = (
+        "a checkpoint (ckpt.pt, a snapshot's .pt) or its folder, "
+        "or a Hugging Face GPT-2 folder (with config.json)"
+    )
+    if os.path.isfile(os.path.join(folder, "config.json")):
+        what = f"its folder, {folder}, which holds a Hugging Face config.json"
+    return CheckpointError(f"{path} is not a checkpoint; pass {what}")
+
+
+def load_checkpoint(path, map_location="cpu"):
+    """Load a checkpoint with weights_only=True: tensors and plain data only, so a
+    file holding a pickled object that would run code is refused, not executed."""
+    if os.path.isdir(path):
+        path = checkpoint_path(path)
+    if not os.path.exists(path):
+        import glob  # here only: a missing checkpoint
+
+        # the folders beside it that hold one (another recipe's out_dir, say), as given
+        folder = os.path.dirname(path) if path.endswith(".pt") else path
+        beside = os.path.join(glob.escape(os.path.dirname(os.path.normpath(folder))), "*")
+        found = sorted(os.path.dirname(f) for f in glob.glob(checkpoint_path(beside)))[:3]
+        hint = "point --out_dir at one"
+        if len(found) == 1:
+            hint = f"{found[0]} holds one: --out_dir={found[0]}"
+        elif found:
+            hint = f"{', '.join(found)} hold one: --out_dir={found[0]}"
+        raise CheckpointError(
+            f"no checkpoint at {path}; {hint}, or train one with "
+            "`python train.py config/shakespeare.py`"
+        )
+    # torch.save writes a zip archive; anything else (random bytes, a cut-off
+    # file whose central directory is gone) is not worth unpickling at all
+    if not zipfile.is_zipfile(path):
+        raise not_loadable(path, "truncated or not a checkpoint (not a PyTorch zip archive)")
+    # torch.load does not check the CRC-32 each member carries, so flipped
+    # bytes in the weights would load silently: check them first (one more read)
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+        problem = None if bad is None else f"{bad} fails its CRC check"
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, zlib.error) as e:
+        problem = type(e).__name__
+    if problem:
+        raise not_loadable(path, f"truncated or corrupt ({problem})")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"(?:unsupported|Unsupported global:) (?:GLOBAL )?([\w.]+)", str(e))
+        what = found.group(1) if found else "a non-data object"
+        raise CheckpointError(
+            f"refused to load {path}: it holds {what}, which could run code when "
+            "unpickled; only load checkpoints you trust, made by this project"
+        ) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, KeyError) as e:
+        raise not_loadable(path, f"truncated or not a checkpoint ({type(e).__name__})") from None
+    if not isinstance(ckpt, dict) or not {"model", "model_args"} <= set(ckpt):
+        raise CheckpointError(
+            f"{path} is not a checkpoint of this project (missing 'model' or 'model_args')"
+        )
+    return ckpt
+
+
+def read_gpt2_files(path_or_name):
+    """(config.json's sizes, state dict) of a Hugging Face GPT-2: a local folder
+    (config.json plus model.safetensors, else pytorch_model.bin, read with
+    weights_only so it runs no code), or a hub name ('gpt2', 'gpt2-medium', ...)
+    fetched with huggingface_hub. Any failure is one ValueError naming the file."""
+    folder = path_or_name
+    if not os.path.isdir(folder):
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = snapshot_download(
+                path_or_name, allow_patterns=["config.json", "*.safetensors"]
+            )
+        except Exception as e:  # ImportError, or any failure to download
+            raise ValueError(
+                f"{path_or_name!r} is not a folder and could not be downloaded "
+                f"({type(e).__name__}); "
+                "pass a local folder with config.json and model.safetensors"
+            ) from None
+    path = os.path.join(folder, "config.json")
+    try:
+        with open(path) as f:
+            hf = json.load(f)
+        hf = {
+            key: int(hf[key])
+            for key in ("n_positions", "vocab_size", "n_layer", "n_head", "n_embd")
+        } | {"activation_function": hf.get("activation_function", "gelu_new")}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(
+            f"{path} is missing or not a GPT-2 config ({type(e).__name__}: {e})"
+        ) from None
+    path = os.path.join(folder, "model.safetensors")
+    if os.path.exists(path):
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return hf, load_file(path)
+        except (SafetensorError, OSError) as e:
+            raise ValueError(
+                f"{path} is truncated or not a safetensors file ({type(e).__name__})"
+            ) from None
+    path = os.path.join(folder, "pytorch_model.bin")
+    if not os.path.exists(path):
+        raise ValueError(f"{folder} has neither model.safetensors nor pytorch_model.bin")
+    try:
+        return hf, torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ValueError(
+            f"refused to load {path}: it holds objects that could run code when "
+            "unpickled; use model.safetensors or a file you trust"
+        ) from None
+    except (RuntimeError, EOFError, OSError) as e:
+        raise ValueError(
+            f"{path} is truncated or not a PyTorch file ({type(e).__name__})"
+        ) from None
 
 
 def from_checkpoint(ckpt, path, **overrides):

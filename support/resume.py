@@ -8,13 +8,8 @@ import math
 
 import torch
 
-from support.checkpoint import (
-    LOAD_ERRORS,
-    CheckpointError,
-    checkpoint_path,
-    first_line,
-    set_rng_state,
-)
+from support.checkpoint import CheckpointError, checkpoint_path, first_line, set_rng_state
+from support.loading import LOAD_ERRORS
 
 # What resuming reads from a checkpoint, and the type each must have.
 RESUME_FIELDS = {

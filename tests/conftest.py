@@ -20,7 +20,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 # Before torch loads, as in every entry point: whether bfloat16 runs on this CPU
-# (a child process tries it), with its fix applied (hardware.py). The verdict is
+# (a child process tries it), with its fix applied (bf16_verdict.py). The verdict is
 # cached in a folder of the session's own, so the tests see this machine as it
 # is now; the train.py processes they start inherit the folder and the fix. The
 # xdist workers, children of the first process, take its folder (one probe a run,
@@ -37,11 +37,11 @@ os.environ["XDG_CACHE_HOME"] = folder
 # if it were this one's, and read back at the wrong vector width it corrupts the
 # heap (support/device.py, pin_cpu_vector_width)
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(os.environ["XDG_CACHE_HOME"], "inductor")
-from support import hardware
+from support import bf16_verdict
 
 if importlib.util.find_spec("torch") is None:
     sys.exit("the tests need the project's packages: pip install -r requirements-dev.txt")
-BF16 = hardware.check_bf16()
+BF16 = bf16_verdict.check_bf16()
 
 import pytest
 import torch

@@ -11,8 +11,8 @@ from conftest import read_log, tiny_run, torchrun
 
 import train
 from model import GPT, GPTConfig
-from support.checkpoint import load_checkpoint
 from support.context_parallel import ContextParallel
+from support.loading import load_checkpoint
 
 REPO = os.path.dirname(os.path.abspath(train.__file__))
 # the tiny run with two micro-steps per iter, evaluated twice, the last time on

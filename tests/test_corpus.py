@@ -25,7 +25,7 @@ from data.dataset import ensure_dataset, load_meta, load_tokens
 from data.shards import ShardedTokens, ShardWriter, dtype_for
 from data.text import prepare_text
 from data.tokenizer import END_OF_TEXT, get_tokenizer, gpt2_encoding, train_bpe
-from support.checkpoint import load_checkpoint
+from support.loading import load_checkpoint
 from support.run_log import read_evaluations
 from support.settings import Settings
 

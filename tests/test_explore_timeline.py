@@ -24,8 +24,8 @@ from experiments import head_timeline
 from explorer.live import open_model
 from explorer.server import Explorer
 from support import head_measures, timeline
-from support.checkpoint import load_checkpoint, save_checkpoint
-from support.loading import load_model
+from support.checkpoint import save_checkpoint
+from support.loading import load_checkpoint, load_model
 
 
 @pytest.fixture(scope="module")

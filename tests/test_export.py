@@ -21,9 +21,8 @@ from conftest import ROOT, child_env, run_in_process, tiny_run
 
 from data.tokenizer import GPT2Tokenizer, build_tokenizer, train_bpe
 from model import GPT, GPTConfig
-from support.checkpoint import load_checkpoint
 from support.export_hf import ExportError, export, read_model, read_tokenizer, write_atomically
-from support.loading import load_model
+from support.loading import load_checkpoint, load_model
 
 transformers = pytest.importorskip("transformers")
 # TransformerLens (requirements-dev.txt) is imported by the tests that use it, through

@@ -29,9 +29,9 @@ from bench.common import BenchError
 from data import batches
 from model import GPT, GPTConfig, attention, causal_mask
 from support import distributed, engine
-from support.checkpoint import load_checkpoint
 from support.configurator import parse_settings
 from support.engine import compiled_decoder, generate_compiled
+from support.loading import load_checkpoint
 from support.mfu import estimate_mfu, flops_per_token
 from support.optim import get_lr, make_optimizers
 from support.settings import model_args

@@ -195,7 +195,7 @@ def test_train_sample_and_heads_on_a_linear_checkpoint(data_root, tmp_path, caps
     import heads
     import sample
     import train
-    from support.checkpoint import load_checkpoint
+    from support.loading import load_checkpoint
 
     out = str(tmp_path / "out")
     train.main(

@@ -442,7 +442,7 @@ def test_sample_compile_refused_in_one_line(tmp_path, capsys, model):
 
 def test_train_flags_reach_the_checkpoint(tmp_path, data_root):
     import train
-    from support.checkpoint import load_checkpoint
+    from support.loading import load_checkpoint
 
     out = tmp_path / "out"
     train.main(

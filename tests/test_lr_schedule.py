@@ -7,8 +7,8 @@ import json
 import pytest
 from conftest import file_hash, run_in_process, tiny_run, tiny_settings
 
-from support.checkpoint import load_checkpoint
 from support.configurator import BAD_INPUT
+from support.loading import load_checkpoint
 from support.optim import get_lr
 from support.run_log import read_evaluations
 

@@ -19,7 +19,7 @@ import torch
 
 import train
 from data.batches import load_split
-from support import cpu_probe, hardware, optim
+from support import bf16_verdict, cpu_probe, hardware, optim
 from support.device import time_cpu_dtypes
 from support.settings import Settings, model_args
 
@@ -39,10 +39,10 @@ TINY = [
 
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
-    """An empty verdict cache and no verdict yet in this process; hardware's state is
+    """An empty verdict cache and no verdict yet in this process; bf16_verdict's state is
     restored after."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(hardware, "_verdict", None)
+    monkeypatch.setattr(bf16_verdict, "_verdict", None)
     return tmp_path / "cache"
 
 
@@ -50,7 +50,7 @@ def given_verdict(monkeypatch, verdict):
     """This process's verdict, on a CPU whose flags promise native bfloat16: the
     verdict decides, whatever this machine's flags say (bf16_ruled_out)."""
     monkeypatch.setattr(hardware, "bf16_ruled_out", lambda: "")
-    monkeypatch.setattr(hardware, "_verdict", verdict)
+    monkeypatch.setattr(bf16_verdict, "_verdict", verdict)
 
 
 def python(code, without=(), **env):
@@ -75,24 +75,24 @@ def python(code, without=(), **env):
 def test_the_probe_sees_this_cpu_run_bfloat16_and_caches_it(fresh, monkeypatch):
     if "torch" in sys.modules and os.environ.get(hardware.ISA) == hardware.AMX_FREE_ISA:
         monkeypatch.delenv(hardware.ISA)  # probe this machine as it is, not as the fix left it
-    verdict = hardware.check_bf16()
+    verdict = bf16_verdict.check_bf16()
     assert verdict["runs"] in (True, False) and (verdict["runs"] or verdict["why"])
     if verdict["runs"]:
         assert verdict["slowdown"] > 0
     assert time.strptime(verdict["measured_at"], "%Y-%m-%d %H:%M")
     # the second call reads the cache: no child process
-    monkeypatch.setattr(hardware, "_verdict", None)
+    monkeypatch.setattr(bf16_verdict, "_verdict", None)
     monkeypatch.setattr(cpu_probe, "probe", lambda extra_env=None: pytest.fail("probed again"))
-    assert hardware.check_bf16() == verdict
+    assert bf16_verdict.check_bf16() == verdict
     # another torch version, CPU cap or simulated class is another machine: probe again
     monkeypatch.delenv(hardware.SIMULATE, raising=False)
     monkeypatch.setenv(hardware.ISA, "AVX2")
-    keys = {hardware.machine_key()}
+    keys = {bf16_verdict.machine_key()}
     monkeypatch.delenv(hardware.ISA)
-    keys.add(hardware.machine_key())
+    keys.add(bf16_verdict.machine_key())
     for simulated in cpu_probe.SIMULATED_CLASSES:
         monkeypatch.setenv(hardware.SIMULATE, simulated)
-        keys.add(hardware.machine_key())
+        keys.add(bf16_verdict.machine_key())
     assert len(keys) == 2 + len(cpu_probe.SIMULATED_CLASSES)
 
 
@@ -101,7 +101,8 @@ def test_a_cpu_whose_amx_crashes_gets_bfloat16_through_the_onednn_cap(tmp_path):
     child dies with SIGILL, the second, capped at AVX512-BF16, lives; this process
     sets the cap before torch loads and then really multiplies in bfloat16."""
     code = (
-        "import os; from support import hardware; v = hardware.check_bf16(); import torch; "
+        "import os; from support import bf16_verdict, hardware; "
+        "v = bf16_verdict.check_bf16(); import torch; "
         "x = torch.nn.Linear(64, 64).bfloat16()(torch.randn(4, 64).bfloat16()); "
         "print(v['runs'], v['env'], v['amx_crashed'], os.environ['ONEDNN_MAX_CPU_ISA'], x.dtype); "
         "print(hardware.auto_dtype('cpu')[1])"
@@ -120,7 +121,8 @@ def test_a_cpu_whose_amx_crashes_gets_bfloat16_through_the_onednn_cap(tmp_path):
 
 def test_a_cpu_where_bfloat16_always_crashes_falls_back_to_float32(tmp_path):
     code = (
-        "from support import hardware; v = hardware.check_bf16(); print(v['runs']); "
+        "from support import bf16_verdict, hardware; "
+        "v = bf16_verdict.check_bf16(); print(v['runs']); "
         "print(hardware.auto_dtype('cpu')); print(hardware.bf16_error('cpu'))"
     )
     code_rc, out, err = python(code, XDG_CACHE_HOME=str(tmp_path), GPT_SIMULATE_CPU="sigill")
@@ -133,7 +135,7 @@ def test_a_cpu_where_bfloat16_always_crashes_falls_back_to_float32(tmp_path):
     )
     # and the simulated machine really dies at a bfloat16 op, as the real one would
     code_rc, _, err = python(
-        "from support import hardware; hardware.check_bf16(); import torch; "
+        "from support import bf16_verdict; bf16_verdict.check_bf16(); import torch; "
         "torch.randn(8, 8).bfloat16() @ torch.randn(8, 8).bfloat16()",
         XDG_CACHE_HOME=str(tmp_path),
         GPT_SIMULATE_CPU="sigill",
@@ -170,7 +172,7 @@ CLASSES = {
     ),
 }
 VERDICT_CODE = (
-    "import json; from support import hardware; v = hardware.check_bf16(); "
+    "import json; from support import bf16_verdict, hardware; v = bf16_verdict.check_bf16(); "
     "print(json.dumps(dict(v, auto=hardware.auto_dtype('cpu'), error=hardware.bf16_error('cpu'))))"
 )
 
@@ -257,7 +259,7 @@ def test_the_verdicts_command_refuses_an_option_it_does_not_take(tmp_path):
 def test_the_fix_comes_too_late_once_torch_is_loaded(fresh, monkeypatch):
     monkeypatch.setenv(hardware.SIMULATE, "amx_sigill")
     monkeypatch.delenv(hardware.ISA, raising=False)
-    verdict = hardware.check_bf16()  # torch is loaded in this process
+    verdict = bf16_verdict.check_bf16()  # torch is loaded in this process
     assert not verdict["runs"] and hardware.ISA not in os.environ
     assert verdict["why"] == (
         "bf16 crashes in oneDNN's AMX kernels on this CPU; "
@@ -290,7 +292,7 @@ def test_auto_dtype_follows_the_verdict(monkeypatch, verdict, dtype, why):
 
 def test_onednn_cap_below_bf16_is_named_and_nothing_is_tried(monkeypatch):
     monkeypatch.setenv(hardware.ISA, "avx2")
-    monkeypatch.setattr(hardware, "check_bf16", lambda again=False: pytest.fail("tried"))
+    monkeypatch.setattr(bf16_verdict, "check_bf16", lambda again=False: pytest.fail("tried"))
     assert hardware.auto_dtype("cpu") == (
         "float32",
         "no native bfloat16: ONEDNN_MAX_CPU_ISA=AVX2 leaves out its instructions",
@@ -346,7 +348,7 @@ def test_the_faster_precision_wins_and_is_timed_once(fresh, monkeypatch):
         calls.append(dtype)
         return {"bfloat16": 0.170, "float32": 0.132}[dtype]
 
-    dtype, why = hardware.faster_cpu_dtype("shape A", seconds)
+    dtype, why = bf16_verdict.faster_cpu_dtype("shape A", seconds)
     assert dtype == "float32"
     assert why.startswith(
         "faster than bf16 here: 132 vs 170 ms per forward and backward; measured "
@@ -354,9 +356,9 @@ def test_the_faster_precision_wins_and_is_timed_once(fresh, monkeypatch):
     assert why.endswith(", python -m support.hardware --again measures again")
     # rounds that alternate the two precisions, then the cache
     assert calls == ["bfloat16", "float32"] * 3
-    assert hardware.faster_cpu_dtype("shape A", seconds) == (dtype, why)
+    assert bf16_verdict.faster_cpu_dtype("shape A", seconds) == (dtype, why)
     assert len(calls) == 6
-    dtype, why = hardware.faster_cpu_dtype(
+    dtype, why = bf16_verdict.faster_cpu_dtype(
         "shape B", lambda d: {"bfloat16": 0.07, "float32": 0.1}[d]
     )
     assert dtype == "bfloat16"
@@ -375,7 +377,7 @@ def test_a_burst_of_load_does_not_decide_the_precision(fresh, monkeypatch):
             return 0.35
         return {"bfloat16": 0.07, "float32": 0.1}[dtype]
 
-    assert hardware.faster_cpu_dtype("shape C", seconds)[0] == "bfloat16"
+    assert bf16_verdict.faster_cpu_dtype("shape C", seconds)[0] == "bfloat16"
 
 
 def test_a_busy_machine_gets_the_quiet_machines_verdict(fresh):
@@ -459,7 +461,7 @@ def test_training_start_line_names_the_choice_and_why(data_root, tmp_path, capsy
 
 @pytest.mark.bf16
 def test_explicit_bfloat16_on_an_emulating_cpu_warns_once(data_root, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(hardware, "_verdict", dict(runs=True, env={}, slowdown=35.0))
+    monkeypatch.setattr(bf16_verdict, "_verdict", dict(runs=True, env={}, slowdown=35.0))
     train.main(
         [
             "--dataset=shakespeare_char",
@@ -760,7 +762,7 @@ def test_before_torch_runs_the_check_and_the_tests_do_it_too():
         tree = ast.parse(open(os.path.join(REPO, path)).read())
         check = torch_import = None
         for node in tree.body:
-            if check is None and "hardware.check_bf16()" in ast.unparse(node):
+            if check is None and "bf16_verdict.check_bf16()" in ast.unparse(node):
                 check = node.lineno
             if torch_import is None and any(
                 n.split(".")[0] == "torch" for n in imported_modules(node)

@@ -13,8 +13,8 @@ import torch
 
 from bench import recipes
 from data.dataset import load_meta
-from support.checkpoint import load_checkpoint
 from support.configurator import parse_settings
+from support.loading import load_checkpoint
 from support.run_log import read_evaluations
 from support.settings import Settings
 

@@ -37,7 +37,7 @@ from conftest import (
 from forker import read
 
 import train
-from support.checkpoint import load_checkpoint
+from support.loading import load_checkpoint
 
 REPO = os.path.dirname(os.path.abspath(train.__file__))
 

@@ -25,7 +25,7 @@ from conftest import (
 
 import train
 from model import GPT
-from support.checkpoint import load_checkpoint
+from support.loading import load_checkpoint
 
 REPO = os.path.dirname(os.path.abspath(train.__file__))
 

@@ -23,8 +23,7 @@ from conftest import ctrl_c_reaches_it, read_log, run_in_process, tiny_run
 
 from experiments import head_timeline
 from support import head_measures, timeline
-from support.checkpoint import load_checkpoint
-from support.loading import load_model
+from support.loading import load_checkpoint, load_model
 from support.settings import Settings, check
 
 EVERY = ["--snapshots=True", "--log_heads=True", "--eval_interval=2"]

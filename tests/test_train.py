@@ -36,8 +36,8 @@ from data import batches
 from data.dataset import ensure_dataset, load_tokens
 from model import GPT, GPTConfig
 from support import run_estimate
-from support.checkpoint import load_checkpoint
 from support.device import precision_context
+from support.loading import load_checkpoint
 from support.settings import Settings
 
 REPO = os.path.dirname(os.path.abspath(train.__file__))
