@@ -63,7 +63,6 @@ from support.device import (
     keep_freed_memory,
     pick_device,
     precision_context,
-    time_cpu_dtypes,
     training_dtype,
 )
 from support.optim import get_lr, make_optimizers
@@ -266,6 +265,8 @@ def setup(cfg):
         for split in ("train", "val")
     }
     if cfg.dtype == "auto" and run.device.type == "cpu" and run.dtype == "bfloat16":
+        from support.bf16_verdict import time_cpu_dtypes
+
         # timed on rank 0 alone, so before the ring is attached: it would wait for the others
         choice = [time_cpu_dtypes(cfg, run.raw, run.splits["val"]) if run.master else None]
         if run.world > 1:

@@ -7,7 +7,8 @@ flags, torch's version, the oneDNN cap and a simulated class, so that every late
 reads them there. The measuring itself is support/cpu_probe.py.
 
 check_bf16 runs before torch loads (support/before_torch.py): the fix is an environment
-variable that oneDNN reads then. Imports no torch.
+variable that oneDNN reads then. Imports no torch at the top; time_cpu_dtypes, which
+times the run's model, runs once torch is loaded.
 """
 
 import hashlib
@@ -151,3 +152,34 @@ def faster_cpu_dtype(key, seconds_per_pass, rounds=3):
         "float32",
         f"faster than bf16 here: {fp:.0f} vs {bf:.0f} ms per forward and backward{why}",
     )
+
+
+def time_cpu_dtypes(cfg, model, data):
+    """('bfloat16' or 'float32', why) for dtype='auto' on a CPU with native bfloat16:
+    whichever runs a forward and backward of this model faster (on up to 2048
+    tokens at the run's shapes, the best of rounds that alternate the two), timed
+    once per shape. Called once torch is loaded (this module is imported before it)."""
+    import torch
+
+    from data.batches import get_batch
+    from support.device import precision_context
+    from support.settings import MODEL_KEYS
+
+    n = max(1, min(cfg.batch_size, 2048 // cfg.block_size))
+    x, y = get_batch(data, torch.zeros(n, dtype=torch.long), cfg.block_size, torch.device("cpu"))
+
+    def seconds(dtype):
+        best = float("inf")
+        # dropout draws here must not shift the run's random numbers
+        with torch.random.fork_rng(devices=[]):
+            for _ in range(2):  # the first picks kernels and allocates
+                t0 = time.perf_counter()
+                with precision_context("cpu", dtype, cfg.block_size):
+                    loss = model(x, y)[1]
+                loss.backward()
+                best = min(best, time.perf_counter() - t0)
+        model.zero_grad(set_to_none=True)
+        return best
+
+    shape = ",".join(f"{key}={getattr(cfg, key)}" for key in MODEL_KEYS + ("batch_size",))
+    return faster_cpu_dtype(f"{shape},threads={torch.get_num_threads()}", seconds)

@@ -8,14 +8,11 @@ import contextlib
 import ctypes
 import platform
 import sys
-import time
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from data.batches import get_batch
 from support.hardware import auto_dtype, bf16_error, native_bf16
-from support.settings import MODEL_KEYS
 
 
 class DeviceError(ValueError):
@@ -173,30 +170,3 @@ def precision_context(device_type, dtype, block_size):
         kernels = sdpa_kernel(SDPBackend.MATH)
     with torch.autocast(device_type, getattr(torch, dtype)), kernels:
         yield
-
-
-def time_cpu_dtypes(cfg, model, data):
-    """('bfloat16' or 'float32', why) for dtype='auto' on a CPU with native bfloat16:
-    whichever runs a forward and backward of this model faster (on up to 2048
-    tokens at the run's shapes, the best of rounds that alternate the two), timed
-    once per shape (bf16_verdict.py)."""
-    n = max(1, min(cfg.batch_size, 2048 // cfg.block_size))
-    x, y = get_batch(data, torch.zeros(n, dtype=torch.long), cfg.block_size, torch.device("cpu"))
-
-    def seconds(dtype):
-        best = float("inf")
-        # dropout draws here must not shift the run's random numbers
-        with torch.random.fork_rng(devices=[]):
-            for _ in range(2):  # the first picks kernels and allocates
-                t0 = time.perf_counter()
-                with precision_context("cpu", dtype, cfg.block_size):
-                    loss = model(x, y)[1]
-                loss.backward()
-                best = min(best, time.perf_counter() - t0)
-        model.zero_grad(set_to_none=True)
-        return best
-
-    from support.bf16_verdict import faster_cpu_dtype
-
-    shape = ",".join(f"{key}={getattr(cfg, key)}" for key in MODEL_KEYS + ("batch_size",))
-    return faster_cpu_dtype(f"{shape},threads={torch.get_num_threads()}", seconds)

@@ -20,7 +20,6 @@ import torch
 import train
 from data.batches import load_split
 from support import bf16_verdict, cpu_probe, hardware, optim
-from support.device import time_cpu_dtypes
 from support.settings import Settings, model_args
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -421,7 +420,7 @@ def test_the_real_timing_measures_both_precisions(fresh, data_root, monkeypatch)
         os.path.join(data_root, "shakespeare_char"), "val", 16, 65, torch.device("cpu")
     )
     rng = torch.get_rng_state()
-    dtype, why = time_cpu_dtypes(cfg, model, data)
+    dtype, why = bf16_verdict.time_cpu_dtypes(cfg, model, data)
     assert dtype in ("bfloat16", "float32") and "ms per forward and backward" in why
     assert torch.equal(torch.get_rng_state(), rng) and all(
         p.grad is None for p in model.parameters()
