@@ -35,8 +35,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from data import DataError
-from data.batches import get_batch, load_split, step_batches
-from data.dataset import ensure_dataset, load_meta
+from data.dataset import ensure_dataset, get_batch, load_meta, load_split, step_batches
 from model import GPT, GPTConfig
 from support import settings
 from support.checkpoint import (

@@ -49,7 +49,7 @@ import torch
 
 from bench import common
 from data import DataError
-from data.batches import get_batch
+from data.dataset import get_batch
 from data.shards import ShardedTokens
 from data.tiny_shakespeare import find_shakespeare, shakespeare_dir
 from data.tokenizer import gpt2_encoding

@@ -7,8 +7,7 @@ The data package: text into tokens, and tokens into batches.
     text.py              one text into train.bin and val.bin
     tiny_shakespeare.py  the corpus of the README, found or downloaded
     shards.py            the shard files, written and read
-    dataset.py           a prepared dataset folder: meta.json, its tokens
-    batches.py           training and evaluation batches from a split
+    dataset.py           a prepared dataset folder: meta.json, its tokens, their batches
     prepare.py           the command: python data/prepare.py SOURCE ...
 """
 

@@ -161,7 +161,7 @@ def time_cpu_dtypes(cfg, model, data):
     once per shape. Called once torch is loaded (this module is imported before it)."""
     import torch
 
-    from data.batches import get_batch
+    from data.dataset import get_batch
     from support.device import precision_context
     from support.settings import MODEL_KEYS
 

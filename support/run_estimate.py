@@ -13,7 +13,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from data.batches import get_batch
+from data.dataset import get_batch
 from model import GPT, GPTConfig
 from support.checkpoint import rng_state, set_rng_state
 from support.device import precision_context, training_dtype

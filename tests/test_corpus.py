@@ -1,5 +1,5 @@
 """Corpora of documents into token shards (data/prepare.py, data/corpus.py,
-data/shards.py), read back by training (data/batches.py), and the
+data/shards.py), read back by training (data/dataset.py), and the
 bpe:VOCAB tokenizer; on jsonl, parquet and txt files the tests write themselves."""
 
 import json
@@ -19,9 +19,8 @@ from hypothesis import strategies as st
 
 import train
 from data import DataError, sources
-from data.batches import get_batch, load_split, step_batches
 from data.corpus import is_val, prepare_corpus
-from data.dataset import ensure_dataset, load_meta, load_tokens
+from data.dataset import ensure_dataset, get_batch, load_meta, load_split, load_tokens, step_batches
 from data.shards import ShardedTokens, ShardWriter, dtype_for
 from data.text import prepare_text
 from data.tokenizer import END_OF_TEXT, get_tokenizer, gpt2_encoding, train_bpe

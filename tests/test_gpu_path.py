@@ -26,7 +26,7 @@ import support.device
 import train
 from bench import smoke_gpu
 from bench.common import BenchError
-from data import batches
+from data import dataset
 from model import GPT, GPTConfig, attention, causal_mask
 from support import distributed, engine
 from support.configurator import parse_settings
@@ -161,14 +161,14 @@ def meta_run(data_root, tmp_path, monkeypatch):
 @pytest.mark.parametrize("data", ["tensor", "memmap"])
 def test_training_steps_on_the_meta_device(meta_run, monkeypatch, optimizer, data):
     if data == "memmap":
-        monkeypatch.setattr(batches, "SMALL_DATASET", 0)  # a split read batch by batch
+        monkeypatch.setattr(dataset, "SMALL_DATASET", 0)  # a split read batch by batch
     r = meta_run(f"--optimizer={optimizer}")
     assert isinstance(r.splits["train"], torch.Tensor) == (data == "tensor")
     with OneDevicePerOp():
         for it in range(2):
             loss_sum = train_step(r, get_lr(it, r.cfg))
             assert loss_sum.device == META and loss_sum.dim() == 0
-        x, y = batches.get_batch(r.splits["val"], torch.tensor([0, 5]), 8, r.device)
+        x, y = dataset.get_batch(r.splits["val"], torch.tensor([0, 5]), 8, r.device)
         assert x.device == y.device == META and x.shape == (2, 8)
     assert all(p.device == META for p in r.raw.parameters())
     states = [
@@ -184,9 +184,9 @@ def test_training_steps_on_the_meta_device(meta_run, monkeypatch, optimizer, dat
 @pytest.mark.parametrize("data", ["tensor", "memmap"])
 def test_a_batch_left_on_the_cpu_fails_the_meta_step(meta_run, monkeypatch, data):
     if data == "memmap":
-        monkeypatch.setattr(batches, "SMALL_DATASET", 0)
+        monkeypatch.setattr(dataset, "SMALL_DATASET", 0)
     r = meta_run()
-    monkeypatch.setattr(batches, "to_device", lambda t, device: t)  # the bug: a batch never moved
+    monkeypatch.setattr(dataset, "to_device", lambda t, device: t)  # the bug: a batch never moved
     with (
         OneDevicePerOp(),
         pytest.raises(RuntimeError, match="mixes devices|not on the expected device"),

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import train
-from data.batches import load_split
+from data.dataset import load_split
 from support import bf16_verdict, cpu_probe, hardware, optim
 from support.settings import Settings, model_args
 

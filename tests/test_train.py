@@ -32,7 +32,7 @@ from conftest import (
 )
 
 import train
-from data import batches
+from data import dataset
 from data.dataset import ensure_dataset, load_tokens
 from model import GPT, GPTConfig
 from support import run_estimate
@@ -280,15 +280,15 @@ def test_init_from_another_run_s_checkpoint(data_root, tmp_path, capsys):
 def test_memmap_batches_equal_in_memory_batches(data_root, tmp_path, monkeypatch):
     common = ["--max_iters=4", "--eval_interval=2"]
     run_in_process(tiny_run(data_root, tmp_path / "memory", *common))
-    monkeypatch.setattr(batches, "SMALL_DATASET", 0)  # as if the corpus were too large to hold
+    monkeypatch.setattr(dataset, "SMALL_DATASET", 0)  # as if the corpus were too large to hold
     kinds = set()
-    get_batch = batches.get_batch
+    get_batch = dataset.get_batch
 
     def counted(data, *rest):
         kinds.add(type(data))
         return get_batch(data, *rest)
 
-    monkeypatch.setattr(batches, "get_batch", counted)  # the training batches
+    monkeypatch.setattr(dataset, "get_batch", counted)  # the training batches
     monkeypatch.setattr(train, "get_batch", counted)  # the evaluation batches
     run_in_process(tiny_run(data_root, tmp_path / "memmap", *common))
     assert kinds == {np.memmap}
