@@ -42,8 +42,31 @@ DTYPE_LIMITS = {"uint16": 2**16, "uint32": 2**32}
 
 
 def _prepare_hint(dataset_dir):
-    name = os.path.basename(os.path.normpath(dataset_dir))
-    return DATASETS.get(name, f"python data/prepare.py YOUR_CORPUS --name {name}")
+    """The command that prepares the dataset in dataset_dir: for one of DATASETS its
+    own; else data/prepare.py with the source and tokenizer its meta.json names, where
+    it can still be read (the default tokenizer, char, reads .txt files only)."""
+    folder = os.path.normpath(dataset_dir)
+    name = os.path.basename(folder)
+    if name in DATASETS:
+        return DATASETS[name]
+    import shlex  # here only: a dataset to prepare again
+
+    source = "YOUR_CORPUS"
+    tokenizer = " --tokenizer=TOKENIZER"  # the one it was prepared with
+    try:
+        with open(os.path.join(folder, "meta.json"), encoding="utf-8") as f:
+            meta = json.load(f)
+        if isinstance(meta.get("source"), str):
+            source = shlex.quote(meta["source"])
+        kind = meta["tokenizer"]["kind"]
+        tokenizer = (
+            f" --tokenizer=bpe:{meta['vocab_size']}" if kind == "bpe" else f" --tokenizer={kind}"
+        )
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        pass
+    root = os.path.dirname(folder)
+    there = "" if root == os.path.normpath(DATA_ROOT) else f" --data_root={shlex.quote(root)}"
+    return f"python data/prepare.py {source}{tokenizer} --name {name}{there}"
 
 
 def _again(dataset_dir):

@@ -62,6 +62,17 @@ def shard_bytes(folder):
     return {name: open(os.path.join(folder, name), "rb").read() for name in names}
 
 
+def split_bytes(folder):
+    """{split: the bytes of its shards, one after another}."""
+    names = sorted(n for n in os.listdir(folder) if n.endswith(".bin"))
+    return {
+        split: b"".join(
+            open(os.path.join(folder, n), "rb").read() for n in names if n.startswith(split)
+        )
+        for split in ("train", "val")
+    }
+
+
 def run_prepare(*args, env=None):
     return subprocess.run(
         [sys.executable, "data/prepare.py", *args],
@@ -629,6 +640,7 @@ def test_damaged_sharded_dataset_is_one_line(tmp_path, documents, damage):
     write_jsonl(str(tmp_path / "src" / "d.jsonl"), documents[:500])
     folder = tmp_path / "data" / "docs"
     prepare_corpus(str(tmp_path / "src"), str(folder), "gpt2", 1, shard_tokens=10_000)
+    whole = split_bytes(folder)
     if damage == "missing":
         os.remove(folder / "train_00001.bin")
     elif damage == "cut":
@@ -649,7 +661,19 @@ def test_damaged_sharded_dataset_is_one_line(tmp_path, documents, damage):
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     words = {"missing": "is missing", "cut": "cut short", "uint16": "does not fit uint16"}
-    assert words[damage] in result.stderr.strip().splitlines()[-1]
+    line = result.stderr.strip().splitlines()[-1]
+    assert words[damage] in line
+    # the advice, followed as written, prepares the same dataset again in the same place
+    # (it named neither the tokenizer, gpt2 here, nor the data root)
+    advice = line.split("prepare the dataset again with: ")[1]
+    assert advice == (
+        f"python data/prepare.py {tmp_path / 'src'} --tokenizer=gpt2 --name docs "
+        f"--data_root={tmp_path / 'data'}"
+    )
+    again = subprocess.run(advice, shell=True, cwd=REPO, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    # the same tokens (in shards of data/prepare.py's default size, not the 10,000 above)
+    assert split_bytes(folder) == whole
 
 
 def test_a_vocabulary_past_uint16_cannot_make_one_text(tmp_path):
