@@ -17,6 +17,7 @@ import os
 import torch
 
 CKPT_NAME = "ckpt.pt"
+SNAPSHOT_DIR = "snapshots"  # out_dir/snapshots/iter_NNNNNN.pt: --snapshots (support/timeline.py)
 
 
 class CheckpointError(Exception):

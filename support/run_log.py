@@ -7,6 +7,7 @@ evaluation's line has a val_loss; a step's (every log_interval) has none.
 import dataclasses
 import json
 import os
+import shutil
 
 from tqdm import tqdm
 
@@ -15,7 +16,7 @@ try:
 except ImportError:  # not a Unix: out_dir goes unlocked
     fcntl = None
 
-from support.checkpoint import first_line, what_is_kept
+from support.checkpoint import SNAPSHOT_DIR, first_line, what_is_kept
 
 
 class LogError(Exception):
@@ -48,10 +49,11 @@ def start_wandb(cfg):
 
 
 def start_log(out_dir, resumed):
-    """Create out_dir and lock it; a new run starts a new log, a resumed run goes on
-    with its own. Returns the lock: out_dir's .lock file, open, which the run keeps
-    until it ends. A second run into the same out_dir would write its log between
-    this one's lines and its checkpoint over this one's: it is refused here."""
+    """Create out_dir and lock it; a new run starts a new log, without the snapshots of
+    the run before it, a resumed run goes on with its own. Returns the lock: out_dir's
+    .lock file, open, which the run keeps until it ends. A second run into the same
+    out_dir would write its log between this one's lines and its checkpoint over this
+    one's: it is refused here."""
     try:
         os.makedirs(out_dir, exist_ok=True)
         lock = open(os.path.join(out_dir, ".lock"), "a")
@@ -60,6 +62,9 @@ def start_log(out_dir, resumed):
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if not resumed:
             open(os.path.join(out_dir, "log.jsonl"), "w").close()
+            # an earlier run's snapshots go with its log: the explorer would show them as
+            # this run's steps, beside this run's checkpoint
+            shutil.rmtree(os.path.join(out_dir, SNAPSHOT_DIR), ignore_errors=True)
     except BlockingIOError:
         raise ValueError(
             f"another run is training into {out_dir} now; wait for it to end, "

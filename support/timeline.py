@@ -28,10 +28,9 @@ import torch.nn.functional as F
 
 from data.tokenizer import get_tokenizer
 from support import head_measures
-from support.checkpoint import checkpoint_path, save_checkpoint, what_is_kept
+from support.checkpoint import SNAPSHOT_DIR, checkpoint_path, save_checkpoint, what_is_kept
 from support.run_log import read_evaluations
 
-SNAPSHOT_DIR = "snapshots"
 SNAPSHOT_NAME = re.compile(r"^iter_(\d{6,})\.pt$")
 SEED = 1337  # the induction probe's random tokens: heads.py's and the explorer's
 PROBE_WINDOWS = 4  # val windows the pattern labels are read on ...

@@ -22,6 +22,7 @@ import torch
 from conftest import ctrl_c_reaches_it, read_log, run_in_process, tiny_run
 
 from experiments import head_timeline
+from explorer.live import RunLog
 from support import head_measures, timeline
 from support.loading import load_checkpoint, load_model
 from support.settings import Settings, check
@@ -140,6 +141,17 @@ def test_a_new_run_drops_the_old_runs_snapshots_and_resume_never_reads_them(data
                         "--init_from=resume"))  # fmt: skip
     assert [rec["iter"] for rec in read_log(out)] == [0, 2, 4, 6]
     assert load_checkpoint(timeline.list_snapshots(out)[6])["iter_num"] == 6
+
+
+def test_a_new_run_without_snapshots_drops_the_old_runs_too(data_root, tmp_path):
+    out = tmp_path / "out"
+    run_in_process(tiny_run(data_root, out, "--max_iters=3", *EVERY[:1], "--eval_interval=1"))
+    assert list(timeline.list_snapshots(out)) == [0, 1, 2, 3]
+    os.remove(out / "ckpt.pt")
+    run_in_process(tiny_run(data_root, out, "--max_iters=2"))
+    # the explorer's steps: the first run's snapshots, shown beside this run's checkpoint
+    assert RunLog(str(out)).steps() == []
+    assert not os.path.exists(out / "snapshots")
 
 
 @pytest.mark.parametrize(
