@@ -24,6 +24,7 @@ import support.before_torch  # bfloat16 tried in a child process, before torch l
 
 import dataclasses
 import os
+import shlex
 import sys
 
 from support import cli
@@ -76,7 +77,7 @@ def main_gguf(cfg):
         raise written(e, cfg.to) from None
     c = model.config
     print(f"wrote {cfg.to}: gpt2, {c.n_layer} layers x {c.n_head} heads, {c.n_embd} wide")
-    print(f"run it with llama.cpp: llama-cli -m {cfg.to} -p 'ROMEO:'")
+    print(f"run it with llama.cpp: llama-cli -m {shlex.quote(cfg.to)} -p 'ROMEO:'")
 
 
 def written(e, target):

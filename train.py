@@ -150,10 +150,12 @@ def setup(cfg):
     resumed) and wrapped, optimizers ready."""
     # a new run would replace an earlier one's checkpoint, and its log at once
     if cfg.init_from != "resume" and os.path.exists(checkpoint_path(cfg.out_dir)):
+        import shlex  # here only: the advice names a path to paste into a shell
+
         raise ValueError(
             f"{cfg.out_dir} holds an earlier run's checkpoint, which this run would replace: "
             "continue that run with --init_from=resume, or give this one another --out_dir "
-            f"(or delete {checkpoint_path(cfg.out_dir)} to start over)"
+            f"(or delete {shlex.quote(checkpoint_path(cfg.out_dir))} to start over)"
         )
     run = Run()
     # set by torchrun

@@ -42,31 +42,36 @@ DTYPE_LIMITS = {"uint16": 2**16, "uint32": 2**32}
 
 
 def _prepare_hint(dataset_dir):
-    """The command that prepares the dataset in dataset_dir: for one of DATASETS its
-    own; else data/prepare.py with the source and tokenizer its meta.json names, where
-    it can still be read (the default tokenizer, char, reads .txt files only)."""
+    """The command that prepares the dataset in dataset_dir, to paste into a shell: for
+    one of DATASETS its own (elsewhere than data/, the folder removed: the next run
+    prepares it); else data/prepare.py with the source and tokenizer its meta.json
+    names, where it can still be read (the default tokenizer, char, reads .txt only)."""
+    import shlex  # here only: a dataset to prepare
+
     folder = os.path.normpath(dataset_dir)
     name = os.path.basename(folder)
-    if name in DATASETS:
+    root = os.path.dirname(folder)
+    default_root = root == os.path.normpath(DATA_ROOT)
+    if name in DATASETS and default_root:
         return DATASETS[name]
-    import shlex  # here only: a dataset to prepare again
-
+    if name in DATASETS:
+        return f"rm -r {shlex.quote(folder)} (the next run prepares it again)"
     source = "YOUR_CORPUS"
-    tokenizer = " --tokenizer=TOKENIZER"  # the one it was prepared with
+    tokenizer = ""
     try:
         with open(os.path.join(folder, "meta.json"), encoding="utf-8") as f:
             meta = json.load(f)
+        tokenizer = " --tokenizer=TOKENIZER"  # the one it was prepared with
         if isinstance(meta.get("source"), str):
             source = shlex.quote(meta["source"])
         kind = meta["tokenizer"]["kind"]
-        tokenizer = (
-            f" --tokenizer=bpe:{meta['vocab_size']}" if kind == "bpe" else f" --tokenizer={kind}"
-        )
+        tokenizer = f" --tokenizer={kind}"
+        if kind == "bpe":
+            tokenizer = f" --tokenizer=bpe:{meta['vocab_size']}"
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         pass
-    root = os.path.dirname(folder)
-    there = "" if root == os.path.normpath(DATA_ROOT) else f" --data_root={shlex.quote(root)}"
-    return f"python data/prepare.py {source}{tokenizer} --name {name}{there}"
+    there = "" if default_root else f" --data_root={shlex.quote(root)}"
+    return f"python data/prepare.py {source}{tokenizer} --name {shlex.quote(name)}{there}"
 
 
 def _again(dataset_dir):
@@ -213,7 +218,7 @@ def ensure_dataset(name, data_root=None, input_path=None):
         raise DataError(
             f"unknown dataset {name!r} (no prepared files in {dataset_dir}); "
             f"known ones: {', '.join(DATASETS)}; prepare your own corpus with: "
-            f"python data/prepare.py YOUR_CORPUS --name {name}"
+            f"{_prepare_hint(dataset_dir)}"
         )
     print(f"preparing {name} in {dataset_dir} (first use)")
     # the preparers load here, on first use: a prepared dataset needs none of them

@@ -13,6 +13,7 @@ import json
 import os
 import pickle
 import re
+import shlex
 import zipfile
 import zlib
 
@@ -52,9 +53,10 @@ def not_loadable(path, problem):
     return CheckpointError(f"{path} is not a checkpoint; pass {what}")
 
 
-def load_checkpoint(path, map_location="cpu"):
+def load_checkpoint(path, map_location="cpu", option="--out_dir"):
     """Load a checkpoint with weights_only=True: tensors and plain data only, so a
-    file holding a pickled object that would run code is refused, not executed."""
+    file holding a pickled object that would run code is refused, not executed.
+    option: the command's option that gave path, named where none is there."""
     if os.path.isdir(path):
         path = checkpoint_path(path)
     if not os.path.exists(path):
@@ -64,11 +66,11 @@ def load_checkpoint(path, map_location="cpu"):
         folder = os.path.dirname(path) if path.endswith(".pt") else path
         beside = os.path.join(glob.escape(os.path.dirname(os.path.normpath(folder))), "*")
         found = sorted(os.path.dirname(f) for f in glob.glob(checkpoint_path(beside)))[:3]
-        hint = "point --out_dir at one"
+        hint = f"point {option} at one"
         if len(found) == 1:
-            hint = f"{found[0]} holds one: --out_dir={found[0]}"
+            hint = f"{found[0]} holds one: {option}={shlex.quote(found[0])}"
         elif found:
-            hint = f"{', '.join(found)} hold one: --out_dir={found[0]}"
+            hint = f"{', '.join(found)} hold one: {option}={shlex.quote(found[0])}"
         raise CheckpointError(
             f"no checkpoint at {path}; {hint}, or train one with "
             "`python train.py config/shakespeare.py`"
@@ -269,7 +271,7 @@ def training_model(cfg, meta):
         if ckpt.get("tokenizer") != meta["tokenizer"]:
             raise ValueError(
                 f"the checkpoint in {cfg.out_dir} was trained on another tokenizer "
-                f"(dataset {ckpt.get('dataset')!r}); pass --dataset={ckpt.get('dataset')}"
+                f"(dataset {ckpt.get('dataset')!r}); pass {dataset_options(ckpt)}"
             )
         model = from_checkpoint(ckpt, path, **run_choices)
     elif is_gpt2(init):
@@ -326,15 +328,25 @@ def from_another_run(init, cfg, meta, run_choices):
     snapshot) to start this run from: iter 0, a new optimizer, this run's out_dir. Its
     tokenizer must be the dataset's, token for token."""
     path = checkpoint_path(init) if os.path.isdir(init) else init
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path, option="--init_from")
     if ckpt.get("tokenizer") != meta["tokenizer"]:
         trained_on = ckpt.get("dataset")
         raise ValueError(
             f"{path} was trained on another tokenizer (dataset {trained_on!r}) than "
-            f"dataset {cfg.dataset!r}'s; pass --dataset={trained_on}, or a dataset "
+            f"dataset {cfg.dataset!r}'s; pass {dataset_options(ckpt)}, or a dataset "
             "prepared with the same tokenizer"
         )
     return from_checkpoint(ckpt, path, **run_choices)
+
+
+def dataset_options(ckpt):
+    """--dataset (and --data_root, where it was another) of the run that saved ckpt,
+    to paste into a shell."""
+    options = f"--dataset={shlex.quote(str(ckpt.get('dataset')))}"
+    root = ckpt.get("config", {}).get("data_root")
+    if isinstance(root, str):
+        options += f" --data_root={shlex.quote(root)}"
+    return options
 
 
 def kept_model_keys(cfg, config):
@@ -370,7 +382,8 @@ def load_model(init_from, out_dir):
             f"--init_from={init_from}: no such file or folder; pass a checkpoint folder "
             "(with ckpt.pt) or a Hugging Face GPT-2 folder (with config.json)"
         )
-    ckpt = load_checkpoint(source)
+    option = "--init_from" if init_from else "--out_dir"
+    ckpt = load_checkpoint(source, option=option)
     path = checkpoint_path(source) if os.path.isdir(source) else source
     if "tokenizer" not in ckpt:
         raise CheckpointError(

@@ -71,9 +71,12 @@ def start_log(out_dir, resumed):
             "or give this one another --out_dir"
         ) from None
     except OSError as e:
+        # a resumed run trains on in its own folder: a copy of it is where it can go on
+        advice = "pass an --out_dir that can be created and written"
+        if resumed:
+            advice = "copy the run's folder where files can be written, and resume the copy"
         raise ValueError(
-            f"cannot write into out_dir {out_dir!r} ({e.strerror or e}); "
-            "pass an --out_dir that can be created and written"
+            f"cannot write into out_dir {out_dir!r} ({e.strerror or e}); {advice}"
         ) from None
     return lock
 

@@ -6,6 +6,7 @@ lists what each test proves.
 
 import dataclasses
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -268,6 +269,32 @@ def test_a_missing_checkpoint_names_the_folders_beside_it_that_hold_one(inputs, 
         f"error: no checkpoint at {tmp_path / 'a' / 'b'}; point --out_dir at one, "
         "or train one with `python train.py config/shakespeare.py`"
     )
+
+
+def test_the_folder_a_missing_checkpoint_names_can_be_pasted(inputs, tmp_path):
+    """The option the line names works pasted into a shell as it is printed, for a
+    folder with a space and a quote in its name, and for the option that was given."""
+    mine = tmp_path / "my runs" / "o'brien 1"
+    os.makedirs(mine)
+    shutil.copy(checkpoint_path(inputs["ckpt"]), mine)
+    os.makedirs(tmp_path / "my runs" / "empty")
+    argv = ["--max_new_tokens=3", "--num_samples=1", "--attn_dir="]
+    for option in ("--out_dir", "--init_from"):
+        proc = run_from(tmp_path, "sample.py", *argv, f"{option}=my runs/empty")
+        line = error_line(proc)
+        assert line.startswith("error: no checkpoint at my runs/empty") and proc.returncode == 2
+        pasted = line.split(" holds one: ")[1].split(", or train one")[0]
+        assert pasted == f"{option}='my runs/o'\"'\"'brien 1'"
+        script = shlex.join([sys.executable, os.path.join(ROOT, "sample.py"), *argv])
+        proc = subprocess.run(
+            f"{script} {pasted}",
+            shell=True,
+            cwd=tmp_path,
+            env=child_env(),
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 # -----------------------------------------------------------------------------

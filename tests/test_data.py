@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import urllib.error
@@ -41,6 +42,7 @@ def no_user_corpus(monkeypatch):
     monkeypatch.delenv(tiny_shakespeare.SHAKESPEARE_ENV, raising=False)
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REAL_URLOPEN = urllib.request.urlopen  # before the offline fixture replaces it
 
 
@@ -581,3 +583,34 @@ def test_unknown_char_raises_tokenizer_error_only(char_tok, prefix, char):
     assert repr(char) in message
     assert "did you mean" in message or "the vocabulary has 65 characters" in message
     assert "\n" not in message
+
+
+def test_a_damaged_dataset_elsewhere_is_prepared_again_as_its_line_says(tmp_path, corpus_path):
+    """Tiny Shakespeare in another --data_root, cut short: the line's command, pasted into
+    a shell, makes the next run prepare that copy again (its own prepare.py would prepare
+    the one in data/, and takes no --data_root)."""
+    root = tmp_path / "weird root"
+    folder = ensure_dataset("shakespeare_char", str(root), input_path=corpus_path)
+    whole = open(os.path.join(folder, "val.bin"), "rb").read()
+    with open(os.path.join(folder, "val.bin"), "r+b") as f:
+        f.truncate(1001)
+    with pytest.raises(DataError) as error:
+        load_tokens(folder, "val")
+    advice = str(error.value).split("prepare the dataset again with: ")[1]
+    command = f"rm -r {shlex.quote(os.path.normpath(folder))}"
+    assert advice == f"{command} (the next run prepares it again)"
+    subprocess.run(command, shell=True, check=True)
+    assert ensure_dataset("shakespeare_char", str(root), input_path=corpus_path) == folder
+    assert open(os.path.join(folder, "val.bin"), "rb").read() == whole
+    # a corpus of one's own, in a folder whose name needs quoting
+    source = tmp_path / "my text.txt"
+    source.write_text("to be or not to be, " * 400)
+    mine = root / "o'brien set"
+    prepare_text(source.read_text(), str(mine), "char", 0.1, source=str(source))
+    os.remove(mine / "train.bin")
+    with pytest.raises(DataError) as error:
+        load_tokens(str(mine), "train")
+    advice = str(error.value).split("prepare the dataset again with: ")[1]
+    proc = subprocess.run(advice, shell=True, cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert len(load_tokens(str(mine), "train")) > 0

@@ -4,6 +4,7 @@ signal or max_time at any moment, even inside an evaluation or between micro-ste
 
 import copy
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -81,6 +82,26 @@ def test_resume_with_other_settings_says_which(data_root, tmp_path, capsys):
         assert text in notes[0], notes[0]
     assert trained["max_iters"] == 4 and "max_iters" not in notes[0]  # a limit, not the run
     assert notes[0].count(" (was ") == len(changed), notes[0]
+
+
+def test_a_run_that_cannot_write_its_folder_is_told_to_resume_a_copy(data_root, tmp_path, capsys):
+    """Resuming where out_dir takes no file (here its lock cannot be opened: a folder
+    stands in its place, as a read-only disk refuses it): the line said to pass another
+    --out_dir, where a resume finds no checkpoint; it says to resume a copy, which does."""
+    out = tmp_path / "out"
+    run_in_process(tiny_run(data_root, out, "--max_iters=2", "--eval_interval=2"))
+    os.remove(out / ".lock")
+    os.mkdir(out / ".lock")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        run_in_process(tiny_run(data_root, out, "--init_from=resume", "--max_iters=4"))
+    assert stop.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.endswith("copy the run's folder where files can be written, and resume the copy")
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns(".lock"))
+    run_in_process(tiny_run(data_root, copy, "--init_from=resume", "--max_iters=4"))
+    assert load_checkpoint(str(copy))["iter_num"] == 4
 
 
 def test_checkpoint_holds_plain_data_only(data_root, tmp_path):

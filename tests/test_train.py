@@ -8,6 +8,7 @@ import glob
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -272,7 +273,9 @@ def test_init_from_another_run_s_checkpoint(data_root, tmp_path, capsys):
     )
     assert prepared.returncode == 0, prepared.stderr
     err = refused(f"--init_from={first}", dataset="abc", root=other)
-    assert_one_line_error(err, "was trained on another tokenizer", "--dataset=shakespeare_char")
+    # the dataset and the folder it is in: with this run's --data_root it is not found
+    options = f"--dataset=shakespeare_char --data_root={shlex.quote(data_root)},"
+    assert_one_line_error(err, "was trained on another tokenizer", options)
     err = refused(f"--init_from={tmp_path / 'other_root'}")
     assert_one_line_error(err, "holds neither a checkpoint (ckpt.pt) nor a Hugging Face model")
 
