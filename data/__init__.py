@@ -17,5 +17,17 @@ import os
 DATA_ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
+def typed_path(path):
+    """A file of the repository (path from its root) as a command typed in the current
+    folder names it, quoted for the shell: what advice prints, run from anywhere."""
+    import shlex  # here only: advice
+
+    full = os.path.join(os.path.dirname(DATA_ROOT), path)
+    shown = os.path.relpath(full)
+    if shown.startswith(os.pardir):
+        shown = full
+    return shlex.quote(shown)
+
+
 class DataError(Exception):
     """A problem with a dataset that the user can fix; the message is a single line."""

@@ -21,7 +21,7 @@ import os
 import numpy as np
 import torch
 
-from data import DATA_ROOT, DataError
+from data import DATA_ROOT, DataError, typed_path
 
 # the datasets prepared on first use, and the command that prepares each
 DATASETS = {
@@ -53,7 +53,7 @@ def _prepare_hint(dataset_dir):
     root = os.path.dirname(folder)
     default_root = root == os.path.normpath(DATA_ROOT)
     if name in DATASETS and default_root:
-        return DATASETS[name]
+        return "python " + typed_path(DATASETS[name].removeprefix("python "))
     if name in DATASETS:
         return f"rm -r {shlex.quote(folder)} (the next run prepares it again)"
     source = "YOUR_CORPUS"
@@ -71,7 +71,8 @@ def _prepare_hint(dataset_dir):
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         pass
     there = "" if default_root else f" --data_root={shlex.quote(root)}"
-    return f"python data/prepare.py {source}{tokenizer} --name {shlex.quote(name)}{there}"
+    prepare = typed_path("data/prepare.py")
+    return f"python {prepare} {source}{tokenizer} --name {shlex.quote(name)}{there}"
 
 
 def _again(dataset_dir):

@@ -71,10 +71,10 @@ def load_checkpoint(path, map_location="cpu", option="--out_dir"):
             hint = f"{found[0]} holds one: {option}={shlex.quote(found[0])}"
         elif found:
             hint = f"{', '.join(found)} hold one: {option}={shlex.quote(found[0])}"
-        raise CheckpointError(
-            f"no checkpoint at {path}; {hint}, or train one with "
-            "`python train.py config/shakespeare.py`"
-        )
+        from data import typed_path
+
+        train = f"python {typed_path('train.py')} {typed_path('config/shakespeare.py')}"
+        raise CheckpointError(f"no checkpoint at {path}; {hint}, or train one with `{train}`")
     # torch.save writes a zip archive; anything else (random bytes, a cut-off
     # file whose central directory is gone) is not worth unpickling at all
     if not zipfile.is_zipfile(path):

@@ -255,10 +255,11 @@ def test_a_missing_checkpoint_names_the_folders_beside_it_that_hold_one(inputs, 
     shutil.copy(checkpoint_path(inputs["ckpt"]), tmp_path / "out-shakespeare-char-cpu")
     argv = ["--max_new_tokens=3", "--num_samples=1", "--attn_dir="]
     proc = run_from(tmp_path, "sample.py", *argv)
+    # the command run from this folder, the repository elsewhere: train.py by its path
+    train = f"python {ROOT}/train.py {ROOT}/config/shakespeare.py"
     assert error_line(proc) == (
         "error: no checkpoint at out-shakespeare-char; out-shakespeare-char-cpu holds one: "
-        "--out_dir=out-shakespeare-char-cpu, or train one with "
-        "`python train.py config/shakespeare.py`"
+        f"--out_dir=out-shakespeare-char-cpu, or train one with `{train}`"
     )
     # the folder it names is one
     proc = run_from(tmp_path, "sample.py", *argv, "--out_dir=out-shakespeare-char-cpu")
@@ -267,8 +268,11 @@ def test_a_missing_checkpoint_names_the_folders_beside_it_that_hold_one(inputs, 
     proc = run_from(tmp_path, "sample.py", *argv, f"--out_dir={tmp_path / 'a' / 'b'}")
     assert error_line(proc) == (
         f"error: no checkpoint at {tmp_path / 'a' / 'b'}; point --out_dir at one, "
-        "or train one with `python train.py config/shakespeare.py`"
+        f"or train one with `{train}`"
     )
+    # from the repository's root, as the README runs it, the command as it types it
+    proc = run_from(ROOT, "sample.py", *argv, f"--out_dir={tmp_path / 'a' / 'b'}")
+    assert error_line(proc).endswith("train one with `python train.py config/shakespeare.py`")
 
 
 def test_the_folder_a_missing_checkpoint_names_can_be_pasted(inputs, tmp_path):

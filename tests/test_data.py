@@ -585,7 +585,9 @@ def test_unknown_char_raises_tokenizer_error_only(char_tok, prefix, char):
     assert "\n" not in message
 
 
-def test_a_damaged_dataset_elsewhere_is_prepared_again_as_its_line_says(tmp_path, corpus_path):
+def test_a_damaged_dataset_elsewhere_is_prepared_again_as_its_line_says(
+    tmp_path, corpus_path, monkeypatch
+):
     """Tiny Shakespeare in another --data_root, cut short: the line's command, pasted into
     a shell, makes the next run prepare that copy again (its own prepare.py would prepare
     the one in data/, and takes no --data_root)."""
@@ -608,9 +610,11 @@ def test_a_damaged_dataset_elsewhere_is_prepared_again_as_its_line_says(tmp_path
     mine = root / "o'brien set"
     prepare_text(source.read_text(), str(mine), "char", 0.1, source=str(source))
     os.remove(mine / "train.bin")
+    monkeypatch.chdir(tmp_path)  # run from outside the repository: prepare.py by its path
     with pytest.raises(DataError) as error:
         load_tokens(str(mine), "train")
     advice = str(error.value).split("prepare the dataset again with: ")[1]
-    proc = subprocess.run(advice, shell=True, cwd=ROOT, capture_output=True, text=True)
+    assert advice.startswith(f"python {os.path.join(ROOT, 'data', 'prepare.py')} ")
+    proc = subprocess.run(advice, shell=True, cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert len(load_tokens(str(mine), "train")) > 0
