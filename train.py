@@ -183,6 +183,7 @@ def setup(cfg):
     if cfg.snapshots or cfg.log_heads:
         from support import timeline
 
+        timeline.check_settings(cfg)
         run.features["timeline"] = timeline
     if run.device.type == "cuda":
         from support import mfu

@@ -33,6 +33,8 @@ def check(cfg, world):
     """The settings' errors, one line each, before any process group exists (the
     layout's name is checked with the other settings, support/settings.py)."""
     p, layout = cfg.context_parallel, cfg.context_parallel_layout
+    if p > 1 and cfg.log_heads:
+        raise ValueError("log_heads=True needs context_parallel=1: the probe runs the whole model")
     if world % p:
         raise ValueError(
             f"context_parallel={p} does not divide the {world} process(es); run a multiple "

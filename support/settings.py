@@ -164,10 +164,6 @@ def check(cfg):
             f"unknown context_parallel_layout {cfg.context_parallel_layout!r}; "
             "use zigzag or contiguous"
         )
-    if cfg.snapshot_limit < 2:
-        raise ValueError(f"snapshot_limit must be 2 or more, got {cfg.snapshot_limit}")
-    if cfg.log_heads and cfg.context_parallel > 1:
-        raise ValueError("log_heads=True needs context_parallel=1: the probe runs the whole model")
     if cfg.attention == "linear" and cfg.sliding_window is not None:
         # it was ignored: linear attention's state sums the whole past, as attend() has it
         raise ValueError(

@@ -200,6 +200,12 @@ def icl_score(model, tokens):
     return (losses[1] - losses[0]).item(), n_windows
 
 
+def check_settings(cfg):
+    """The settings of --snapshots and --log_heads, checked before any work."""
+    if cfg.snapshot_limit < 2:
+        raise ValueError(f"snapshot_limit must be 2 or more, got {cfg.snapshot_limit}")
+
+
 def check(config):
     """For --log_heads: HeadsError (a ValueError) where a model of config's size is too
     small for the induction probe, so that the run stops before it trains."""

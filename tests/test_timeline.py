@@ -25,7 +25,6 @@ from experiments import head_timeline
 from explorer.live import RunLog
 from support import head_measures, timeline
 from support.loading import load_checkpoint, load_model
-from support.settings import Settings, check
 
 EVERY = ["--snapshots=True", "--log_heads=True", "--eval_interval=2"]
 
@@ -161,9 +160,16 @@ def test_a_new_run_without_snapshots_drops_the_old_runs_too(data_root, tmp_path)
         (dict(log_heads=True, context_parallel=2), "context_parallel=1"),
     ],
 )
-def test_bad_timeline_settings_are_refused(changes, words):
-    with pytest.raises(ValueError, match=words):
-        check(Settings(**changes))
+def test_bad_timeline_settings_are_refused(changes, words, data_root, tmp_path, capsys):
+    """Refused in one line before any work, where the feature they belong to is on
+    (train.py's setup, which imports its module only then)."""
+    options = [f"--{key}={value}" for key, value in changes.items()]
+    with pytest.raises(SystemExit) as stop:
+        run_in_process(tiny_run(data_root, tmp_path / "out", "--snapshots=True", *options))
+    assert stop.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("error: ") and words in line
+    assert not (tmp_path / "out").exists()
 
 
 # -----------------------------------------------------------------------------
