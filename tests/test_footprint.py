@@ -13,9 +13,9 @@ from support import hardware
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_FILES = 15
-# ceilings against regressions, about 3% above what is measured: 1,155 code lines on a
+# ceilings against regressions, about 3% above what is measured: 1,157 code lines on a
 # CPU whose flags rule native bfloat16 out (AVX2 alone: 'auto' is float32 from the flags;
-# 1,140 with oneDNN capped at AVX2, which rules it out before the flags are read); 1,223
+# 1,142 with oneDNN capped at AVX2, which rules it out before the flags are read); 1,225
 # where they promise it, the verdict is read from its cache and the model is timed in both
 # precisions (an AMD EPYC with avx512_bf16); 1,286 when the timing picks float32 (Muon's
 # float32 path) and is taken in the run, not read from its cache (measured before the
