@@ -260,7 +260,7 @@ def load_split(dataset_dir, split, block_size, vocab_size, device):
         if top >= vocab_size:
             raise DataError(
                 f"{os.path.join(dataset_dir, split + '.bin')} holds token id {top}, outside "
-                f"the vocabulary of {vocab_size}; prepare the dataset again"
+                f"the vocabulary of {vocab_size}; {_again(dataset_dir)}"
             )
         return torch.from_numpy(tokens.astype(np.int64)).to(device)
     return tokens

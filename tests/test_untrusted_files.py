@@ -218,6 +218,8 @@ def test_damaged_or_hostile_file_is_refused_in_one_line(damaged, name, cli):
     folder = damaged["made"][name]
     line = error_line(damaged["results"][(name, cli)])
     assert named_file(name, folder) in line and DAMAGED[name][1] in line, line
+    if name.startswith(("bin", "meta")):  # how to make the dataset whole again
+        assert "; prepare the dataset again with: python " in line, line
     assert not os.path.exists(damaged["marker"])  # nothing in any file ran
     # refusing a file leaves it, and everything beside it, as it was: nothing changed or added
     assert folder_hashes(folder) == damaged["hashes"][name]
