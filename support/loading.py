@@ -19,6 +19,7 @@ import zlib
 
 import torch
 
+from data import typed_path
 from model import GPT, GPTConfig
 from support.checkpoint import CheckpointError, checkpoint_path, first_line, out_of_memory
 from support.settings import MODEL_KEYS
@@ -71,8 +72,6 @@ def load_checkpoint(path, map_location="cpu", option="--out_dir"):
             hint = f"{found[0]} holds one: {option}={shlex.quote(found[0])}"
         elif found:
             hint = f"{', '.join(found)} hold one: {option}={shlex.quote(found[0])}"
-        from data import typed_path
-
         train = f"python {typed_path('train.py')} {typed_path('config/shakespeare.py')}"
         raise CheckpointError(f"no checkpoint at {path}; {hint}, or train one with `{train}`")
     # torch.save writes a zip archive; anything else (random bytes, a cut-off
