@@ -28,7 +28,6 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -37,7 +36,6 @@ from tqdm import tqdm
 from data import DataError
 from data.dataset import ensure_dataset, get_batch, load_meta, load_split, step_batches
 from model import GPT, GPTConfig
-from support import settings
 from support.checkpoint import (
     CheckpointError,
     checkpoint_path,
@@ -65,8 +63,8 @@ from support.device import (
     training_dtype,
 )
 from support.optim import get_lr, make_optimizers
-from support.run_log import LogError, log_evaluation, log_step, start_log, start_wandb
-from support.settings import Settings, check
+from support.run_log import LogError, log_evaluation, log_record, start_log, start_wandb
+from support.settings import MODEL_KEYS, Settings, check, model_args
 
 # what the user can fix: a bad option, file, dataset or checkpoint (the settings' checks,
 # the device's, the tokenizer's, the head probe's and a model's loading raise ValueError)
@@ -94,47 +92,8 @@ def get_config(argv):
 
 
 class Run:
-    """Everything setup() builds for the training loop, evaluation and saving: each
-    attribute below, which setup() sets where it makes it."""
-
-    cfg: Settings  # the model keys are the model's own (a checkpoint's, or GPT-2's)
-    rank: int  # this process among all (torchrun's RANK); 0 prints, logs and saves
-    world: int  # processes in all (torchrun's WORLD_SIZE)
-    dp_rank: int  # this process's data-parallel place: a sequence's ranks share it
-    dp_world: int  # data-parallel places: world // context_parallel
-    split: Callable  # this rank's part of a sequence (context parallelism), else as is
-    split_unit: int  # a context-parallel sequence's length is a multiple of this
-    device: torch.device
-    dtype: str  # 'float32', 'bfloat16' or 'float16': the forward pass's autocast
-    raw: GPT  # the model itself: what is saved and what evaluations run
-    ddp_model: torch.nn.Module  # raw, compiled if compile is on, in DDP with several processes
-    optimizers: list  # [AdamW], or [Muon, AdamW]; they step together
-    scaler: torch.amp.GradScaler  # loss scaling, enabled for float16 only
-    data_gen: torch.Generator  # draws the training batches, the same on every process
-    splits: dict  # 'train' and 'val' tokens: a tensor on the device, or a memmap
-    meta: dict  # the dataset's vocabulary size and tokenizer
-    tokens_per_iter: int  # in all processes together
-    wandb: Any  # the wandb module once a run is started there, else None
-    resumed: bool  # whether the run started from out_dir's checkpoint
-    start_iter: int  # the iter the run started at
-    # whether start_iter's evaluation is in the log: a checkpoint saved by a stop
-    # signal was not evaluated at its iter, older checkpoints always were, and
-    # eval_at_start=False counts a fresh run as evaluated
-    start_evaluated: bool
-    best_val_loss: float  # the best evaluation yet, in this run or the one it resumes
-    # seconds of training before the run started (a resumed run's checkpoint's); then,
-    # while training, the seconds in all, after each iter in one process, as the
-    # processes last agreed on them in several: what the lr schedule by time
-    # (lr_decay_time) reads and what a checkpoint saves
-    seconds: float
-    # the module of each feature a setting turns on, by name (setup imports them):
-    # "hellaswag" scores HellaSwag at every evaluation, "timeline" saves snapshots and
-    # logs the heads, "mfu" measures a GPU's model FLOPs utilisation, "run_estimate"
-    # says what a run costs where no device was named and no GPU was found,
-    # "distributed" has several processes agree at log steps (and compiles the model)
-    features: dict
-    lock: Any  # out_dir's lock, held by rank 0 until the run ends (start_log)
-    signals: "StopSignals | None" = None  # set while training, for evaluations and steps
+    """Everything setup() builds for the training loop, evaluation and saving.
+    setup() makes each attribute and says there what it holds."""
 
     @property
     def master(self):
@@ -158,16 +117,19 @@ def setup(cfg):
             f"(or delete {shlex.quote(checkpoint_path(cfg.out_dir))} to start over)"
         )
     run = Run()
-    # set by torchrun
+    run.signals = None  # StopSignals while training, which evaluations and steps look at
+    # torchrun sets these: rank 0 of world processes prints, logs and saves
     run.rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     run.world = int(os.environ.get("WORLD_SIZE", 1))
     run.device = pick_device(cfg.device, local_rank, run.world > 1)
+    # 'float32', 'bfloat16' or 'float16': the forward pass's autocast
     run.dtype, why = training_dtype(cfg.dtype, run.device)
 
     # The features a setting turns on: each module is imported here, when its setting is
     # on, and nowhere else, so that a plain run loads none of them
     # (tests/test_footprint.py). Their checks come before any process group, data or model.
+    # run.features holds each feature's module by name, for the loop to call.
     run.features = {}
     context_parallel = None
     if cfg.context_parallel > 1:
@@ -175,22 +137,22 @@ def setup(cfg):
 
         context_parallel.check(cfg, run.world)
     if cfg.hellaswag:
-        from support import hellaswag
+        from support import hellaswag  # scored at every evaluation
 
         # a missing or malformed file stops the run before it starts
         hellaswag.training_examples(cfg.hellaswag_data)
         run.features["hellaswag"] = hellaswag
     if cfg.snapshots or cfg.log_heads:
-        from support import timeline
+        from support import timeline  # snapshots, and the heads logged at each evaluation
 
         timeline.check_settings(cfg)
         run.features["timeline"] = timeline
     if run.device.type == "cuda":
-        from support import mfu
+        from support import mfu  # the GPU's model FLOPs utilisation, at log steps
 
         run.features["mfu"] = mfu
     if cfg.device == "auto" and run.device.type == "cpu" and run.world == 1:
-        from support import run_estimate
+        from support import run_estimate  # what a run costs where no GPU was found
 
         run.features["run_estimate"] = run_estimate
     use_compile = cfg.compile
@@ -202,7 +164,8 @@ def setup(cfg):
 
         run.features["distributed"] = distributed
 
-    # the ranks of one sequence share its batches
+    # this process's data-parallel place, among dp_world: the ranks of one sequence
+    # share it, and its batches
     run.dp_rank = run.rank // cfg.context_parallel
     run.dp_world = run.world // cfg.context_parallel
     if cfg.gradient_accumulation_steps % run.dp_world:
@@ -217,12 +180,15 @@ def setup(cfg):
     if run.master:
         explain_device(cfg, run.device, run.dtype)
     # first: a logger that cannot start should stop the run before any data or model work
+    # (run.wandb: the wandb module once a run is started there)
     run.wandb = None
     if cfg.wandb_log and run.master:
         run.wandb = start_wandb(cfg)
     if run.world > 1:
         distributed.join_processes(run.device, cfg.ddp_timeout)
     cp = None
+    # this rank's part of a sequence under context parallelism (else all of it), and the
+    # unit a sequence's length is a multiple of
     run.split = lambda t: t
     run.split_unit = 1
     if context_parallel is not None:
@@ -242,26 +208,28 @@ def setup(cfg):
     if run.world > 1:
         dist.barrier()
     dataset_dir = ensure_dataset(cfg.dataset, cfg.data_root)
-    run.meta = load_meta(dataset_dir)
+    run.meta = load_meta(dataset_dir)  # the dataset's vocabulary size and tokenizer
     if cfg.hellaswag:
         run.features["hellaswag"].check_vocabulary(cfg.hellaswag_data, run.meta["tokenizer"])
     # the model: a new one of the settings' shape, or one init_from loads (out_dir's
     # checkpoint, another run's, or GPT-2's weights); from here on the model keys are
     # the model's own
     ckpt = None
+    # run.raw: the model itself, what is saved and what evaluations run
     if cfg.init_from == "scratch":
-        run.raw = GPT(GPTConfig(**settings.model_args(cfg, run.meta["vocab_size"])))
+        run.raw = GPT(GPTConfig(**model_args(cfg, run.meta["vocab_size"])))
     else:
         from support import loading
 
         run.raw, ckpt = loading.training_model(cfg, run.meta)
-    model_keys = {key: getattr(run.raw.config, key) for key in settings.MODEL_KEYS}
+    model_keys = {key: getattr(run.raw.config, key) for key in MODEL_KEYS}
     cfg = dataclasses.replace(cfg, **model_keys)
     run.cfg = cfg
     if cfg.log_heads:
         # the heads are probed at every evaluation, the first perhaps after hours
         run.features["timeline"].check(run.raw.config)
     run.raw.to(run.device)
+    # 'train' and 'val' tokens: a tensor on the device, or a memmap
     run.splits = {
         split: load_split(dataset_dir, split, cfg.block_size, run.meta["vocab_size"], run.device)
         for split in ("train", "val")
@@ -276,25 +244,36 @@ def setup(cfg):
         run.dtype, why = choice[0]
     if cp is not None:
         cp.attach(run.raw)
+    # [AdamW], or [Muon, AdamW], which step together; loss scaling for float16 only
     run.optimizers = make_optimizers(run.raw, cfg, run.device.type, run.dtype)
     run.scaler = torch.amp.GradScaler(run.device.type, enabled=run.dtype == "float16")
     run.data_gen = torch.Generator().manual_seed(cfg.seed)  # the same on every process
-    run.resumed = ckpt is not None
+    run.resumed = ckpt is not None  # from out_dir's checkpoint
     if run.resumed:
         from support import resume
 
         resume.restore(ckpt, cfg, run.optimizers, run.scaler, run.data_gen, run.device, run.rank)
     run.start_iter = ckpt["iter_num"] if ckpt else 0
+    # whether start_iter's evaluation is in the log: a checkpoint saved by a stop
+    # signal was not evaluated at its iter, older checkpoints always were, and
+    # eval_at_start=False counts a fresh run as evaluated
     run.start_evaluated = ckpt.get("evaluated", True) if ckpt else not cfg.eval_at_start
+    # the best evaluation yet, in this run or the one it resumes
     run.best_val_loss = ckpt["best_val_loss"] if ckpt else float("inf")
+    # seconds of training before the run started (a resumed run's checkpoint's); then,
+    # while training, the seconds in all, after each iter in one process, as the
+    # processes last agreed on them in several: what the lr schedule by time
+    # (lr_decay_time) reads and what a checkpoint saves
     run.seconds = ckpt.get("seconds", 0.0) if ckpt else 0.0
 
+    # what steps take: raw, compiled if compile is on, in DDP with several processes
     run.ddp_model = run.raw
     if distributed is not None:
         run.ddp_model = distributed.wrap_model(run.raw, run.device, run.world, use_compile)
+    # in all processes together
     run.tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
     if run.master:
-        run.lock = start_log(cfg.out_dir, resumed=run.resumed)
+        run.lock = start_log(cfg.out_dir, resumed=run.resumed)  # held until the run ends
         split = f" ({run.dp_world} x {cfg.context_parallel} per sequence)" if cp else ""
         shape = f"{cfg.n_layer} layers, {cfg.n_head} heads, {cfg.n_embd} wide"
         print(
@@ -357,15 +336,13 @@ def train(run):
 
                 # the learning rate of this iter
                 lr = get_lr(iter_num, cfg, run.seconds)
-                set_lr(run.optimizers, lr)
                 # the batch: gradient_accumulation_steps micro-batches of batch_size
                 # sequences; the random state before it undoes a step cut short
                 before = rng_state(run.device), run.data_gen.get_state()
                 x, y = next_batch(run)
                 # forward and backward, micro-batch by micro-batch, then one step
                 loss_sum = forward_backward(run, x, y, before)
-                grad_norm = clip_gradients(run)
-                optimizer_step(run)
+                grad_norm = optimizer_step(run, lr)
                 iter_num += 1
                 seconds = seconds_before + clock.seconds()
                 if run.world == 1:
@@ -404,7 +381,7 @@ def train(run):
                             step["mfu"] = mfu
                     if run.master:
                         bar.set_postfix_str(progress(step, timed=cfg.max_time > 0))
-                        log_step(step, cfg.out_dir, run.wandb)
+                        log_record(step, cfg.out_dir, run.wandb)
                 elif run.world > 1:
                     # not before the processes agree, at the next log step
                     signalled = False
@@ -449,12 +426,6 @@ class Clock:
         return dt
 
 
-def set_lr(optimizers, lr):
-    for opt in optimizers:
-        for group in opt.param_groups:
-            group["lr"] = lr
-
-
 def next_batch(run):
     """This process's (x, y) for one iter: (gradient_accumulation_steps / dp_world,
     batch_size, block_size) each, its part of every sequence under context parallelism."""
@@ -492,27 +463,25 @@ def forward_backward(run, x, y, before):
     return loss_sum
 
 
-def clip_gradients(run):
-    """The gradients' total norm before clipping, on the device; clipped to
-    grad_clip when grad_clip > 0. Float16's loss scale is taken out first."""
+def optimizer_step(run, lr):
+    """One step of every optimizer at learning rate lr, the gradients clipped to
+    grad_clip when grad_clip > 0 (float16's loss scale taken out first), then zeroed.
+    Returns the gradients' total norm before clipping, on the device."""
     params = [p for p in run.raw.parameters() if p.grad is not None]
     for opt in run.optimizers:
+        for group in opt.param_groups:
+            group["lr"] = lr
         run.scaler.unscale_(opt)
     if run.cfg.grad_clip > 0:
-        return torch.nn.utils.clip_grad_norm_(params, run.cfg.grad_clip)
-    return torch.nn.utils.get_total_norm([p.grad for p in params])
-
-
-def optimizer_step(run):
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, run.cfg.grad_clip)
+    else:
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    # the optimizers hold disjoint parameters: each zeroes its own after its step
     for opt in run.optimizers:
         run.scaler.step(opt)
-    run.scaler.update()
-    for opt in run.optimizers:
         opt.zero_grad(set_to_none=True)
-
-
-# a timed run's bar counts the seconds of training (evaluations are off the clock)
-TIMED_BAR = "{l_bar}{bar}| {n:.0f}/{total:g}s of training [{elapsed}<{remaining}{postfix}]"
+    run.scaler.update()
+    return grad_norm
 
 
 def progress_bar(cfg, iter_num, seconds, master):
@@ -521,10 +490,12 @@ def progress_bar(cfg, iter_num, seconds, master):
     wrong. Either starts where a resumed run stood. The timed bar's ETA is in wall
     time, evaluations included."""
     if cfg.max_time > 0:
+        # it counts the seconds of training (evaluations are off the clock)
+        timed_bar = "{l_bar}{bar}| {n:.0f}/{total:g}s of training [{elapsed}<{remaining}{postfix}]"
         return tqdm(
             total=cfg.max_time,
             initial=min(seconds, cfg.max_time),
-            bar_format=TIMED_BAR,
+            bar_format=timed_bar,
             dynamic_ncols=True,
             disable=not master,
         )
@@ -540,17 +511,15 @@ def advance(bar, cfg, seconds):
 
 
 # how the progress bar writes a measurement; any other shows 4 significant digits
-FORMATS = {"loss": ".4f", "lr": ".2e", "grad_norm": ".2f", "tok_per_s": ",.0f", "mfu": ".1%"}
+FORMATS = dict(iter="d", loss=".4f", lr=".2e", grad_norm=".2f", tok_per_s=",.0f", mfu=".1%")
 
 
 def progress(step, timed=False):
     """The progress bar's text: every measurement of the step but its iter, which the
-    bar counts; a timed bar counts seconds, so its text begins with the iter."""
-    measured = {key: value for key, value in step.items() if key != "iter"}
-    text = ", ".join(f"{key} {value:{FORMATS.get(key, '.4g')}}" for key, value in measured.items())
-    if timed:
-        return f"iter {step['iter']}, {text}"
-    return text
+    bar counts; a timed bar counts seconds, so its text begins with the iter (the
+    step's first key)."""
+    shown = {key: value for key, value in step.items() if timed or key != "iter"}
+    return ", ".join(f"{key} {value:{FORMATS.get(key, '.4g')}}" for key, value in shown.items())
 
 
 def finished(run, iter_num, best, seconds, max_time):
@@ -787,12 +756,6 @@ def stopped(run, signal_name, iter_num, best, during_final):
 # The command: settings -> setup -> train; every failure the user can fix is one line
 
 
-def lost_peer(e, world):
-    """Whether e is a collective that failed because another process died or hung."""
-    text = str(e)
-    return world > 1 and (isinstance(e, dist.DistError) or "gloo" in text or "NCCL" in text)
-
-
 def fail(message, code):
     error(message)
     sys.exit(code)
@@ -801,9 +764,15 @@ def fail(message, code):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if wants_help(argv):
-        from support.help import print_help  # here only: a run needs no help text
+        from support.help import describe_settings, print_help  # here only: a run needs no help
 
-        print_help(__doc__, settings.describe())
+        # every key with its default and its comments, the model's as GPTConfig writes them
+        options = [
+            describe_settings(Settings),
+            "  # the model (GPTConfig in model.py); block_size is also the training context",
+            describe_settings(GPTConfig, MODEL_KEYS),
+        ]
+        print_help(__doc__, "\n".join(options))
         return
     try:
         try:
@@ -842,7 +811,7 @@ def main(argv=None):
                     f"{what_is_kept(run.cfg.out_dir)}",
                     FAILED,
                 )
-            if lost_peer(e, run.world):
+            if run.world > 1 and run.features["distributed"].lost_peer(e):
                 fail(
                     f"process {run.rank} lost contact with the others ({first_line(e)}); "
                     "another process failed or stopped responding (see its error above); "

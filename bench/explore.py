@@ -321,11 +321,9 @@ def log_heads_cost(model, tok, cfg):
     lr = settings.learning_rate
 
     def step():
-        train.set_lr(run.optimizers, lr)
         x, y = train.next_batch(run)
         train.forward_backward(run, x, y, before=None)  # no stop signal reaches it here
-        train.clip_gradients(run)
-        train.optimizer_step(run)
+        train.optimizer_step(run, lr)
 
     fns = {
         "step": step,

@@ -164,16 +164,6 @@ def _tokenizer_problem(desc, vocab_size):
     return None
 
 
-def load_tokenizer(dataset_dir):
-    """The tokenizer the dataset was encoded with."""
-    from data.tokenizer import TokenizerError, get_tokenizer
-
-    try:
-        return get_tokenizer(load_meta(dataset_dir)["tokenizer"])
-    except TokenizerError as e:
-        raise DataError(f"{os.path.join(dataset_dir, 'meta.json')}: {e}") from None
-
-
 def load_tokens(dataset_dir, split):
     """The split's token ids, read-only: a uint16 memmap of split.bin, or the
     split's shards as one ShardedTokens."""

@@ -15,10 +15,14 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import platform
 import sys
 import time
 
-from support.hardware import ISA, SIMULATE, read_cpuinfo
+from support.hardware import FLAG_FIELDS, ISA, SIMULATE, cpuinfo
+
+AMX_FREE_ISA = "AVX512_CORE_BF16"  # oneDNN's highest level with bfloat16 but without AMX
+NATIVE_SLOWDOWN = 1.5  # a bfloat16 matmul taking more than this x float32's time is emulated
 
 _verdict = None  # this process's, set by check_bf16
 
@@ -31,10 +35,12 @@ def cache_path():
 def machine_key():
     """What the verdict depends on: the CPU model and flags, torch's version, the
     oneDNN cap and a simulated class."""
-    model, flags = read_cpuinfo()
+    model = (
+        cpuinfo(("model name", "Model", "Hardware")) or platform.processor() or platform.machine()
+    )
     parts = [
         model,
-        hashlib.sha256(flags.encode()).hexdigest()[:16],
+        hashlib.sha256(cpuinfo(FLAG_FIELDS).encode()).hexdigest()[:16],
         importlib.metadata.version("torch"),  # read without importing torch
         os.environ.get(ISA, "").upper(),
         os.environ.get(SIMULATE, ""),
@@ -107,6 +113,27 @@ def check_bf16(again=False):
         simulate(verdict)  # from the process's start, as on the real machine
     _verdict = verdict
     return verdict
+
+
+def native_cpu():
+    """(True or False, why): whether bfloat16 runs natively on this CPU, whose flags
+    promise it, by the verdict."""
+    v = check_bf16()
+    note = measured(v.get("measured_at"))
+    if not v["runs"]:
+        return False, v["why"] + note
+    if v["slowdown"] > NATIVE_SLOWDOWN:
+        return (
+            False,
+            f"no native bfloat16: a matrix multiply takes {v['slowdown']:.0f}x "
+            f"float32's time{note}",
+        )
+    if v["env"]:
+        return True, (
+            f"native bfloat16, with {ISA}={AMX_FREE_ISA}: oneDNN's AMX kernels crash on this CPU "
+            f"({v['amx_crashed']}){note}"
+        )
+    return True, f"native bfloat16{note}"
 
 
 def measured(when):

@@ -16,7 +16,6 @@ import os
 
 import torch
 
-CKPT_NAME = "ckpt.pt"
 SNAPSHOT_DIR = "snapshots"  # out_dir/snapshots/iter_NNNNNN.pt: --snapshots (support/timeline.py)
 
 
@@ -25,7 +24,7 @@ class CheckpointError(Exception):
 
 
 def checkpoint_path(out_dir):
-    return os.path.join(out_dir, CKPT_NAME)
+    return os.path.join(out_dir, "ckpt.pt")
 
 
 def what_is_kept(out_dir):

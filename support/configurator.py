@@ -9,8 +9,8 @@ evaluated, so `--out_dir="__import__('os')"` stays a string. A config file
 starts from the values the command line gives, wherever they stand on it, so
 that it can choose by them (config/shakespeare.py looks at device); the command
 line still has the last word. Every key must exist in the defaults and keep its type;
-anything else is a ConfigError with a one-line message. The defaults are a dict,
-or a dataclass whose fields all have one (parse_settings).
+anything else is a ConfigError with a one-line message. The defaults are a
+dataclass's, whose fields all have one (parse_settings).
 
 Exit codes, the same for every command: 0 done; 2 bad input (the line says what
 to do); 1 the run itself failed (out of memory, a disk that cannot be written);
@@ -45,10 +45,10 @@ def _unknown(key, known):
 
 
 def coerce(key, value, kind, default):
-    """value as a kind (a type; None: any), or ConfigError; None passes, as a dict's
-    keys have no types to judge it by (parse_settings judges it by the field's)."""
-    if value is None or kind in (None, type(None)):
-        return value  # a dict's optional keys (default None) take any literal
+    """value as a kind (a type; None: any), or ConfigError; None passes (parse_settings
+    judges it by the field's type)."""
+    if value is None or kind is None:
+        return value  # a field of several types besides None takes any literal
     if kind is bool:
         if isinstance(value, bool):
             return value
@@ -119,23 +119,6 @@ def run_config_file(path, config, kinds):
     return updates
 
 
-def parse_args(defaults, argv, allow_files=True, kinds=None):
-    """defaults: dict of every known key. argv: config files and overrides in the
-    forms --key=value, --key value, and --flag for a boolean set to True. The
-    config files run in order, each on top of the last and of the overrides;
-    the overrides then win. kinds: each key's type (parse_settings gives a
-    dataclass's); by default its default's. Returns a new dict."""
-    kinds = kinds or {key: type(value) for key, value in defaults.items()}
-    files, overrides = split_args(defaults, argv, kinds)
-    if files and not allow_files:
-        raise ConfigError(f"unexpected argument {files[0]!r}; options look like --key=value")
-    config = dict(defaults)
-    for path in files:
-        config.update(run_config_file(path, dict(config, **overrides), kinds))
-    config.update(overrides)
-    return config
-
-
 def split_args(defaults, argv, kinds):
     """(config files, {key: value} of the overrides) in argv, each value of its kind."""
     files = []
@@ -152,7 +135,7 @@ def split_args(defaults, argv, kinds):
             raise _unknown(key, list(defaults))
         if not sep:
             bare = i == len(argv) or argv[i].startswith("--")
-            if bare and kinds[key] in (bool, type(None)):
+            if bare and kinds[key] is bool:
                 text = "True"  # a bare --flag switches a boolean on
             elif i < len(argv):
                 text = argv[i]
@@ -170,17 +153,25 @@ def split_args(defaults, argv, kinds):
 
 
 def parse_settings(cls, argv, allow_files=True, positional=None):
-    """An instance of the dataclass cls, its fields set from config files and
-    overrides in argv as parse_args sets a dict's keys, each of its field's type
-    (None only where that type has it, as `top_k: int | None` does). positional:
-    the field a bare argument sets (data/prepare.py's SOURCE), where a command
-    takes one rather than config files."""
+    """An instance of the dataclass cls, whose fields all have a default. argv: config
+    files and overrides in the forms --key=value, --key value, and --flag for a boolean
+    set to True. The config files run in order, each on top of the last and of the
+    overrides; the overrides then win. Each value is of its field's type (None only
+    where that type has it, as `top_k: int | None` does). positional: the field a bare
+    argument sets (data/prepare.py's SOURCE), where a command takes one rather than
+    config files."""
     defaults = {field.name: field.default for field in dataclasses.fields(cls)}
     if positional is not None:
         argv = with_positional(argv, positional)
     hints = typing.get_type_hints(cls)
     kinds = {key: value_type(hints[key]) for key in defaults}
-    values = parse_args(defaults, argv, allow_files, kinds)
+    files, overrides = split_args(defaults, argv, kinds)
+    if files and not allow_files:
+        raise ConfigError(f"unexpected argument {files[0]!r}; options look like --key=value")
+    values = dict(defaults)
+    for path in files:
+        values.update(run_config_file(path, dict(values, **overrides), kinds))
+    values.update(overrides)
     for key, value in values.items():
         if value is None and type(None) not in typing.get_args(hints[key]):
             raise ConfigError(f"{key} cannot be None; give it a value like {defaults[key]!r}")

@@ -24,14 +24,14 @@ import subprocess
 import sys
 import time
 
+from support.bf16_verdict import AMX_FREE_ISA, NATIVE_SLOWDOWN
 from support.hardware import (
-    AMX_FREE_ISA,
+    FLAG_FIELDS,
     ISA,
     ISAS_WITHOUT_BF16,
     NATIVE_BF16_FLAGS,
-    NATIVE_SLOWDOWN,
     SIMULATE,
-    read_cpuinfo,
+    cpuinfo,
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,7 +76,7 @@ def cpu_flags():
     simulated = simulated_class()
     if simulated is not None:
         return SIMULATED_CLASSES[simulated]
-    return set(read_cpuinfo()[1].split())
+    return set(cpuinfo(FLAG_FIELDS).split())
 
 
 def probe(extra_env=None):

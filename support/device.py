@@ -131,11 +131,6 @@ M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 
 
-def glibc_malloc():
-    """Whether this process allocates through glibc's malloc (Linux with glibc)."""
-    return sys.platform == "linux" and platform.libc_ver()[0] == "glibc"
-
-
 def keep_freed_memory():
     """Keep the memory a CPU training step frees for the next step (Linux, glibc); whether
     it was set. Each step frees its activations and allocates them again. glibc's malloc
@@ -145,8 +140,8 @@ def keep_freed_memory():
     config/shakespeare_cpu_15min.py on a 2-core AMD EPYC. Blocks up to 32 MiB (the most
     glibc allows that setting everywhere) come from the heap, and the heap keeps up to
     1 GiB it no longer uses."""
-    if not glibc_malloc():
-        return False
+    if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
+        return False  # another malloc
     libc = ctypes.CDLL(None)
     # a fixed mmap threshold first: setting the trim threshold alone also stops glibc
     # raising the mmap threshold as blocks are freed, and every activation is mapped anew

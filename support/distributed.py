@@ -64,6 +64,12 @@ def wrap_model(raw, device, world, use_compile):
     return DDP(model, device_ids=device_ids)
 
 
+def lost_peer(e):
+    """Whether e is a collective that failed because another process died or hung."""
+    text = str(e)
+    return isinstance(e, dist.DistError) or "gloo" in text or "NCCL" in text
+
+
 def agree(run, loss_sum, signalled, timed_out, seconds):
     """(mean loss of the step, whether any process has a stop signal, whether any has
     reached max_time, their mean seconds of training): the processes agree on all

@@ -32,10 +32,8 @@ do: how the float32 path of such a CPU is measured on one that has it.
 """
 
 import os
-import platform
 
 ISA = "ONEDNN_MAX_CPU_ISA"
-AMX_FREE_ISA = "AVX512_CORE_BF16"  # oneDNN's highest level with bfloat16 but without AMX
 # Tests and CI: the CPU class the probe behaves as (cpu_probe.SIMULATED_CLASSES)
 SIMULATE = "GPT_SIMULATE_CPU"
 # oneDNN's ISA levels below its native bfloat16 kernels (its "CPU dispatcher control" docs)
@@ -48,27 +46,23 @@ ISAS_WITHOUT_BF16 = {
     "AVX512_CORE",
     "AVX512_CORE_VNNI",
 }
-NATIVE_SLOWDOWN = 1.5  # a bfloat16 matmul taking more than this x float32's time is emulated
 
 
-def read_cpuinfo():
-    """(the CPU's model name, its flags as one string), as /proc/cpuinfo says."""
-    model = ""
-    flags = ""
+def cpuinfo(fields):
+    """The value of the first of fields that /proc/cpuinfo gives ("" where it gives none,
+    or cannot be read): x86 names its flags "flags", Arm "Features"."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                name, _, value = (part.strip() for part in line.partition(":"))
-                if name in ("model name", "Model", "Hardware") and not model:
-                    model = value
-                elif name in ("flags", "Features") and not flags:
-                    flags = value
+                name, _, value = line.partition(":")
+                if name.strip() in fields:
+                    return value.strip()
     except OSError:
         pass
-    model = model or platform.processor() or platform.machine()
-    return model, flags
+    return ""
 
 
+FLAG_FIELDS = ("flags", "Features")
 # the flags that promise native bfloat16: x86's AVX512-BF16 and AMX, Arm's bf16 extension
 NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
 
@@ -87,7 +81,7 @@ def bf16_ruled_out():
 
         flags = cpu_flags()
     else:
-        flags = set(read_cpuinfo()[1].split())
+        flags = set(cpuinfo(FLAG_FIELDS).split())
     if flags and not flags & NATIVE_BF16_FLAGS:
         return "the CPU's flags name none of avx512_bf16, amx_bf16, bf16"
     return ""
@@ -109,22 +103,7 @@ def native_bf16(device_type):
         return False, f"no native bfloat16: {ruled_out}"
     from support import bf16_verdict  # here only: flags that promise bfloat16
 
-    v = bf16_verdict.check_bf16()
-    note = bf16_verdict.measured(v.get("measured_at"))
-    if not v["runs"]:
-        return False, v["why"] + note
-    if v["slowdown"] > NATIVE_SLOWDOWN:
-        return (
-            False,
-            f"no native bfloat16: a matrix multiply takes {v['slowdown']:.0f}x "
-            f"float32's time{note}",
-        )
-    if v["env"]:
-        return True, (
-            f"native bfloat16, with {ISA}={AMX_FREE_ISA}: oneDNN's AMX kernels crash on this CPU "
-            f"({v['amx_crashed']}){note}"
-        )
-    return True, f"native bfloat16{note}"
+    return bf16_verdict.native_cpu()
 
 
 def auto_dtype(device_type):

@@ -82,25 +82,17 @@ def start_log(out_dir, resumed):
 
 
 def log_evaluation(rec, out_dir, wandb):
-    """Print the evaluation rec and append it to the log (and wandb, if not None)."""
+    """Print the evaluation rec, and log it as log_record does."""
     line = f"iter {rec['iter']}: train loss {rec['train_loss']:.4f}, val loss {rec['val_loss']:.4f}"
     if "val_loss_full" in rec:
         line += f", whole val split {rec['val_loss_full']:.4f}"
     tqdm.write(line)
-    append(rec, out_dir)
-    if wandb is not None:
-        wandb.log(rec, step=rec["iter"])
+    log_record(rec, out_dir, wandb)
 
 
-def log_step(step, out_dir, wandb):
-    """Append a training step's measurements to the log (and wandb, if not None)."""
-    append(step, out_dir)
-    if wandb is not None:
-        wandb.log(step, step=step["iter"])
-
-
-def append(rec, out_dir):
-    """One JSON line more in out_dir/log.jsonl."""
+def log_record(rec, out_dir, wandb):
+    """One JSON line more in out_dir/log.jsonl (a step's measurements, or an
+    evaluation), and the same to wandb if it is not None."""
     path = os.path.join(out_dir, "log.jsonl")
     try:
         with open(path, "a") as f:
@@ -109,6 +101,8 @@ def append(rec, out_dir):
         raise LogError(
             f"cannot write {path} ({e.strerror or e}); {what_is_kept(out_dir)}"
         ) from None
+    if wandb is not None:
+        wandb.log(rec, step=rec["iter"])
 
 
 def read_log(out_dir):

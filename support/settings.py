@@ -14,8 +14,6 @@ from model import GPTConfig
 # model_args hold them.
 MODEL_FIELDS = [field for field in dataclasses.fields(GPTConfig) if field.name != "vocab_size"]
 MODEL_KEYS = tuple(field.name for field in MODEL_FIELDS)
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-LAYOUTS = ("zigzag", "contiguous")  # of a sequence split by context parallelism
 
 # The model keys as settings, with GPTConfig's defaults (GPT-2 124M's shape).
 ModelSettings = dataclasses.make_dataclass(
@@ -99,19 +97,6 @@ class Settings(ModelSettings):
     context_parallel_layout: str = "zigzag"  # or 'contiguous'
 
 
-def describe():
-    """For `python train.py --help`: every key with its default and its comments,
-    the model keys as GPTConfig (model.py) writes them."""
-    from support.help import describe_settings  # here only: a run needs no help text
-
-    lines = [
-        describe_settings(Settings),
-        "  # the model (GPTConfig in model.py); block_size is also the training context",
-        describe_settings(GPTConfig, MODEL_KEYS),
-    ]
-    return "\n".join(lines)
-
-
 def model_args(cfg, vocab_size):
     """GPTConfig's arguments from the settings."""
     return dict({key: getattr(cfg, key) for key in MODEL_KEYS}, vocab_size=vocab_size)
@@ -155,11 +140,13 @@ def check(cfg):
         value = getattr(cfg, key)
         if not 0 <= value < 1:
             raise ValueError(f"{key} must be in [0, 1), got {value}")
-    if cfg.dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {cfg.dtype!r}; use one of {', '.join(DTYPES)}")
+    if cfg.dtype not in ("auto", "float32", "bfloat16", "float16"):
+        raise ValueError(
+            f"unknown dtype {cfg.dtype!r}; use one of auto, float32, bfloat16, float16"
+        )
     if cfg.optimizer not in ("adamw", "muon"):
         raise ValueError(f"unknown optimizer {cfg.optimizer!r}; use 'adamw' or 'muon'")
-    if cfg.context_parallel_layout not in LAYOUTS:
+    if cfg.context_parallel_layout not in ("zigzag", "contiguous"):
         raise ValueError(
             f"unknown context_parallel_layout {cfg.context_parallel_layout!r}; "
             "use zigzag or contiguous"

@@ -292,12 +292,10 @@ def train_step(r, lr):
     over the micro-batches, on the device."""
     import train
 
-    train.set_lr(r.optimizers, lr)
     before = rng_state(r.device), r.data_gen.get_state()
     x, y = train.next_batch(r)
     loss_sum = train.forward_backward(r, x, y, before)
-    train.clip_gradients(r)
-    train.optimizer_step(r)
+    train.optimizer_step(r, lr)
     return loss_sum
 
 

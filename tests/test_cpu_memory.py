@@ -4,12 +4,11 @@ the minor page faults of the same allocations in two fresh processes, with and w
 it (on the 15-minute recipe's training step: some 25,000 faults a step without, a few
 hundred with)."""
 
+import platform
 import subprocess
 import sys
 
 import pytest
-
-from support.device import glibc_malloc
 
 # A training step's pattern: activations allocated and touched, then all freed; four
 # blocks of 16 MiB, ten rounds. Prints the page faults of each round, then the pages a
@@ -44,7 +43,9 @@ def faults(repo_root, mode):
     return rounds, pages
 
 
-@pytest.mark.skipif(not glibc_malloc(), reason="glibc's malloc")
+@pytest.mark.skipif(
+    sys.platform != "linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc"
+)
 def test_a_training_step_reuses_its_freed_memory(repo_root):
     default, pages = faults(repo_root, "default")
     kept, _ = faults(repo_root, "keep")

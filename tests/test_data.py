@@ -75,7 +75,7 @@ def char_tok():
 
 
 def decoded_splits(dataset_dir):
-    tok = dataset.load_tokenizer(dataset_dir)
+    tok = tokenizer.get_tokenizer(load_meta(dataset_dir)["tokenizer"])
     return [tok.decode(load_tokens(dataset_dir, split).tolist()) for split in ("train", "val")]
 
 
@@ -354,7 +354,7 @@ def test_cli_prepares_a_folder(repo_root, tmp_path, corpus_folder, kind):
     # GPT-2 BPE makes a corpus of documents, one per file, each ended by <|endoftext|>:
     # the first is the val split (one in a hundred, from the first)
     assert meta["documents"] == {"train": 1, "val": 1}
-    tok = dataset.load_tokenizer(dataset_dir)
+    tok = tokenizer.get_tokenizer(load_meta(dataset_dir)["tokenizer"])
     train, val = (load_tokens(dataset_dir, split) for split in ("train", "val"))
     assert (
         tok.decode(val[np.arange(len(val))]) == "Roses are red,\nviolets are blue.\n<|endoftext|>"

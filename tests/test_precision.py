@@ -72,7 +72,7 @@ def python(code, without=(), **env):
 
 
 def test_the_probe_sees_this_cpu_run_bfloat16_and_caches_it(fresh, monkeypatch):
-    if "torch" in sys.modules and os.environ.get(hardware.ISA) == hardware.AMX_FREE_ISA:
+    if "torch" in sys.modules and os.environ.get(hardware.ISA) == bf16_verdict.AMX_FREE_ISA:
         monkeypatch.delenv(hardware.ISA)  # probe this machine as it is, not as the fix left it
     verdict = bf16_verdict.check_bf16()
     assert verdict["runs"] in (True, False) and (verdict["runs"] or verdict["why"])
@@ -205,7 +205,7 @@ def test_each_cpu_class_gets_its_verdict_its_cache_and_its_dtype(data_root, tmp_
     if simulated == "avx2":
         # tried all the same (an explicit --dtype=bfloat16 asks whether it runs): really
         # emulated in the probe's child, oneDNN and ATen capped there
-        assert verdict["slowdown"] > hardware.NATIVE_SLOWDOWN
+        assert verdict["slowdown"] > bf16_verdict.NATIVE_SLOWDOWN
     # the second process reads the same verdict from the cache, measured_at included
     assert json.loads(python(VERDICT_CODE, without, **env)[1]) == verdict
     cache = json.loads((tmp_path / "cache" / "hackable-gpt" / "bf16.json").read_text())
@@ -312,7 +312,7 @@ def test_onednn_cap_below_bf16_is_named_and_nothing_is_tried(monkeypatch):
 def test_only_flags_without_bfloat16_rule_it_out(monkeypatch, flags, ruled_out):
     monkeypatch.delenv(hardware.ISA, raising=False)
     monkeypatch.delenv(hardware.SIMULATE, raising=False)
-    monkeypatch.setattr(hardware, "read_cpuinfo", lambda: ("some CPU", flags))
+    monkeypatch.setattr(hardware, "cpuinfo", lambda fields: flags)
     why = hardware.bf16_ruled_out()
     assert bool(why) == ruled_out
     if ruled_out:
@@ -393,8 +393,8 @@ def test_a_busy_machine_gets_the_quiet_machines_verdict(fresh):
             p.wait()
     assert busy["runs"] == quiet["runs"]
     if quiet["runs"]:
-        native = quiet["slowdown"] <= hardware.NATIVE_SLOWDOWN
-        assert (busy["slowdown"] <= hardware.NATIVE_SLOWDOWN) == native, (quiet, busy)
+        native = quiet["slowdown"] <= bf16_verdict.NATIVE_SLOWDOWN
+        assert (busy["slowdown"] <= bf16_verdict.NATIVE_SLOWDOWN) == native, (quiet, busy)
 
 
 def test_a_slowdown_that_contradicts_the_flags_is_measured_again(monkeypatch):
