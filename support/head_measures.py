@@ -53,6 +53,14 @@ def val_tokens(source, tok, name="", root=None):
             name = ckpt["dataset"]
         if not root and isinstance(recorded.get("data_root"), str):
             root = recorded["data_root"]
+            # a relative root is relative to where training ran; from another folder the
+            # dataset would be looked for, or tiny Shakespeare prepared, in the wrong place
+            if not os.path.isdir(root):
+                raise HeadsError(
+                    f"{source} was trained on a dataset in --data_root={root}, which is no "
+                    f"folder from here ({os.getcwd()}); pass --data_root=FOLDER, the folder "
+                    "that holds it"
+                )
     if not name:
         raise HeadsError(
             f"{source} does not say which dataset it was trained on; pass --dataset=NAME "

@@ -555,3 +555,31 @@ def test_a_damaged_record_of_the_dataset_asks_for_it(tiny, tmp_path, capsys):
     assert err.startswith("error: ") and "pass --dataset=NAME" in err and "\n" not in err, err
     args = [f"--out_dir={tmp_path}", "--dataset=tiny", f"--data_root={tiny['root']}"]
     assert heads.run([*args, "--max_windows=5"]) == 0
+
+
+def test_a_relative_data_root_asked_for_from_another_folder(tiny, tmp_path, capsys, monkeypatch):
+    # a run trained with --data_root=data (relative to where it ran) and measured from
+    # another folder: its line asks for the folder, where it looked in the wrong place
+    # ("unknown dataset", or tiny Shakespeare prepared a second time beside the user)
+    save_checkpoint(
+        {
+            "model": tiny["model"].state_dict(),
+            "model_args": dataclasses.asdict(tiny["config"]),
+            "tokenizer": tiny["tok"].describe(),
+            "config": {"data_root": os.path.basename(tiny["root"])},
+            "dataset": "tiny",
+        },
+        checkpoint_path(tmp_path / "run"),
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert heads.run([f"--out_dir={tmp_path / 'run'}", "--max_windows=5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    assert f"--data_root={os.path.basename(tiny['root'])}, which is no folder" in err, err
+    assert err.endswith("pass --data_root=FOLDER, the folder that holds it"), err
+    assert os.listdir(elsewhere) == []  # nothing prepared here
+    # from the folder it was trained in, the record holds
+    monkeypatch.chdir(os.path.dirname(tiny["root"]))
+    assert heads.run([f"--out_dir={tmp_path / 'run'}", "--max_windows=5"]) == 0
