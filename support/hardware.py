@@ -48,14 +48,14 @@ ISAS_WITHOUT_BF16 = {
 }
 
 
-def cpuinfo(fields):
-    """The value of the first of fields that /proc/cpuinfo gives ("" where it gives none,
+def cpuinfo(fields, path="/proc/cpuinfo"):
+    """The first value that /proc/cpuinfo gives one of fields ("" where it gives none,
     or cannot be read): x86 names its flags "flags", Arm "Features"."""
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(path) as f:
             for line in f:
                 name, _, value = line.partition(":")
-                if name.strip() in fields:
+                if name.strip() in fields and value.strip():
                     return value.strip()
     except OSError:
         pass

@@ -55,7 +55,7 @@ def val_tokens(source, tok, name="", root=None):
             root = recorded["data_root"]
             # a relative root is relative to where training ran; from another folder the
             # dataset would be looked for, or tiny Shakespeare prepared, in the wrong place
-            if not os.path.isdir(root):
+            if root and not os.path.isabs(root) and not os.path.isdir(root):
                 raise HeadsError(
                     f"{source} was trained on a dataset in --data_root={root}, which is no "
                     f"folder from here ({os.getcwd()}); pass --data_root=FOLDER, the folder "

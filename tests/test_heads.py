@@ -580,6 +580,14 @@ def test_a_relative_data_root_asked_for_from_another_folder(tiny, tmp_path, caps
     assert f"--data_root={os.path.basename(tiny['root'])}, which is no folder" in err, err
     assert err.endswith("pass --data_root=FOLDER, the folder that holds it"), err
     assert os.listdir(elsewhere) == []  # nothing prepared here
+    # the default root ("") and an absolute one are looked for as before (here: not there)
+    for root in ("", str(tmp_path / "gone")):
+        ckpt = torch.load(checkpoint_path(tmp_path / "run"), weights_only=True)
+        ckpt["config"] = {"data_root": root}
+        save_checkpoint(ckpt, checkpoint_path(tmp_path / "other"))
+        assert heads.run([f"--out_dir={tmp_path / 'other'}", "--max_windows=5"]) == 2
+        err = capsys.readouterr().err
+        assert "unknown dataset 'tiny'" in err and "no folder from here" not in err, err
     # from the folder it was trained in, the record holds
     monkeypatch.chdir(os.path.dirname(tiny["root"]))
     assert heads.run([f"--out_dir={tmp_path / 'run'}", "--max_windows=5"]) == 0

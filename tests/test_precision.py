@@ -319,6 +319,18 @@ def test_only_flags_without_bfloat16_rule_it_out(monkeypatch, flags, ruled_out):
         assert why == "the CPU's flags name none of avx512_bf16, amx_bf16, bf16"
 
 
+def test_cpuinfo_gives_the_first_value_that_is_there(tmp_path):
+    # a field may be listed empty before it is given (some virtual machines' first
+    # processor); an empty value then would rule bfloat16 in on an AVX2 CPU, or name
+    # no model in the verdict's cache key
+    info = tmp_path / "cpuinfo"
+    info.write_text("model name\t:\nflags\t\t:\nmodel name\t: Some CPU\nflags\t\t: fpu avx2\n")
+    assert hardware.cpuinfo(("model name",), info) == "Some CPU"
+    assert hardware.cpuinfo(hardware.FLAG_FIELDS, info) == "fpu avx2"
+    assert hardware.cpuinfo(("Hardware",), info) == ""
+    assert hardware.cpuinfo(hardware.FLAG_FIELDS, tmp_path / "none") == ""
+
+
 def test_a_cpu_without_bfloat16_flags_runs_no_probe(tmp_path):
     """An entry point on an AVX2-only CPU (simulated): dtype='auto' is float32 from
     the flags alone: no child process, no cache written, the reason said."""
