@@ -49,8 +49,8 @@ ISAS_WITHOUT_BF16 = {
 
 
 def cpuinfo(fields, path="/proc/cpuinfo"):
-    """The first value that /proc/cpuinfo gives one of fields ("" where it gives none,
-    or cannot be read): x86 names its flags "flags", Arm "Features"."""
+    """The first value that path (/proc/cpuinfo) gives one of fields ("" where it gives
+    none, or cannot be read): x86 names its flags "flags", Arm "Features"."""
     try:
         with open(path) as f:
             for line in f:
