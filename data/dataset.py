@@ -206,10 +206,23 @@ def ensure_dataset(name, data_root=None, input_path=None):
     ):
         return dataset_dir
     if name not in DATASETS:
+        # a typo's likely meaning, the datasets prepared in data_root and those prepared
+        # on first use, where else it may be, and the command that prepares it
+        import difflib  # here only: an unknown dataset
+
+        prepared = []
+        if os.path.isdir(data_root):
+            for folder in sorted(os.listdir(data_root)):
+                meta = os.path.join(data_root, folder, "meta.json")
+                if folder not in DATASETS and os.path.isfile(meta):
+                    prepared.append(folder)
+        close = difflib.get_close_matches(name, prepared + list(DATASETS), n=1)
+        meant = f"did you mean {close[0]!r}? " if close else ""
+        there = f"prepared in {data_root}: {', '.join(prepared)}; " if prepared else ""
         raise DataError(
-            f"unknown dataset {name!r} (no prepared files in {dataset_dir}); "
-            f"known ones: {', '.join(DATASETS)}; prepare your own corpus with: "
-            f"{_prepare_hint(dataset_dir)}"
+            f"unknown dataset {name!r} (no prepared files in {dataset_dir}); {meant}{there}"
+            f"prepared on first use: {', '.join(DATASETS)}; one prepared in another folder "
+            f"needs its --data_root; prepare your own corpus with: {_prepare_hint(dataset_dir)}"
         )
     print(f"preparing {name} in {dataset_dir} (first use)")
     # the preparers load here, on first use: a prepared dataset needs none of them

@@ -131,7 +131,9 @@ def check_options(cfg):
             f"--subset names a subset of a Hugging Face dataset, and {cfg.source} is local "
             "files, which have none; leave --subset out"
         )
-    if cfg.tokenizer == "char" and not (os.path.isdir(cfg.source) or cfg.source.endswith(".txt")):
+    # (a source that does not exist is said so where it is read)
+    text_source = os.path.isdir(cfg.source) or cfg.source.endswith(".txt")
+    if cfg.tokenizer == "char" and os.path.exists(cfg.source) and not text_source:
         raise ConfigError(
             f"--tokenizer char reads one text, a .txt file or a folder of them; "
             f"for {cfg.source} use --tokenizer gpt2 or bpe:VOCAB"

@@ -66,12 +66,15 @@ def load_checkpoint(path, map_location="cpu", option="--out_dir"):
         # the folders beside it that hold one (another recipe's out_dir, say), as given
         folder = os.path.dirname(path) if path.endswith(".pt") else path
         beside = os.path.join(glob.escape(os.path.dirname(os.path.normpath(folder))), "*")
-        found = sorted(os.path.dirname(f) for f in glob.glob(checkpoint_path(beside)))[:3]
+        found = sorted(os.path.dirname(f) for f in glob.glob(checkpoint_path(beside)))
         hint = f"point {option} at one"
         if len(found) == 1:
             hint = f"{found[0]} holds one: {option}={shlex.quote(found[0])}"
         elif found:
-            hint = f"{', '.join(found)} hold one: {option}={shlex.quote(found[0])}"
+            # three named, and how many more
+            more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+            named = f"{', '.join(found[:3])}{more}"
+            hint = f"{named} hold one: {option}={shlex.quote(found[0])}"
         train = f"python {typed_path('train.py')} {typed_path('config/shakespeare.py')}"
         raise CheckpointError(f"no checkpoint at {path}; {hint}, or train one with `{train}`")
     # torch.save writes a zip archive; anything else (random bytes, a cut-off

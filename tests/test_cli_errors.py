@@ -270,6 +270,15 @@ def test_a_missing_checkpoint_names_the_folders_beside_it_that_hold_one(inputs, 
         f"error: no checkpoint at {tmp_path / 'a' / 'b'}; point --out_dir at one, "
         f"or train one with `{train}`"
     )
+    # more than three beside it: three named, and how many more (before, three alone)
+    for name in ("run-a", "run-b", "run-c", "run-d"):
+        os.makedirs(tmp_path / name)
+        shutil.copy(checkpoint_path(inputs["ckpt"]), tmp_path / name)
+    proc = run_from(tmp_path, "sample.py", *argv)
+    assert error_line(proc).startswith(
+        "error: no checkpoint at out-shakespeare-char; out-shakespeare-char-cpu, run-a, run-b "
+        "and 2 more hold one: --out_dir=out-shakespeare-char-cpu, "
+    )
     # from the repository's root, as the README runs it, the command as it types it
     proc = run_from(ROOT, "sample.py", *argv, f"--out_dir={tmp_path / 'a' / 'b'}")
     assert error_line(proc).endswith("train one with `python train.py config/shakespeare.py`")

@@ -557,6 +557,8 @@ def bad_sources(tmp_path):
     "source, extra, words, code",
     [
         ("missing", [], ["does not exist"], 1),
+        # with the default tokenizer: before, use --tokenizer gpt2, which then said this
+        ("missing", ["--tokenizer=char"], ["does not exist"], 1),
         ("empty", [], ["holds no"], 1),
         ("nodocs", [], ["no documents"], 1),
         ("nocol", [], ["no column 'text'", "--text_column"], 1),

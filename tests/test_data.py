@@ -297,6 +297,26 @@ def test_unknown_dataset_lists_known_ones(tmp_path):
     assert "data/prepare.py" in message
 
 
+def test_an_unknown_dataset_names_those_prepared_in_its_root(tmp_path):
+    # a typo of a dataset prepared in --data_root: before, the line named the datasets
+    # prepared on first use only, and said to prepare it again
+    for name in ("corpus", "corpus_bpe"):
+        prepare_text("to be or not to be " * 40, str(tmp_path / name), "char")
+    (tmp_path / "notes").mkdir()  # a folder without meta.json is no dataset
+    with pytest.raises(DataError) as err:
+        ensure_dataset("corpus_bep", data_root=str(tmp_path))
+    message = str(err.value)
+    assert "did you mean 'corpus_bpe'? " in message, message
+    assert f"prepared in {tmp_path}: corpus, corpus_bpe; " in message, message
+    assert "one prepared in another folder needs its --data_root" in message, message
+    assert "\n" not in message
+    # its root holds none of them: the line says where else it may be
+    with pytest.raises(DataError) as err:
+        ensure_dataset("corpus", data_root=str(tmp_path / "notes"))
+    assert "prepared in" not in str(err.value).split("prepared on first use")[0]
+    assert "needs its --data_root" in str(err.value)
+
+
 def test_each_preparing_command_imports_by_its_path(repo_root, tmp_path):
     # the commands that DATASETS names (failure lines print them) and data/prepare.py,
     # run as files from elsewhere: Python puts only the script's own folder on sys.path,
