@@ -9,8 +9,11 @@ Sample text from a trained model, and save what its attention heads looked at.
 
 Options are --key=value or --key value; `python sample.py --help` lists them.
 The attention maps of the first sample go to <out_dir>/attention/ (open its
-index.html in a browser); --attn_dir DIR writes them elsewhere and
---attn_dir "" turns them off.
+index.html in a browser): by default its first 64 tokens, the prompt and the start
+of the generation, every row and column named by its token. --attn_span=START:END
+maps other tokens (a Python slice of the sample's tokens, prompt included: -64: is
+the last 64), --attn_span=all the whole text; --attn_dir DIR writes them elsewhere
+and --attn_dir "" turns them off.
 """
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
@@ -48,6 +51,10 @@ class Settings:
     compile: bool = False
     stream: bool = False  # print tokens as they are generated
     attn_dir: str | None = None  # None = <out_dir>/attention; "" = do not save attention maps
+    # the tokens the maps show: START:END of the sample's tokens, prompt included, as a Python
+    # slice (-64: the last 64; at most block_size of them), or all: the whole text (the last
+    # block_size tokens once it outgrows the context)
+    attn_span: str = "0:64"
     # StreamingLLM: keep the last W tokens in the cache (rope models), never slide
     window: int | None = None
     sinks: int = 0  # ... and the first S tokens, the attention sinks (with --window)
@@ -79,7 +86,51 @@ def check_options(cfg):
         raise SampleError(
             "--window and --sinks shape the eager KV cache; drop --compile and --no_cache"
         )
+    parse_span(cfg.attn_span)
     return cfg
+
+
+def parse_span(text):
+    """--attn_span as a slice of the sample's tokens, or None for all (SampleError)."""
+    if text == "all":
+        return None
+    parts = str(text).split(":")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        bounds = [int(p) if p.strip() else None for p in parts]
+    except ValueError:
+        raise SampleError(
+            f"--attn_span must be START:END (e.g. 0:64, or -64: for the last 64) or all, "
+            f"got {text!r}"
+        ) from None
+    return slice(*bounds)
+
+
+def span_of(cfg, n_tokens, block_size):
+    """The (start, end) of the tokens the maps show in a sample of n_tokens, or None for
+    the whole text. One forward draws them, so a span longer than the context keeps its
+    first block_size tokens (said, unless it is the default's 64 on a shorter context).
+    SampleError where the span holds no token."""
+    span = parse_span(cfg.attn_span)
+    if span is None:
+        return None
+    start, end, _ = span.indices(n_tokens)
+    if end <= start:
+        raise SampleError(
+            f"--attn_span={cfg.attn_span} holds no token of a sample of {n_tokens} "
+            f"(the prompt and --max_new_tokens); give START:END within 0:{n_tokens}"
+        )
+    if end - start > block_size:
+        if cfg.attn_span != Settings.attn_span:
+            print(
+                f"note: --attn_span={cfg.attn_span} spans {end - start} tokens, more than the "
+                f"model's context of {block_size}: the maps show tokens "
+                f"{start}..{start + block_size - 1}",
+                file=sys.stderr,
+            )
+        end = start + block_size
+    return start, end
 
 
 # -----------------------------------------------------------------------------
@@ -240,6 +291,8 @@ def main(cfg):
     text = read_prompt(cfg.prompt)
     model, tok, folder = load_model(cfg.init_from, cfg.out_dir)
     prompt_ids = encode_prompt(tok, text, model)
+    # the sample's tokens the maps show, checked before any is generated
+    span = span_of(cfg, len(prompt_ids) + cfg.max_new_tokens, model.config.block_size)
     if (cfg.window is not None or cfg.sinks) and model.config.attention == "linear":
         # the window was ignored, and the summary line named a rolling cache all the same
         raise SampleError(
@@ -311,7 +364,7 @@ def main(cfg):
             print_sample(cfg, tok, prompt_ids, stopped.new, finish)
             # the maps of a first sample that was done are kept, as when all are
             if attention is not None:
-                save_attention(attn_dir, tok, *attention)
+                save_attention(attn_dir, tok, model, span, *attention)
             raise KeyboardInterrupt(
                 f"stopped by Ctrl-C: sample {k + 1} of {cfg.num_samples} has "
                 f"{len(stopped.new):,} of {cfg.max_new_tokens:,} new tokens"
@@ -341,7 +394,7 @@ def main(cfg):
     )
 
     if attention is not None:
-        save_attention(attn_dir, tok, *attention)
+        save_attention(attn_dir, tok, model, span, *attention)
 
 
 def print_sample(cfg, tok, prompt_ids, new, finish):
@@ -361,25 +414,55 @@ def final_window_maps(model, ids, device):
     return [([m[0].float().cpu().numpy() for m in maps], start)]
 
 
-def save_attention(attn_dir, tok, steps, ids):
+def save_attention(attn_dir, tok, model, span, steps, ids):
+    """The maps of the span's tokens (None: of the whole text), and the heads' labels
+    measured over the whole text the generation ended on."""
     layers, start = attention_maps.assemble(steps)
     window = ids[start:]
+    whole = (layers, tok.token_strings(window), start)
+    drawn = whole
+    seen_from = None
+    if span is not None:
+        drawn, seen_from = span_maps(model, tok, ids, *span)
     try:
         with cli.replacing_files(attn_dir) as folder:
             stats = attention_maps.write_all(
-                folder, layers, tok.token_strings(window), window, start
+                folder,
+                drawn[0],
+                drawn[1],
+                ids[drawn[2] : drawn[2] + len(drawn[1])],
+                drawn[2],
+                whole,
+                seen_from,
             )
     except OSError as e:
         raise cli.Failed(
             f"cannot write attention maps to {attn_dir} ({e.strerror or e}); "
             'pass --attn_dir DIR, or --attn_dir "" to skip them'
         ) from None
-    n_layer, n_head, T = len(layers), layers[0].shape[0], len(window)
+    n_layer, n_head, T = len(layers), layers[0].shape[0], len(drawn[1])
+    first = drawn[2]
     print(
-        f"attention of sample 1 ({T} tokens, {n_layer} layers x {n_head} heads): "
+        f"attention of sample 1 (tokens {first}..{first + T - 1} drawn, "
+        f"{n_layer} layers x {n_head} heads; labels over {len(window)} tokens): "
         f"{os.path.join(attn_dir, 'index.html')}"
     )
     print(attention_maps.format_table(stats))
+
+
+@torch.no_grad()
+def span_maps(model, tok, ids, start, end):
+    """The maps of tokens start..end - 1, from one forward over them and the tokens before
+    them that fit the context. Within the first block_size tokens (the default span) these
+    are the rows the generation computed, since a KV cache gives the weights of a full
+    forward; later, the rows of a reader of the block_size tokens up to the span's end.
+    Returns ((layers, token strings, start), the first position the rows attended to)."""
+    seen_from = max(0, end - model.config.block_size)
+    device = next(model.parameters()).device
+    _, maps = model.attention_maps(torch.tensor([ids[seen_from:end]], device=device))
+    cut = start - seen_from
+    layers = [m[0, :, cut:, cut:].float().cpu().numpy() for m in maps]
+    return (layers, tok.token_strings(ids[start:end]), start), seen_from
 
 
 # what to try when the GPU runs out of memory

@@ -10,7 +10,8 @@ write_all() saves them in four forms:
   attention.npz   layer_0, layer_1, ...: float32 (n_head, T, T); tokens: the T
                   token strings; token_ids and window_start: which tokens these
                   are, so the maps can be recomputed with one forward
-  layer_N.png     one picture per layer, a grid of its heads' heatmaps
+  layer_N.png     one picture per layer, a grid of its heads' heatmaps, each titled
+                  with its label, every row and column named by its token
   index.html      a self-contained viewer: pick a layer and head, hover a token
                   (its HTML, CSS and JavaScript are the files in attention_page/,
                   inlined with the maps into this one file, which opens offline)
@@ -29,7 +30,9 @@ import unicodedata
 
 import numpy as np
 
-LABEL_MAX_TOKENS = 48  # above this, token labels on the picture axes are unreadable
+# up to this many tokens every row and column of a picture is named by its token; above
+# it, every k-th, so that the labels stay some 11 points apart and readable
+LABEL_MAX_TOKENS = 64
 HTML_MAX_TOKENS = 256  # the page embeds at most the last this many tokens
 # the viewer page's HTML, CSS and JavaScript, found beside this file wherever the project runs from
 PAGE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attention_page")
@@ -326,9 +329,11 @@ def save_npz(path, layers, tokens, token_ids=None, window_start=0):
     np.savez_compressed(path, **arrays)
 
 
-def save_pngs(folder, layers, tokens, window_start=0):
-    """One PNG per layer: its heads' heatmaps in a grid, the axes in absolute
-    positions (the window starts at window_start). Returns the paths."""
+def save_pngs(folder, layers, tokens, window_start=0, stats=None, note=""):
+    """One PNG per layer: its heads' heatmaps in a grid, each row and column named by
+    its token (every k-th past LABEL_MAX_TOKENS), the positions absolute (the maps
+    start at window_start). stats (all_head_stats) titles each head with its label;
+    note ends the picture's title. Returns the paths."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
@@ -336,13 +341,20 @@ def save_pngs(folder, layers, tokens, window_start=0):
     from matplotlib.colors import PowerNorm
 
     T = len(tokens)
-    labels = [display_token(t) for t in tokens] if T <= LABEL_MAX_TOKENS else None
-    # labelled panels grow with T so that every label gets about 11 points of axis
-    panel = max(3.5, 0.16 * T) if labels else 3.5
+    every = math.ceil(T / LABEL_MAX_TOKENS)
+    labels = [display_token(t) for t in tokens]
+    # a panel grows with the labels it shows, so that each gets about 11 points of axis
+    panel = max(3.5, 0.16 * math.ceil(T / every))
     future = np.triu(np.ones((T, T), dtype=bool), 1)  # masked keys: grey, not "weight 0"
     cmap = plt.get_cmap("Blues").with_extremes(bad="#e8e8e8")
     lo, hi = window_start - 0.5, window_start + T - 0.5
     extent = (lo, hi, hi, lo)  # cell centres at absolute positions, query 0 at the top
+    ticks = range(window_start, window_start + T, every)
+    names = labels[::every]
+    # characters stand upright and larger; longer tokens (BPE) turn to fit their columns
+    short = max(len(n) for n in names) <= 2
+    size = 9 if short else 7
+    titles = {(s["layer"], s["head"]): s["label"] for s in stats or []}
     paths = []
     for layer, maps in enumerate(layers):
         n_head = maps.shape[0]
@@ -351,7 +363,7 @@ def save_pngs(folder, layers, tokens, window_start=0):
         fig, axes = plt.subplots(
             rows,
             cols,
-            figsize=(panel * cols + 1.2, panel * rows + 0.5),
+            figsize=(panel * cols + 1.2, panel * rows + 0.8),
             squeeze=False,
             layout="constrained",
         )
@@ -367,17 +379,19 @@ def save_pngs(folder, layers, tokens, window_start=0):
                 norm=PowerNorm(0.5, vmin=0.0, vmax=1.0),
                 interpolation="nearest",
             )
-            ax.set_title(f"layer {layer}, head {head}", fontsize=10)
-            if labels:
-                ticks = range(window_start, window_start + T)
-                ax.set_xticks(ticks, labels, fontsize=7, rotation=90)
-                ax.set_yticks(ticks, labels, fontsize=7)
-                ax.tick_params(length=0)
-            else:
-                ax.tick_params(labelsize=7)
-        fig.suptitle(
-            f"Layer {layer}: attention weights (rows: query token, columns: key token)", fontsize=11
-        )
+            title = f"layer {layer}, head {head}"
+            if (layer, head) in titles:
+                title += f": {titles[layer, head]}"
+            ax.set_title(title, fontsize=12)
+            ax.set_xticks(ticks, names, fontsize=size, rotation=0 if short else 90)
+            ax.set_yticks(ticks, names, fontsize=size)
+            ax.tick_params(length=0)
+            ax.set_xlabel("key (the token attended to)", fontsize=9)
+            ax.set_ylabel("query (the token attending)", fontsize=9)
+        heading = f"Layer {layer}: attention weights, tokens {window_start}..{window_start + T - 1}"
+        if every > 1:
+            heading += f" (every {every}th named)"
+        fig.suptitle(f"{heading}{note}", fontsize=13)
         fig.colorbar(im, ax=axes, shrink=0.5, label="weight")
         path = os.path.join(folder, f"layer_{layer}.png")
         fig.savefig(path, dpi=100)
@@ -398,14 +412,16 @@ def _encode_head(a):
     return base64.b64encode(q.tobytes()).decode("ascii")
 
 
-def save_html(path, layers, tokens, window_start=0, stats=None):
-    """The viewer page: everything inline, the maps embedded as JSON."""
+def save_html(path, layers, tokens, window_start=0, stats=None, hidden=0):
+    """The viewer page: everything inline, the maps embedded as JSON. hidden: how many
+    tokens before window_start the rows also attended to (their weight is not drawn)."""
     T = len(tokens)
     keep = min(T, HTML_MAX_TOKENS)
     data = {
         "tokens": [display_token(t) for t in tokens[T - keep :]],
         "first_position": window_start + T - keep,
         "total_tokens": T,
+        "hidden": hidden + T - keep,
         "maps": [
             [_encode_head(m[h, T - keep :, T - keep :]) for h in range(m.shape[0])] for m in layers
         ],
@@ -447,19 +463,39 @@ def _inline(html, link, element, text):
     return html.replace(link, f"<{element}>\n{text}</{element}>")
 
 
-def write_all(folder, layers, tokens, token_ids=None, window_start=0):
+def write_all(folder, layers, tokens, token_ids=None, window_start=0, whole=None, seen_from=None):
     """Write attention.npz, layer_N.png, index.html and heads.json into folder.
-    Returns the heads' stats (see all_head_stats)."""
+
+    layers: the maps to draw, over tokens at positions window_start onwards. whole:
+    (layers, tokens, window_start) of a longer text around them, whose maps name the
+    heads (more rows, steadier labels); None: the drawn maps name them. seen_from: the
+    first position the drawn rows could attend to, where it comes before window_start
+    (their weight on the keys before it is not drawn). Returns the heads' stats."""
     if len(tokens) != layers[0].shape[-1]:
         raise ValueError(f"{len(tokens)} tokens for maps of size {layers[0].shape[-1]}")
+    if whole is None:
+        whole = (layers, tokens, window_start)
     os.makedirs(folder, exist_ok=True)
-    stats = all_head_stats(layers, tokens)
+    stats = all_head_stats(whole[0], whole[1])
+    labelled = (whole[2], whole[2] + len(whole[1]) - 1)
+    note = ""
+    if labelled != (window_start, window_start + len(tokens) - 1):
+        note = f"; labels over tokens {labelled[0]}..{labelled[1]} (heads.json)"
+    hidden = 0
+    if seen_from is not None:
+        hidden = window_start - seen_from
     save_npz(os.path.join(folder, "attention.npz"), layers, tokens, token_ids, window_start)
-    save_pngs(folder, layers, tokens, window_start)
-    save_html(os.path.join(folder, "index.html"), layers, tokens, window_start, stats)
+    save_pngs(folder, layers, tokens, window_start, stats, note)
+    save_html(os.path.join(folder, "index.html"), layers, tokens, window_start, stats, hidden)
     with open(os.path.join(folder, "heads.json"), "w", encoding="utf-8") as f:
         json.dump(
-            {"rule": LABEL_RULE, "classes": list(CLASSES), "tokens": len(tokens), "heads": stats},
+            {
+                "rule": LABEL_RULE,
+                "classes": list(CLASSES),
+                "tokens": len(whole[1]),
+                "positions": list(labelled),
+                "heads": stats,
+            },
             f,
             indent=1,
         )

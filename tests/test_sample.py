@@ -143,6 +143,25 @@ def _runs(trained, tmp):
             "20",
             "--num_samples=1",
         ],  # attention to the default place, <out_dir>/attention
+        # the maps of the whole text (the window at the end), and of the last 10 tokens
+        "span_all": [
+            f"--out_dir={ckpt}",
+            f"--prompt={PROMPT}",
+            "--max_new_tokens=60",
+            "--num_samples=1",
+            "--seed=3",
+            "--attn_span=all",
+            f"--attn_dir={tmp}/attn_all",
+        ],
+        "span_last": [
+            f"--out_dir={ckpt}",
+            f"--prompt={PROMPT}",
+            "--max_new_tokens=60",
+            "--num_samples=1",
+            "--seed=3",
+            "--attn_span=-10:",
+            f"--attn_dir={tmp}/attn_last",
+        ],
         "greedy": greedy + ["--prompt=ROMEO:"],
         "greedy_no_cache": greedy + ["--prompt=ROMEO:", "--no_cache"],
         "greedy_compiled": greedy + ["--prompt=ROMEO:", "--compile"],
@@ -326,7 +345,21 @@ def attention_dirs(runs, trained):
     return {
         "main": os.path.join(runs["tmp"], "attn_main"),
         "short": os.path.join(trained["dir"], "attention"),
+        "span_all": os.path.join(runs["tmp"], "attn_all"),
+        "span_last": os.path.join(runs["tmp"], "attn_last"),
     }
+
+
+def drawn_span(name, n_tokens):
+    """The (start, end) of the tokens a run's maps show: by default the first 64, cut
+    to the context (the prompt and the start of the generation); the window at the end
+    for --attn_span=all (its length found in the file); the last 10 for -10:."""
+    return {
+        "main": (0, min(64, BLOCK, n_tokens)),
+        "short": (0, min(64, BLOCK, n_tokens)),
+        "span_all": None,
+        "span_last": (n_tokens - 10, n_tokens),
+    }[name]
 
 
 def test_attention_files(runs, trained):
@@ -335,15 +368,20 @@ def test_attention_files(runs, trained):
         z = np.load(os.path.join(folder, "attention.npz"))
         assert set(z.files) == {"layer_0", "layer_1", "tokens", "token_ids", "window_start"}
         T = len(z["tokens"])
+        text = samples_of(runs[name].stdout)[0][0]  # the first printed sample
+        start, end = drawn_span(name, len(text)) or (len(text) - T, len(text))
+        # the drawn tokens are the span's, one character each
+        assert "".join(z["tokens"]) == text[start:end] and int(z["window_start"]) == start
         for key in ("layer_0", "layer_1"):
             a = z[key]
             assert a.dtype == np.float32 and a.shape == (4, T, T)
-            np.testing.assert_allclose(a.sum(-1), 1.0, atol=1e-5)
+            # a span from the first token holds every key its rows saw; a later one not
+            if start == 0 or name == "span_all":
+                np.testing.assert_allclose(a.sum(-1), 1.0, atol=1e-5)
+            else:
+                assert (a.sum(-1) <= 1 + 1e-5).all() and (a.sum(-1) < 0.999).any()
             assert (np.triu(a, 1) == 0).all()
             assert (a >= 0).all()
-        # the tokens are the end of the first printed sample
-        text = samples_of(runs[name].stdout)[0][0]
-        assert "".join(z["tokens"]) == text[-T:]
 
         for layer in (0, 1):
             with open(os.path.join(folder, f"layer_{layer}.png"), "rb") as f:
@@ -353,13 +391,22 @@ def test_attention_files(runs, trained):
             assert width > 200 and height > 200
 
         with open(os.path.join(folder, "heads.json"), encoding="utf-8") as f:
-            heads = json.load(f)["heads"]
+            record = json.load(f)
+        heads = record["heads"]
         assert sorted((h["layer"], h["head"]) for h in heads) == [
             (layer, h) for layer in range(2) for h in range(4)
         ]
-        # the labels are heads.py's, computed on this sample's maps and tokens
-        tokens = [str(t) for t in z["tokens"]]
-        assert heads == attention_maps.all_head_stats([z["layer_0"], z["layer_1"]], tokens)
+        # the labels are heads.py's, measured over the whole window the generation ended
+        # on (a full forward over it is the oracle), whatever span is drawn
+        first, last = record["positions"]
+        ids = trained["tok"].encode(text)[first : last + 1]
+        assert record["tokens"] == len(ids) and (len(text) - first) == len(ids)
+        window = [trained["tok"].decode([i]) for i in ids]
+        expected = attention_maps.all_head_stats(full_forward_maps(trained["model"], ids), window)
+        assert [h["label"] for h in heads] == [h["label"] for h in expected]
+        for got, want in zip(heads, expected):
+            for c in attention_maps.CLASSES:
+                assert got["scores"][c] == pytest.approx(want["scores"][c], abs=1e-3)
         for h in heads:
             assert LABEL.match(h["label"]), h["label"]
             assert sum(h["scores"].values()) == pytest.approx(1.0, abs=3e-4)
@@ -375,15 +422,21 @@ def test_attention_files(runs, trained):
         check_html(os.path.join(folder, "index.html"), z)
 
 
+def page_data(path):
+    """The JSON the page carries."""
+    with open(path, encoding="utf-8") as f:
+        html = f.read()
+    found = re.search(r'<script id="data" type="application/json">(.*?)</script>', html, re.S)
+    return json.loads(found.group(1))
+
+
 def check_html(path, z):
     with open(path, encoding="utf-8") as f:
         html = f.read()
     # self-contained: nothing fetched from anywhere
     assert not re.search(r"https?://|//cdn|@import|<link|<script[^>]*\bsrc=|<img", html, re.I)
     assert "<canvas" in html
-    data = json.loads(
-        re.search(r'<script id="data" type="application/json">(.*?)</script>', html, re.S).group(1)
-    )
+    data = page_data(path)
     T = len(z["tokens"])
     assert data["tokens"] == [attention_maps.display_token(t) for t in z["tokens"]]
     assert len(data["maps"]) == 2 and all(len(heads) == 4 for heads in data["maps"])
@@ -405,14 +458,54 @@ def test_maps_equal_a_full_forward(runs, trained):
         z = np.load(os.path.join(folder, "attention.npz"))
         full = tok.encode(samples_of(ok(runs[name]).stdout)[0][0])  # the printed first sample
         T = len(z["tokens"])
-        ids = full[-T:]
-        assert z["token_ids"].tolist() == ids and int(z["window_start"]) == len(full) - T
-        if name == "main":  # 70 tokens through a 32-token window: it slid
-            assert len(full) == 70 and BLOCK * 3 // 4 <= T <= BLOCK
-        else:
-            assert T == len(full) == 26
-        for layer, expected in enumerate(full_forward_maps(trained["model"], ids)):
-            np.testing.assert_allclose(z[f"layer_{layer}"], expected, atol=1e-5, rtol=0)
+        start = int(z["window_start"])
+        ids = full[start : start + T]
+        assert z["token_ids"].tolist() == ids
+        if name == "span_all":  # 70 tokens through a 32-token window: it slid
+            assert len(full) == 70 and BLOCK * 3 // 4 <= T <= BLOCK and start == len(full) - T
+            expected = full_forward_maps(trained["model"], ids)
+        elif name == "span_last":  # the last 10 rows, each over the 32 tokens up to the end
+            assert (start, T) == (60, 10)
+            expected = [m[:, -T:, -T:] for m in full_forward_maps(trained["model"], full[-BLOCK:])]
+        else:  # the prompt and the start of the generation, a whole context's worth at most
+            assert start == 0 and T == min(BLOCK, len(full))
+            expected = full_forward_maps(trained["model"], ids)
+        for layer, want in enumerate(expected):
+            np.testing.assert_allclose(z[f"layer_{layer}"], want, atol=1e-5, rtol=0)
+
+
+def test_the_pages_note_says_what_the_span_leaves_out(runs):
+    data = page_data(os.path.join(runs["tmp"], "attn_last", "index.html"))
+    # the last 10 rows also attended to the 22 tokens before them, in a 32-token context
+    assert data["hidden"] == BLOCK - 10 and data["first_position"] == 60
+    assert page_data(os.path.join(runs["tmp"], "attn_main", "index.html"))["hidden"] == 0
+
+
+@pytest.mark.parametrize(
+    "span, expected",
+    [
+        ("0-64", "--attn_span must be START:END"),
+        ("a:b", "--attn_span must be START:END"),
+        ("1:2:3", "--attn_span must be START:END"),
+        ("100:200", "holds no token of a sample of 10"),
+    ],
+)
+def test_a_bad_span_is_one_line_before_sampling(trained, capsys, span, expected):
+    argv = [f"--out_dir={trained['dir']}", "--prompt=ROMEO:", "--max_new_tokens=4"]
+    code = sample.run(argv + [f"--attn_span={span}", "--attn_dir="])
+    out, err = capsys.readouterr()
+    assert expected in one_line_error(code, err)
+    assert out == ""  # said before any sample was drawn
+
+
+def test_a_span_longer_than_the_context_keeps_its_start_and_says_so(trained, tmp_path, capsys):
+    argv = [f"--out_dir={trained['dir']}", "--prompt=ROMEO:", "--max_new_tokens=60"]
+    argv += ["--num_samples=1", "--attn_span=5:", f"--attn_dir={tmp_path}"]
+    assert sample.run(argv) == 0
+    err = capsys.readouterr().err
+    assert f"--attn_span=5: spans 61 tokens, more than the model's context of {BLOCK}" in err
+    z = np.load(tmp_path / "attention.npz")
+    assert int(z["window_start"]) == 5 and len(z["tokens"]) == BLOCK
 
 
 def options(**changes):

@@ -2,14 +2,15 @@
 const D = JSON.parse(document.getElementById("data").textContent);
 const T = D.tokens.length, nLayer = D.maps.length, nHead = D.maps[0].length;
 const $ = id => document.getElementById(id);
-const cell = Math.max(1, Math.min(28, Math.floor(560 / T)));
+// 64 tokens get 14-pixel cells, every one labelled; a longer text smaller cells
+const cell = Math.max(1, Math.min(28, Math.floor(900 / T)));
 const canvas = $("map"), ctx = canvas.getContext("2d");
 const font = "11px monospace";
-// token labels along the axes when the cells are big enough to point at
-const labels = cell >= 12;
+// every k-th token labels the axes, so that labels stay 12 pixels apart at any length
+const every = Math.ceil(12 / cell);
 const label = t => t.length > 8 ? t.slice(0, 7) + "…" : t;
 ctx.font = font;
-const margin = labels ? Math.ceil(Math.max(...D.tokens.map(t => ctx.measureText(label(t)).width))) + 8 : 0;
+const margin = Math.ceil(Math.max(...D.tokens.map(t => ctx.measureText(label(t)).width))) + 8;
 canvas.width = canvas.height = margin + cell * T;
 let layer = 0, head = 0, query = T - 1, pinned = T - 1, weights = null;
 
@@ -34,19 +35,19 @@ function drawMap() {
       ctx.fillStyle = j > i ? "#f4f4f4" : colour(w(i, j));
       ctx.fillRect(margin + j * cell, margin + i * cell, cell, cell);
     }
-  if (labels) {
-    ctx.font = font; ctx.textBaseline = "middle";
-    for (let i = 0; i < T; i++) {
-      ctx.fillStyle = i === query ? "#d33" : "#444";
-      ctx.textAlign = "right";
-      ctx.fillText(label(D.tokens[i]), margin - 4, margin + (i + 0.5) * cell);
-      ctx.save();  // column labels read bottom to top
-      ctx.translate(margin + (i + 0.5) * cell, margin - 4);
-      ctx.rotate(-Math.PI / 2);
-      ctx.textAlign = "left";
-      ctx.fillText(label(D.tokens[i]), 0, 0);
-      ctx.restore();
-    }
+  ctx.font = font; ctx.textBaseline = "middle";
+  for (let i = 0; i < T; i++) {
+    // the query's own label is always drawn, in red, between the thinned ones
+    if (i % every && i !== query) continue;
+    ctx.fillStyle = i === query ? "#d33" : "#444";
+    ctx.textAlign = "right";
+    ctx.fillText(label(D.tokens[i]), margin - 4, margin + (i + 0.5) * cell);
+    ctx.save();  // column labels read bottom to top
+    ctx.translate(margin + (i + 0.5) * cell, margin - 4);
+    ctx.rotate(-Math.PI / 2);
+    ctx.textAlign = "left";
+    ctx.fillText(label(D.tokens[i]), 0, 0);
+    ctx.restore();
   }
   ctx.strokeStyle = "#d33"; ctx.lineWidth = Math.min(2, cell / 2);
   ctx.strokeRect(margin, margin + query * cell, (query + 1) * cell, cell);
@@ -120,8 +121,10 @@ canvas.onclick = e => {
 };
 
 $("note").textContent = `${T} tokens (positions ${pos(0)}..${pos(T - 1)}` +
-  (D.total_tokens > T ? `, the last ${T} of ${D.total_tokens}; weight on earlier ones is not shown` : "") +
+  (D.hidden > 0 ? `; they also attend to the ${D.hidden} tokens before, not shown here` : "") +
   `), ${nLayer} layers x ${nHead} heads. Each row of the map is a query token, each column a token ` +
-  `it can attend to; darker is more weight (square-root scale). Hover or click a token or a row.`;
+  `it can attend to; darker is more weight (square-root scale). ` +
+  (every > 1 ? `Every ${every}th token names the axes. ` : "") +
+  `Hover or click a token or a row.`;
 headButtons();
 select();
