@@ -11,7 +11,7 @@ machine in the same run? One benchmark per module, each runnable alone as
   holdout       not a benchmark: a split cut from train to choose a recipe's settings on
   long_context  sliding-window attention and the rolling KV cache against dense
   smoke_gpu     the first run on a GPU: every CUDA path, one line per step
-  gpu           the GPU figures in one run of under eight minutes, to docs/gpu.md and .json
+  gpu           the GPU figures in one run of under eight minutes; --out_dir=docs: docs/gpu.md
   common        what they share: timing, Hugging Face conversion, tables, the command line
 
 Nothing is imported here: `python -m bench.NAME` loads this package first, and

@@ -1,8 +1,9 @@
 """
-The project's GPU figures, in one command of under eight minutes on one GPU, written to
-docs/gpu.md (a page) and docs/gpu.json beside it (every figure):
+The project's GPU figures, in one command of under eight minutes on one GPU, written as
+gpu.md (a page) and gpu.json beside it (every figure) into --work, or into --out_dir:
 
-    python -m bench.gpu                  # from the repository root, on a machine with a GPU
+    python -m bench.gpu --out_dir=docs   # from the repository root, on a machine with a GPU
+    python -m bench.gpu                  # the same, its page in out-gpu/ (docs/ untouched)
     python -m bench.gpu --dry_run=True   # on a CPU: every part at toy size, to try the script
 
 Four parts, in this order, each with a time budget (PARTS) within --budget:
@@ -103,10 +104,10 @@ DRY_DECODE_TOKENS = 32
 class Settings:
     budget: float = 450.0  # seconds for the four parts (each also within its share, PARTS)
     target: float = 1.47  # the val loss whose wall time part a measures
-    # the page of the figures; '': docs/gpu.md, or for a dry run gpu.md in --work
-    page: str = ""
-    # every figure, machine-readable; '': docs/gpu.json, or for a dry run gpu.json in --work
-    figures: str = ""
+    # the folder of the page and the figures; '': --work; docs replaces the page of record
+    out_dir: str = ""
+    page: str = ""  # the page of the figures; '': gpu.md in --out_dir
+    figures: str = ""  # every figure, machine-readable; '': gpu.json in --out_dir
     work: str = "out-gpu"  # the runs' folders, the compile cache and each part's output
     data_root: str = ""  # where the datasets are; '': data/ in this repository
     # on the CPU, every part at toy size: tries the script, measures nothing about a GPU
@@ -751,7 +752,7 @@ def smoke_section(rec):
 
 
 def page(result):
-    """docs/gpu.md: the device, the versions, the goals, then each part's figures."""
+    """gpu.md: the device, the versions, the goals, then each part's figures."""
     d = result["device"]
     lines = ["# GPU figures", ""]
     if result["dry_run"]:
@@ -800,11 +801,9 @@ def write_report(result, page_path, figures_path):
 
 
 def with_outputs(cfg):
-    """cfg with its page and figures paths: docs/ for a GPU run, --work for a dry run, so
-    that trying the script never writes over the page of record."""
-    folder = os.path.join(REPO, "docs")
-    if cfg.dry_run:
-        folder = cfg.work
+    """cfg with its page and figures paths: in --out_dir where given, else in --work, so
+    that no run writes over the page of record unless asked to (--out_dir=docs)."""
+    folder = cfg.out_dir or cfg.work
     page = cfg.page or os.path.join(folder, "gpu.md")
     figures = cfg.figures or os.path.join(folder, "gpu.json")
     return dataclasses.replace(cfg, page=page, figures=figures)
@@ -827,6 +826,8 @@ def main(cfg):
         rec = MEASURED[cfg.part](cfg.dry_run, lambda m: print(m, file=sys.stderr, flush=True))
         common.write_json(rec, cfg.record)
         return
+    if cfg.out_dir:
+        cli.output_folder(cfg.out_dir)
     cfg = with_outputs(cfg)
     for path in (cfg.page, cfg.figures):
         cli.output_folder(os.path.dirname(os.path.abspath(path)), "--page or --figures")

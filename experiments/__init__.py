@@ -1,11 +1,17 @@
-"""The experiments that write the figures and tables in docs/: python -m experiments.NAME."""
+"""The experiments behind the figures and tables in docs/: python -m experiments.NAME.
+
+One that makes a page's figures writes them into out-experiments/NAME/, and into docs/
+only when given --out_dir=docs; those that draw one picture of a run write where --png
+(or --out, --json) says."""
 
 import json
 import os
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCS = os.path.join(ROOT, "docs")  # where each experiment writes its figures by default
+# where each experiment writes by default, one folder each (git ignores out*/), so that
+# trying one never replaces a figure of docs/
+SCRATCH = "out-experiments"
 
 
 def measured(work):

@@ -4,6 +4,7 @@ characters, at the same size, from the same initial weights, on the same windows
 for the same number of steps.
 
     python -m experiments.bidirectional [--quick] [--out_dir=DIR] [--input=PATH]
+    python -m experiments.bidirectional --out_dir=docs   # docs/bidirectional.md and its figure
 
     causal         GPT's objective: every Block gets no mask, so model.py's causal mask;
                    each position sees itself and the characters before it and predicts
@@ -20,10 +21,11 @@ model's on those same masked characters (each predicted from the position before
 Then the attention maps: every head's look-ahead, the mean weight a query puts on the
 characters after it, exactly 0 under the causal mask.
 
-Writes into --out_dir (default docs/): bidirectional.json, bidirectional.png (the training
-losses, every head's look-ahead, and the maps of the bidirectional head that looks ahead
-most beside the causal model's head at the same place) and bidirectional.md, which reads
-them. --quick trains fewer steps. The corpus: --input, $TINYSHAKESPEARE_PATH, or
+Writes into --out_dir (default out-experiments/bidirectional/; docs/ only when given
+--out_dir=docs): bidirectional.json, bidirectional.png (the training losses, every head's
+look-ahead, and the maps of the bidirectional head that looks ahead most beside the causal
+model's head at the same place) and bidirectional.md, which reads them. --quick trains
+fewer steps. The corpus: --input, $TINYSHAKESPEARE_PATH, or
 data/shakespeare_char/input.txt, as train.py finds it.
 """
 
@@ -46,7 +48,7 @@ import torch.nn.functional as F
 
 from bench.common import cpu_class
 from data.tiny_shakespeare import shakespeare_dir, shakespeare_text
-from experiments import measured, write_results
+from experiments import SCRATCH, measured, write_results
 from experiments.bottleneck import curve, learning_rate
 from experiments.bottleneck_report import page_head, paragraph
 from experiments.transformer import look_ahead
@@ -65,7 +67,7 @@ QUICK = dict(steps=300, eval_windows=64)
 
 @dataclasses.dataclass
 class Settings:
-    out_dir: str = os.path.join(ROOT, "docs")
+    out_dir: str = os.path.join(SCRATCH, "bidirectional")  # --out_dir=docs: the shipped figures
     # tiny Shakespeare; "": $TINYSHAKESPEARE_PATH or data/shakespeare_char/input.txt
     input: str = ""
     quick: bool = False  # the QUICK sizes instead of FULL
@@ -448,6 +450,8 @@ def write_page(data, path):
     command = "python -m experiments.bidirectional"
     if cfg["quick"]:
         command += " --quick"
+    # the folder it wrote into, from the repository's root: docs for the shipped page
+    command += f" --out_dir={cfg['out_dir']}"
     intro = (
         "Lecture 004 sets the causal mask beside BERT's bidirectional attention and says the "
         "mask is the only difference: the same module, a different mask. Here the same "

@@ -5,6 +5,7 @@ state; the Transformer drops the recurrence and keeps three attentions; a decode
 does the same with self-attention over source and target at once.
 
     python -m experiments.bottleneck [--quick] [--out_dir=DIR]
+    python -m experiments.bottleneck --out_dir=docs   # docs/bottleneck.md and its figures
 
 One toy translation (experiments/toy_translation.py: a fixed dictionary, adjectives moved
 after their noun, so the true alignment is known). Seven models train on the same batches,
@@ -22,12 +23,13 @@ that decoding give aligned_mass, the mean weight on the truly aligned source wor
 Transformer, of its best cross-attention head; for the GPT, of its best head: the query that
 predicts target word j against the source words).
 
-Writes into --out_dir (default docs/): bottleneck.json, bottleneck.png (accuracy against
-length; the training losses), bottleneck_alignment.png (one heatmap per attention model on
-one sentence, the true alignment marked), bottleneck_transformer.png (the Transformer's
-three attentions on that sentence) and bottleneck.md, which reads them
-(experiments/bottleneck_report.py). --quick runs shorter sentences for fewer steps. --jobs
-models train at once, one thread each.
+Writes into --out_dir (default out-experiments/bottleneck/; docs/ only when given
+--out_dir=docs): bottleneck.json, bottleneck.png (accuracy against length; the training
+losses), bottleneck_alignment.png (one heatmap per attention model on one sentence, the
+true alignment marked), bottleneck_transformer.png (the Transformer's three attentions on
+that sentence) and bottleneck.md, which reads them (experiments/bottleneck_report.py).
+--quick runs shorter sentences for fewer steps. --jobs models train at once, one thread
+each.
 """
 
 import os
@@ -49,8 +51,8 @@ import torch
 import torch.nn.functional as F
 
 from bench.common import cpu_class
+from experiments import SCRATCH, measured, write_results
 from experiments import bottleneck_report as report
-from experiments import measured, write_results
 from experiments import toy_translation as task
 from experiments.explicit_attention import explicit_attention
 from experiments.seq2seq import EOS, PAD, Seq2Seq, Seq2SeqConfig
@@ -69,7 +71,7 @@ QUICK = dict(lengths=(4, 8, 12, 16, 20, 24, 28), steps=1200, eval_sentences=100)
 
 @dataclasses.dataclass
 class Settings:
-    out_dir: str = os.path.join(ROOT, "docs")
+    out_dir: str = os.path.join(SCRATCH, "bottleneck")  # --out_dir=docs: the shipped figures
     quick: bool = False  # the QUICK sizes instead of FULL
     lengths: tuple | None = None  # the source lengths scored; None: the sizes'
     steps: int | None = None  # training steps of every model; None: the sizes'

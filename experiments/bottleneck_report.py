@@ -208,6 +208,8 @@ def write_page(data, path):
     command = "python -m experiments.bottleneck"
     if cfg["quick"]:
         command += " --quick"
+    # the folder it wrote into, from the repository's root: docs for the shipped page
+    command += f" --out_dir={cfg['out_dir']}"
     intro = (
         "The lectures start before the transformer: an RNN encoder reads the source into "
         "one fixed-size vector, the decoder writes the translation from that vector alone, "

@@ -1,25 +1,28 @@
 """
 Induction heads forming through train.py, and the circuit they belong to.
 
-    python -m experiments.induction_experiment       # about 4 minutes on two CPU cores
+    python -m experiments.induction_experiment                  # about 4 minutes on two CPU cores
+    python -m experiments.induction_experiment --out_dir=docs   # the figures of docs/heads.md
 
 1. Trains config/induction.py (lines of a random string written again and
    again, data/induction.py; a 2-layer, 4-head model) with train.py
    --snapshots=True --log_heads=True: the run logs every head's induction score
    and the in-context learning score at every evaluation.
 2. Draws the timeline (experiments/head_timeline.py) to
-   docs/induction_phase_change.png and prints the phase change's numbers.
+   induction_phase_change.png and prints the phase change's numbers.
 3. Reads the Q-, K- and V-composition scores (support/composition.py) of every
    snapshot, from the weights: how the layer-0 heads' outputs compose into the
    layer-1 heads' queries, keys and values before, during and after the phase
-   change (docs/induction_composition.png).
+   change (induction_composition.png).
 4. Knocks the previous-token heads of the final model out on the induction
    probe, whole (head_measures.ablated) and path by path
    (head_measures.path_ablated: only into the layer-1 queries, keys or values;
    cut_from_mlp: only into layer 0's MLP).
-5. Runs heads.py on the final checkpoint (docs/induction_heads.png).
+5. Runs heads.py on the final checkpoint (induction_heads.png).
 
-Everything measured goes to docs/induction.json; docs/heads.md discusses it.
+Everything measured goes to induction.json. The pictures and the JSON go into --out_dir
+(default out-experiments/induction_experiment/; docs/ only when given --out_dir=docs,
+whose figures docs/heads.md discusses); the run itself into out-induction/.
 """
 
 import os
@@ -41,14 +44,13 @@ import torch
 
 import heads
 import train
-from experiments import head_timeline
+from experiments import SCRATCH, head_timeline
 from support import cli, head_measures, timeline
 from support.composition import composition_scores
 from support.loading import load_model
 from support.run_log import read_evaluations
 
 OUT = os.path.join(ROOT, "out-induction")
-DOCS = os.path.join(ROOT, "docs")
 CONFIG = os.path.join(ROOT, "config", "induction.py")
 SEED = timeline.SEED  # the induction probe's random tokens
 # the layer-0 heads knocked out: those that put at least a quarter of their weight on the
@@ -155,7 +157,9 @@ def knockout_table(model, previous_heads):
     return table
 
 
-def main():
+def main(cfg):
+    out = cfg.out_dir
+    cli.output_folder(out)
     # the model is tiny: a second thread mostly waits on the first where other work shares the cores
     torch.set_num_threads(1)
     if os.path.isdir(OUT):
@@ -165,14 +169,14 @@ def main():
     iters, induction, labels = head_timeline.read_timeline(OUT)
     losses = head_timeline.read_losses(OUT)
     head_timeline.draw(
-        iters, induction, labels, os.path.join(DOCS, "induction_phase_change.png"), losses
+        iters, induction, labels, os.path.join(out, "induction_phase_change.png"), losses
     )
     print(head_timeline.describe_phase_change(iters, induction, losses))
     span = head_timeline.phase_change(iters, induction)
     span_iters = None if span is None else (int(iters[span[0]]), int(iters[span[1]]))
 
     over_training = composition_over_training(OUT)
-    draw_composition(over_training, span_iters, os.path.join(DOCS, "induction_composition.png"))
+    draw_composition(over_training, span_iters, os.path.join(out, "induction_composition.png"))
 
     model, _, _ = load_model(OUT, OUT)
     model.eval()
@@ -184,7 +188,7 @@ def main():
 
     if heads.run([f"--out_dir={OUT}", f"--seed={SEED}"]):
         sys.exit(1)
-    shutil.copy(os.path.join(OUT, "heads", "heads.png"), os.path.join(DOCS, "induction_heads.png"))
+    shutil.copy(os.path.join(OUT, "heads", "heads.png"), os.path.join(out, "induction_heads.png"))
     log = read_evaluations(OUT)
     results = {
         "phase_change": span_iters,
@@ -201,14 +205,15 @@ def main():
             for i, comp in over_training.items()
         },
     }
-    with open(os.path.join(DOCS, "induction.json"), "w") as f:
+    with open(os.path.join(out, "induction.json"), "w") as f:
         json.dump(results, f)  # one line: 81 snapshots of scores would be 7000 indented ones
 
 
 @dataclasses.dataclass
 class Settings:
-    pass  # none: the experiment is fixed, as docs/heads.md reports it
+    # the experiment is fixed, as docs/heads.md reports it; only where its figures go is not
+    out_dir: str = os.path.join(SCRATCH, "induction_experiment")  # docs: the shipped figures
 
 
 if __name__ == "__main__":
-    sys.exit(cli.run(lambda cfg: main(), sys.argv[1:], __doc__, Settings))
+    sys.exit(cli.run(main, sys.argv[1:], __doc__, Settings))

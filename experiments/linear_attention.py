@@ -1,9 +1,11 @@
 """Linear attention against softmax attention: the figures of docs/linear_attention.md.
 
-Each part measures one thing and adds it to docs/linear_attention.json; `report`
-turns that file into docs/linear_attention.md. Run the timed parts one at a
-time on an otherwise quiet machine (the figures are ratios against softmax
-measured in the same run, but a busy machine still moves them):
+Each part measures one thing and adds it to linear_attention.json in --out_dir
+(default out-experiments/linear_attention/; --out_dir=docs for docs/'s, which
+every part below then takes); `report` turns that file into linear_attention.md
+beside it. Run the timed parts one at a time on an otherwise quiet machine (the
+figures are ratios against softmax measured in the same run, but a busy machine
+still moves them):
 
     # config/shakespeare_cpu.py, both kinds (~2 min)
     python -m experiments.linear_attention train
@@ -14,7 +16,7 @@ measured in the same run, but a busy machine still moves them):
     # decoding speed after 1k .. 16k tokens of context
     python -m experiments.linear_attention context
     python -m experiments.linear_attention heads      # heads.py on both trained models
-    python -m experiments.linear_attention report     # writes docs/linear_attention.md
+    python -m experiments.linear_attention report     # writes linear_attention.md
 
 The corpus: set TINYSHAKESPEARE_PATH, as for train.py.
 """
@@ -39,14 +41,12 @@ import time
 
 import torch
 
+from experiments import SCRATCH
 from model import GPT, GPTConfig, rotary_tables
 from support import cli, engine
 from support.configurator import ConfigError
 from support.run_log import read_evaluations
 
-DOCS = os.path.join(ROOT, "docs")
-
-RESULTS = os.path.join(DOCS, "linear_attention.json")
 OUT = {"softmax": "out-la-softmax", "linear": "out-la-linear"}
 SAMPLE = [
     "--prompt=ROMEO:",
@@ -57,15 +57,15 @@ SAMPLE = [
 ]
 
 
-def load():
-    if os.path.exists(RESULTS):
-        with open(RESULTS) as f:
+def load(path):
+    if os.path.exists(path):
+        with open(path) as f:
             return json.load(f)
     return {}
 
 
-def save(results):
-    with open(RESULTS, "w") as f:
+def save(results, path):
+    with open(path, "w") as f:
         json.dump(results, f, indent=1, sort_keys=True)
         f.write("\n")
 
@@ -325,6 +325,13 @@ def heads_table(rep):
 
 
 def part_report(results):
+    """The page, from the figures the other parts measured."""
+    missing = [k for k in ("train", "layer", "decode", "context", "heads") if k not in results]
+    if missing:
+        raise ConfigError(
+            f"no figures of {', '.join(missing)} in linear_attention.json yet: run those "
+            "parts first, with the same --out_dir (docs for the shipped figures)"
+        )
     tr, lay, dec, hd = (results[k] for k in ("train", "layer", "decode", "heads"))
     soft, lin = tr["softmax"], tr["linear"]
     gap = lin["val_loss_full"] - soft["val_loss_full"]
@@ -394,8 +401,8 @@ with a kernel, and its cost grows as n. `GPTConfig.attention = "linear"`
 (`--attention=linear` for `train.py`) gives this project's model the version of
 Katharopoulos et al., *Transformers are RNNs* (ICML 2020, arXiv:2006.16236).
 This page measures what it buys on a CPU and what it costs in quality. It is
-written by `python -m experiments.linear_attention report` from the figures the other
-parts of that script measure (`docs/linear_attention.json`).
+written by `python -m experiments.linear_attention report --out_dir=docs` from the
+figures the other parts of that script measure (`docs/linear_attention.json`).
 
 ## What the option does
 
@@ -593,19 +600,18 @@ layer 0, with its bright diagonals, is [attention_layer_0.png](attention_layer_0
 
 ```sh
 export TINYSHAKESPEARE_PATH=/path/to/input.txt
-python -m experiments.linear_attention train    \
 # trains both models into out-la-softmax/ and out-la-linear/
-python -m experiments.linear_attention layer
-python -m experiments.linear_attention decode
-python -m experiments.linear_attention context
-python -m experiments.linear_attention heads
-python -m experiments.linear_attention report
+python -m experiments.linear_attention train --out_dir=docs
+python -m experiments.linear_attention layer --out_dir=docs
+python -m experiments.linear_attention decode --out_dir=docs
+python -m experiments.linear_attention context --out_dir=docs
+python -m experiments.linear_attention heads --out_dir=docs
+python -m experiments.linear_attention report --out_dir=docs
 python sample.py --out_dir=out-la-linear --prompt "ROMEO:" --seed=1337 --num_samples=1 \\
     --max_new_tokens=58 --attn_dir=/tmp/maps   # /tmp/maps/layer_0.png is the picture
 ```
 """
-    with open(os.path.join(DOCS, "linear_attention.md"), "w") as f:
-        f.write(page)
+    return page
 
 
 PARTS = {
@@ -621,15 +627,22 @@ PARTS = {
 @dataclasses.dataclass
 class Settings:
     part: str = ""  # train, context, layer, decode, heads or report
+    # the figures' folder: their JSON, and the page report writes
+    out_dir: str = os.path.join(SCRATCH, "linear_attention")  # --out_dir=docs: the shipped figures
 
 
 def main(cfg):
     if cfg.part not in PARTS:
         raise ConfigError(f"give one of {', '.join(PARTS)}: the part to run")
-    results = load()
+    cli.output_folder(cfg.out_dir)
+    path = os.path.join(cfg.out_dir, "linear_attention.json")
+    results = load(path)
+    if cfg.part == "report":
+        with open(os.path.join(cfg.out_dir, "linear_attention.md"), "w") as f:
+            f.write(part_report(results))
+        return
     PARTS[cfg.part](results)
-    if cfg.part != "report":
-        save(results)
+    save(results, path)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ sinks collapse, as StreamingLLM reports, and do 4 sinks hold it?
 
 (docs/long_context.md's figures: the CPU recipe as it was then, 4 layers and 180 iters.)
     python -m experiments.long_context --dense=out-long-context-dense \\
-        --windowed=out-long-context-window
+        --windowed=out-long-context-window --out_dir=docs
 
 Every val token from the start of the split is scored one at a time, as
 generation would see it, through:
@@ -22,7 +22,8 @@ generation would see it, through:
   (d) trained     the model trained with sliding_window and sink_tokens, rolling cache
 (b) and (c) are repeated with the heads that put most weight on the first token
 (heads.py's "first" class, the attention sinks if the model has any) ablated.
-Prints markdown, writes docs/long_context.png and docs/long_context.json.
+Prints markdown, writes long_context.png and long_context.json into --out_dir
+(default out-experiments/long_context/; docs/ only when given --out_dir=docs).
 """
 
 import os
@@ -42,6 +43,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from experiments import SCRATCH
 from support import cli
 from support.head_measures import ablated, patterns, val_tokens, windows
 from support.loading import load_model
@@ -56,7 +58,7 @@ class Settings:
     sinks: int = 4  # StreamingLLM's sinks for (c); (b) has the same cache size with none
     # how many heads to ablate: those with the largest share of attention on the first token
     ablate: int = 3
-    out: str = os.path.join(ROOT, "docs", "long_context")  # .png and .json
+    out_dir: str = os.path.join(SCRATCH, "long_context")  # --out_dir=docs: the shipped figures
 
 
 def load(folder):
@@ -103,6 +105,7 @@ def ppl(nll):
 
 
 def main(cfg):
+    cli.output_folder(cfg.out_dir)
     torch.manual_seed(0)
     dense, tok = load(cfg.dense)
     trained, _ = load(cfg.windowed)
@@ -186,8 +189,9 @@ def main(cfg):
     ax.set_title("Scoring past block_size: slide, window, window + sinks, trained window")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(cfg.out + ".png", dpi=110)
-    with open(cfg.out + ".json", "w") as f:
+    path = os.path.join(cfg.out_dir, "long_context")
+    fig.savefig(path + ".png", dpi=110)
+    with open(path + ".json", "w") as f:
         json.dump(
             dict(
                 tokens=n,

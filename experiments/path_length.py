@@ -3,6 +3,7 @@ Self-attention against recurrence: the path a signal travels, and the steps that
 one after another, measured.
 
     python -m experiments.path_length [--out_dir=DIR]
+    python -m experiments.path_length --out_dir=docs   # the figures of docs/path_length.md
 
 Part 1, path length. A sequence opens with one marked token (one of 8), then n - 1
 unmarked ones (16 others, drawn at random), then a query; the answer at the query is the
@@ -18,8 +19,8 @@ Part 2, parallelism. A forward and backward pass of a GRU layer (T steps, one af
 other) and of one attention layer (its T x T scores in one batched matmul), same width,
 batch 8, one thread, against T: the median CPU time of --repeats passes.
 
-Writes path_length.json and path_length.png into --out_dir (default docs/);
-docs/path_length.md reads them.
+Writes path_length.json and path_length.png into --out_dir (default out-experiments/path_length/);
+docs/path_length.md reads the ones in docs/.
 """
 
 import os
@@ -41,14 +42,14 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from bench.common import cpu_class
-from experiments import DOCS
+from experiments import SCRATCH
 from support import cli
 from support.configurator import ConfigError
 
 
 @dataclasses.dataclass
 class Settings:
-    out_dir: str = DOCS
+    out_dir: str = os.path.join(SCRATCH, "path_length")  # --out_dir=docs: the shipped figures
     distances: tuple = (2, 4, 8, 16, 32, 64, 128, 256)  # part 1: n
     steps: int = 400  # part 1: training steps per model and n
     batch_size: int = 64

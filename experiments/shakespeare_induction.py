@@ -3,6 +3,7 @@ What does a Shakespeare run take to form an induction head on a CPU?
 
     python -m experiments.shakespeare_induction                 # every run of the table
     python -m experiments.shakespeare_induction --only=char_recurring
+    python -m experiments.shakespeare_induction --out_dir=docs  # the table of docs/heads.md
 
 Each run is train.py with the CPU recipe (config/shakespeare_cpu.py: rotary
 positions, QK-norm, Muon) in float32, changed in what matters for induction
@@ -27,9 +28,11 @@ the earlier copy by its surroundings as well as by its token.
 
 Runs go one after another in their own processes (torch threads: --threads);
 each one's wall and CPU time are measured around it. --train=False reads the
-runs' folders again without training (the summaries only). Writes
-out-shakespeare-induction/<run>/ (the runs) and docs/shakespeare_induction.json,
-one record per run, added to what is there; docs/heads.md quotes the table.
+runs' folders again without training (the summaries only), for the runs already
+in the results file. Writes out-shakespeare-induction/<run>/ (the runs) and
+shakespeare_induction.json in --out_dir (default out-experiments/shakespeare_induction/;
+docs/ only when given --out_dir=docs, whose table docs/heads.md quotes), one record per
+run, added to what is there.
 """
 
 import os
@@ -52,13 +55,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from experiments import SCRATCH
 from experiments.head_timeline import TimelineError, phase_change, read_losses, read_timeline
 from support import cli, timeline
 from support.configurator import ConfigError
 from support.head_measures import INDUCTION
 
 OUT = os.path.join(ROOT, "out-shakespeare-induction")
-RESULTS = os.path.join(ROOT, "docs", "shakespeare_induction.json")
 
 
 @dataclasses.dataclass
@@ -66,6 +69,8 @@ class Settings:
     only: str = ""  # "" = every run; or one run's name
     threads: int = 1  # torch threads of each run
     train: bool = True  # False: summarise the runs already in out-shakespeare-induction/ again
+    # the results file's folder
+    out_dir: str = os.path.join(SCRATCH, "shakespeare_induction")  # docs: the shipped table
 
 
 PASSAGES = 16  # val passages written twice, for the final model's repeat losses
@@ -268,10 +273,12 @@ def main(cfg):
     if cfg.only and cfg.only not in RUNS:
         raise ConfigError(f"unknown run {cfg.only!r}; the runs are {', '.join(RUNS)}")
     cli.check_threads(cfg.threads, least=1)  # each run its own threads, 1 or more
+    cli.output_folder(cfg.out_dir)
+    path = os.path.join(cfg.out_dir, "shakespeare_induction.json")
     os.makedirs(OUT, exist_ok=True)
     results = {}
-    if os.path.isfile(RESULTS):
-        with open(RESULTS) as f:
+    if os.path.isfile(path):
+        with open(path) as f:
             results = json.load(f)
     for name, (tokenizer, recurring, changes) in RUNS.items():
         if cfg.only and name != cfg.only:
@@ -300,12 +307,12 @@ def main(cfg):
         else:
             results[name]["failed"] = f"train.py exited with {code}; see {name}.log"
         print(name, json.dumps(results[name]), flush=True)
-        write(results)
-    write(results)
+        write(results, path)
+    write(results, path)
 
 
-def write(results):
-    with open(RESULTS, "w") as f:
+def write(results, path):
+    with open(path, "w") as f:
         json.dump(results, f, indent=1)
 
 

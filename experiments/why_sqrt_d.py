@@ -2,6 +2,7 @@
 Why attention divides its scores by sqrt(d), measured.
 
     python -m experiments.why_sqrt_d [--out_dir=DIR]
+    python -m experiments.why_sqrt_d --out_dir=docs   # the figures of docs/why_sqrt_d.md
 
 Part 1, the lecture's argument with random vectors. For q and k with independent
 unit-variance entries, q . k is a sum of d terms of variance 1: its variance is d, and
@@ -24,8 +25,8 @@ gives q and k unit-variance entries (the lecture's assumption). At initialisatio
 training: the scores' variance, the largest weight, the entropy, the gradient reaching the
 scores and the one reaching W_Q; during training the loss; at the end greedy accuracy.
 
-Writes why_sqrt_d.json and why_sqrt_d.png into --out_dir (default docs/);
-docs/why_sqrt_d.md reads them.
+Writes why_sqrt_d.json and why_sqrt_d.png into --out_dir (default out-experiments/why_sqrt_d/);
+docs/why_sqrt_d.md reads the ones in docs/.
 """
 
 import os
@@ -44,7 +45,7 @@ import time
 import torch
 
 from bench.common import cpu_class
-from experiments import DOCS
+from experiments import SCRATCH
 from experiments import toy_translation as task
 from experiments.explicit_attention import explicit_attention
 from experiments.seq2seq import EOS
@@ -55,7 +56,7 @@ from support.configurator import ConfigError
 
 @dataclasses.dataclass
 class Settings:
-    out_dir: str = DOCS
+    out_dir: str = os.path.join(SCRATCH, "why_sqrt_d")  # --out_dir=docs: the shipped figures
     d_max: int = 1024  # part 1: d = 4, 8, ..., d_max
     n_keys: int = 64  # part 1: keys per query
     samples: int = 2000  # part 1: queries per d

@@ -551,6 +551,7 @@ def test_without_cuda_it_says_so_and_writes_nothing(tmp_path):
         (["--budjet=9"], "did you mean 'budget'"),
         # a folder that takes no file, met only at the end of the first part's minutes
         (["--dry_run=True", "--page=/proc/gpu.md"], "cannot write into /proc"),
+        (["--dry_run=True", "--out_dir=/proc"], "; pass --out_dir=DIR"),
     ],
 )
 def test_bad_options_are_one_line(tmp_path, monkeypatch, capsys, args, message):

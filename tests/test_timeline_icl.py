@@ -117,16 +117,15 @@ def test_summarising_a_run_stopped_before_it_logged_heads_is_one_line(
     run = tmp_path / "out" / "char_plain"
     run.mkdir(parents=True)
     (run / "log.jsonl").write_text(json.dumps({"iter": 10, "loss": 2.5}) + "\n")
-    results = tmp_path / "results.json"
+    results = tmp_path / "shakespeare_induction.json"
     results.write_text(json.dumps({"char_plain": {"tokenizer": "char"}}))
     monkeypatch.setattr(shakespeare_induction, "OUT", str(tmp_path / "out"))
-    monkeypatch.setattr(shakespeare_induction, "RESULTS", str(results))
-    assert shakespeare_induction.run(["--train=False"]) == 2
+    assert shakespeare_induction.run(["--train=False", f"--out_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "logs no heads" in err
     assert len(err.strip().splitlines()) == 1
     assert json.loads(results.read_text()) == {"char_plain": {"tokenizer": "char"}}
-    assert shakespeare_induction.run(["--threads=0"]) == 2
+    assert shakespeare_induction.run(["--threads=0", f"--out_dir={tmp_path}"]) == 2
     assert "--threads must be 1 to" in capsys.readouterr().err
 
 
