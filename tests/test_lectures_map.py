@@ -1,6 +1,7 @@
 """docs/lectures.md points only at things that exist: every `file:name` is defined in its
 file, every `tests/...::test_name` is a test function, every linked page or figure is a
-file in docs/, and every row of its tables names code and a test."""
+file in docs/, every row of its tables names code and a test, and a weight matrix a claim
+names (W_Q, W_K, W_V, W_O) is named by every file and page the claim points at."""
 
 import ast
 import os
@@ -11,6 +12,7 @@ import pytest
 CODE = re.compile(r"`([\w/]+\.py):([\w.]+)`")
 TEST = re.compile(r"`(tests/[\w/]+\.py)::(\w+)`")
 LINK = re.compile(r"\]\(([\w./-]+)\)")
+MATRIX = re.compile(r"\bW_[QKVO]\b")
 
 
 def rows(repo_root):
@@ -73,6 +75,33 @@ def test_every_linked_page_and_figure_exists(repo_root):
     assert links
     missing = [link for link in links if not os.path.isfile(os.path.join(repo_root, "docs", link))]
     assert not missing
+
+
+def unnamed_matrices(row, repo_root):
+    """`path: W_X` for each weight matrix the row's claim names that a code file or a
+    linked page of the row never names."""
+    claim = row.strip().strip("|").split(" | ")[1]
+    matrices = sorted(set(MATRIX.findall(claim)))
+    paths = [path for path, _ in CODE.findall(row)]
+    paths += [os.path.join("docs", link) for link in LINK.findall(row) if link.endswith(".md")]
+    missing = []
+    for path in sorted(set(paths)):
+        with open(os.path.join(repo_root, path), encoding="utf-8") as f:
+            named = set(MATRIX.findall(f.read()))
+        missing += [f"{path}: {m}" for m in matrices if m not in named]
+    return missing
+
+
+def test_every_weight_matrix_a_claim_names_is_named_where_it_points(repo_root):
+    """The queries, keys and values claim pointed at a page that never named W_Q."""
+    checked = [row for row in rows(repo_root) if MATRIX.search(row)]
+    assert len(checked) >= 2
+    assert [miss for row in checked for miss in unnamed_matrices(row, repo_root)] == []
+
+
+def test_a_claim_pointing_at_a_page_without_its_matrices_is_found(repo_root):
+    row = "| 000 | `Q = X W_Q`, then W_O | `model.py:Head` | `tests/x.py::t` | [data.md](data.md) |"
+    assert unnamed_matrices(row, repo_root) == ["docs/data.md: W_O", "docs/data.md: W_Q"]
 
 
 @pytest.mark.parametrize("text", ["`model.py:nothing_here`", "`tests/test_model.py::test_nothing`"])

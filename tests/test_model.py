@@ -132,6 +132,20 @@ def test_multihead_equals_heads_concatenated_then_w_o(n_kv_head):
     assert torch.allclose(mha.maps[0], per_head, atol=1e-6)
 
 
+def test_a_head_attends_with_its_own_projections_of_the_input():
+    """Head: Q = X W_Q, K = X W_K, V = X W_V (its query, key and value layers), then
+    attention under the causal mask; against the fused kernel fed projections made by hand."""
+    torch.manual_seed(5)
+    head = Head(32, 8)
+    x = torch.randn(2, 10, 32)
+    q = x @ head.query.weight.T + head.query.bias  # (B, T, hs)
+    k = x @ head.key.weight.T + head.key.bias  # (B, T, hs)
+    v = x @ head.value.weight.T + head.value.bias  # (B, T, hs)
+    out, weights = head(x)
+    assert torch.allclose(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-5)
+    assert torch.equal(weights.triu(1), torch.zeros_like(weights))  # no query sees a later key
+
+
 def test_sdpa_path_equals_explicit_path():
     model = tiny_model()
     idx = torch.randint(0, 37, (3, 16))
