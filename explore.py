@@ -2,9 +2,10 @@
 Explore a model's attention live, in the browser: every head's map, its label,
 and what switching heads off does to the next token, the loss and the text.
 
-    python explore.py --out_dir=out-shakespeare-char-cpu      # then open the address it prints
+    python explore.py                  # the main command's model; open the address it prints
+    python explore.py --out_dir=out-shakespeare-char-cpu   # config/shakespeare_cpu.py's run
     python explore.py --init_from=path/to/gpt2 --port=8001
-    python explore.py --out_dir=out --host=0.0.0.0             # reachable from other machines
+    python explore.py --host=0.0.0.0   # reachable from other machines
 
 It serves one page (no file from outside: it works offline) and the JSON API
 the page uses, POST /api/analyze, /api/generate and /api/patch, GET /api/steps

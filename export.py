@@ -1,8 +1,10 @@
 """
 Export a model trained here to a folder that Hugging Face transformers loads offline.
 
-    python export.py --out_dir=out-shakespeare-char-cpu --to=hf-shakespeare
+    python export.py --to=hf-shakespeare       # the main command's model, out-shakespeare-char
+    # a snapshot of python train.py config/induction.py --snapshots=True
     python export.py --init_from=out-induction/snapshots/iter_000500.pt --to=hf-induction
+    # after python train.py config/shakespeare_bpe.py (GGUF holds GPT-2's architecture only)
     python export.py --out_dir=out-shakespeare-bpe --format=gguf --to=shakespeare.gguf
 
 The folder holds config.json, model.safetensors, generation_config.json and the
