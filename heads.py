@@ -128,6 +128,8 @@ def report(cfg, model, tok, data, folder, source):
                     "lift": p["lift"],
                     "concentration": p["concentration"],
                     "entropy": p["entropy"],
+                    "entropy_ratio": p["entropy_ratio"],
+                    "score_std": p["score_std"],
                     "self_weight": p["self_weight"],
                     "previous_weight": p["previous_weight"],
                     **scores,
@@ -159,12 +161,33 @@ def report(cfg, model, tok, data, folder, source):
             "threshold": INDUCTION,
         },
         "rule": attention_maps.LABEL_RULE,
+        "score_bound": score_bound(model),
         "composition": {k: as_lists(v) for k, v in comp.items()},
         "copy_loss": {
             k: round(float(knock["baseline"][k]), 4) for k in ("first_copy_loss", "copy_loss")
         },
         "heads": heads,
     }
+
+
+def score_bound(model):
+    """The largest scaled score q k^T / sqrt(hs) each layer's heads can reach, where
+    queries and keys are RMS-normed (QK-norm): |q| = |k| = sqrt(hs), so sqrt(hs), times
+    the largest query gain and the largest key gain where the norms learn one (rotary
+    turns pairs of dimensions, which keeps the lengths). None without QK-norm: the
+    scores are then bounded only by the weights and the residual stream."""
+    c = model.config
+    if not c.qk_norm:
+        return None
+    hs = c.n_embd // c.n_head
+    bounds = []
+    for block in model.transformer.h:
+        bound = hs**0.5
+        for norm in (block.attn.q_norm, block.attn.k_norm):
+            if norm.weight is not None:
+                bound *= float(norm.weight.detach().abs().max())
+        bounds.append(round(bound, 3))
+    return bounds
 
 
 def markdown(rep):
@@ -174,6 +197,8 @@ def markdown(rep):
         "head",
         "label",
         "concentration",
+        "score std",
+        "entropy",
         *CLASSES,
         "induction",
         "ablation (nats)",
@@ -186,6 +211,8 @@ def markdown(rep):
             h["head"],
             h["label"] + (" (prune)" if h["prune"] else ""),
             h["concentration"],
+            f"{h['score_std']:.2f}",
+            f"{h['entropy']:.2f} ({h['entropy_ratio']:.2f})",
             *(f"{h['scores'][c]:.2f}" for c in CLASSES),
             f"{h['induction']:.2f}",
             f"{h['ablation_nats']:+.4f}",
@@ -201,8 +228,12 @@ def markdown(rep):
         "",
         f"Val loss of record {rep['baseline_loss']:.4f} "
         f"({rep['tokens']:,} tokens in {rep['windows']} windows, {rep['dtype']}). "
+        "Score std: the mean standard deviation of a query's scaled scores "
+        "q k^T / sqrt(d) over the keys it sees; entropy: of its weights, in nats (and over "
+        "its maximum, log of the keys seen: 1 is even attention). "
         "Class columns: share of each head's attention; "
         "ablation: the rise of that loss with the head's output zeroed.",
+        *bound_line(rep["score_bound"]),
         f"Whole layer's attention removed: {layers} nats.",
         f"Pruning the {pruned} whose ablation costs < {rep['prune_below']} nats, "
         f"all at once: loss {rep['pruned_loss']:.4f} ({rep['pruned_nats']:+.4f} nats).",
@@ -210,6 +241,14 @@ def markdown(rep):
         *circuit_markdown(rep),
     ]
     return "\n".join(lines)
+
+
+def bound_line(bounds):
+    """The QK-norm bound on a score, per layer, as a line of the report (none without it)."""
+    if bounds is None:
+        return []
+    layers = ", ".join(f"layer {i} {b:.1f}" for i, b in enumerate(bounds))
+    return [f"QK-norm bounds each scaled score, |q k^T / sqrt(d)| <= {layers}."]
 
 
 def circuit_markdown(rep):

@@ -207,8 +207,16 @@ def pattern_sums(maps, tokens):
     )
     n_keys = rows + 1.0
     with np.errstate(divide="ignore", invalid="ignore"):
-        entropy = -np.where(a > 0, a * np.log(a), 0.0).sum(-1)  # (H, R)
+        log_a = np.where(a > 0, np.log(a), 0.0)
+        entropy = -(a * log_a).sum(-1)  # (H, R)
     max_entropy = np.log(n_keys)
+    # the scores' spread, recovered from the weights: log softmax(s)_j = s_j - logsumexp(s),
+    # so over a row's keys log w has the scores' standard deviation (keys whose weight
+    # rounds to 0 are left out; the scaled scores q k^T / sqrt(d) as the model computes them)
+    seen = (np.arange(T)[None, :] <= rows[:, None]) & (a > 0)  # (H, R, T)
+    n_seen = np.maximum(seen.sum(-1), 1)
+    mean = np.where(seen, log_a, 0.0).sum(-1) / n_seen
+    score_var = np.where(seen, (log_a - mean[..., None]) ** 2, 0.0).sum(-1) / n_seen
     spread = np.divide(entropy, max_entropy, out=np.ones_like(entropy), where=max_entropy > 0)
     r = np.arange(R)
     return {
@@ -220,6 +228,7 @@ def pattern_sums(maps, tokens):
         "previous": np.where(rows > 0, a[:, r, np.maximum(rows - 1, 0)], 0.0).sum(-1),
         "entropy": entropy.sum(-1),
         "spread": np.clip(spread, 0.0, 1.0).sum(-1),
+        "score_std": np.sqrt(score_var).sum(-1),
         "top": np.sort(a, axis=-1)[..., -SPARSE[0] :].sum(-1).sum(-1),
     }
 
@@ -231,7 +240,9 @@ def add_sums(x, y):
 
 def describe(sums, head):
     """One head's pattern from pattern_sums: {"label", "scores" (class shares),
-    "lift", "concentration", "entropy" (mean nats), "self_weight",
+    "lift", "concentration", "entropy" (mean nats), "entropy_ratio" (the mean of
+    entropy / log(visible keys): 1 is even attention, 0 one key), "score_std" (the
+    mean standard deviation of a row's scaled scores), "self_weight",
     "previous_weight" (the mean weight on the query, on the token before it)}."""
     n = sums["rows"]
     shares = dict(zip(CLASSES, sums["share"][head] / n))
@@ -262,6 +273,8 @@ def describe(sums, head):
         "lift": {c: None if v is None else round(float(v), 3) for c, v in lift.items()},
         "concentration": concentration,
         "entropy": round(float(sums["entropy"][head] / n), 4),
+        "entropy_ratio": round(float(sums["spread"][head] / n), 4),
+        "score_std": round(float(sums["score_std"][head] / n), 4),
         "self_weight": round(float(self_), 4),
         "previous_weight": round(float(previous), 4),
     }

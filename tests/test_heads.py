@@ -199,6 +199,76 @@ def test_weak_preference_and_nothing_preferred():
     assert far["label"] == "other", far
 
 
+def test_score_std_and_entropy_against_the_scores_themselves():
+    """score_std is recovered from the weights alone; the oracle is the scores the
+    weights came from, and the entropy written out."""
+    rng = np.random.default_rng(3)
+    H, T_ = 3, 20
+    # scores of three scales: sharp, moderate, near-even attention
+    scores = rng.normal(size=(H, T_, T_)) * np.array([4.0, 1.0, 0.1])[:, None, None]
+    visible = np.tril(np.ones((T_, T_), dtype=bool))
+    masked = np.where(visible, scores, -np.inf)
+    weights = np.exp(masked - masked.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    tokens = [chr(97 + i) for i in range(T_)]
+    sums = am.pattern_sums(weights, tokens)
+    rows = range(am.BAND + 1, T_)
+    for h in range(H):
+        d = am.describe(sums, h)
+        want_std = np.mean([scores[h, i, : i + 1].std() for i in rows])
+        assert d["score_std"] == pytest.approx(want_std, abs=1e-3)
+        w = [weights[h, i, : i + 1] for i in rows]
+        entropy = [-(x * np.log(x)).sum() for x in w]
+        assert d["entropy"] == pytest.approx(np.mean(entropy), abs=1e-3)
+        ratio = np.mean([e / np.log(i + 1) for e, i in zip(entropy, rows)])
+        assert d["entropy_ratio"] == pytest.approx(ratio, abs=1e-3)
+    # sharper scores, lower entropy: the lecture's claim in one line
+    stats = [am.describe(sums, h) for h in range(H)]
+    assert stats[0]["entropy_ratio"] < stats[1]["entropy_ratio"] < stats[2]["entropy_ratio"]
+
+
+@pytest.mark.parametrize("gain", [False, True])
+def test_the_qk_norm_bound_is_reached_by_a_key_equal_to_its_query(gain):
+    """With W_K = W_Q and no rotary, each query's score on its own key is |q|^2 / sqrt(d):
+    sqrt(d) after QK-norm, the bound, times the gains' product when one gain is spread
+    over every dimension; no score exceeds the bound."""
+    torch.manual_seed(0)
+    config = GPTConfig(
+        block_size=16, vocab_size=11, n_layer=1, n_head=2, n_embd=16, bias=False,
+        qk_norm=True, qk_gain=gain,
+    )  # fmt: skip
+    model = GPT(config).eval()
+    attn = model.transformer.h[0].attn
+    with torch.no_grad():
+        C = config.n_embd
+        attn.c_attn.weight[C : 2 * C] = attn.c_attn.weight[:C]  # W_K = W_Q
+        if gain:
+            attn.q_norm.weight.fill_(1.5)
+            attn.k_norm.weight.fill_(2.0)
+    captured = []
+
+    def recording(q, k, v, mask=None, dropout_p=0.0):
+        captured.append(q @ k.transpose(-2, -1) / q.size(-1) ** 0.5)
+        return real(q, k, v, mask, dropout_p)
+
+    import model as model_module
+
+    real = model_module.attention
+    model_module.attention = recording
+    try:
+        with torch.no_grad():
+            model.attention_maps(torch.randint(0, 11, (2, 16)))
+    finally:
+        model_module.attention = real
+    hs = C // config.n_head
+    bound = hs**0.5 * (3.0 if gain else 1.0)
+    assert heads.score_bound(model)[0] == pytest.approx(bound, abs=1e-3)  # 3 decimals
+    scores = captured[0]
+    assert scores.abs().max().item() <= bound * (1 + 1e-5)
+    own = torch.diagonal(scores, dim1=-2, dim2=-1)
+    assert own.min().item() == pytest.approx(bound, rel=1e-3)  # RMSNorm's eps: a hair below
+
+
 def test_sample_summary_uses_these_labels(tmp_path):
     """write_all (sample.py's attention files) labels known maps the same way."""
     layer = np.stack(
@@ -461,15 +531,18 @@ def test_command_writes_the_report(ckpt_dir, tiny, capsys):
         assert h["induction"] == pytest.approx(probe["induction"][h["layer"], h["head"]], abs=1e-4)
         assert sum(h["scores"].values()) == pytest.approx(1.0, abs=3e-4)
         assert h["prune"] == (h["ablation_nats"] < 0.02)
+        assert h["score_std"] > 0 and 0 < h["entropy_ratio"] <= 1
         row = (
             rf"^\| {h['layer']} \| {h['head']} \| {re.escape(h['label'])}( \(prune\))? "
-            rf"\| {h['concentration']} \|"
+            rf"\| {h['concentration']} \| {h['score_std']:.2f} \| {h['entropy']:.2f} "
+            rf"\({h['entropy_ratio']:.2f}\) \|"
         )
         assert re.search(row, out, re.M)
     ranked = sorted(hs, key=lambda h: h["rank"])
     assert [h["rank"] for h in ranked] == list(range(1, 9))
     assert all(a["ablation_nats"] >= b["ablation_nats"] for a, b in zip(ranked, ranked[1:]))
     assert f"{rep['pruned_loss']:.4f}" in out
+    assert rep["score_bound"] is None and "QK-norm bounds" not in out  # no QK-norm here
     n_pruned = sum(h["prune"] for h in hs)
     said = re.search(r"Pruning the (\d+) (heads?) whose", out)
     assert said and int(said[1]) == n_pruned and (said[2] == "head") == (n_pruned == 1)
