@@ -49,6 +49,7 @@ import torch
 # every core: one worker per core, and the tests that start several busy processes alone
 from cores import cores_alone, pytest_runtest_protocol, pytest_xdist_auto_num_workers  # noqa: F401
 from forker import Forker
+from stock_formula import pytest_runtest_makereport, pytest_terminal_summary  # noqa: F401
 
 from support.checkpoint import rng_state
 from support.run_log import read_evaluations

@@ -145,6 +145,7 @@ def test_generate_with_left_padding_gives_each_prompts_own_tokens(chars, tmp_pat
     assert torch.equal(out[1, 3:], model.generate(short[None], 20, temperature=0)[0])
 
 
+@pytest.mark.stock_formula
 def test_output_attentions_are_model_py_attention_maps(chars, tmp_path):
     model = tiny(chars, **RECIPE, n_kv_head=2, sliding_window=8)
     export(model, chars, str(tmp_path / "hf"))
@@ -467,6 +468,7 @@ def test_gguf_refuses_what_gpt2_cannot_hold_by_name(run, chars, tmp_path, capsys
 LENS_CONFIGS = [name for name in CONFIGS if name not in NOT_IN_LENS]
 
 
+@pytest.mark.stock_formula
 @pytest.mark.parametrize("name", LENS_CONFIGS)
 def test_hooked_transformer_gives_model_py_logits_and_patterns(name, chars):
     from support.export_lens import hooked_transformer
@@ -484,6 +486,7 @@ def test_hooked_transformer_gives_model_py_logits_and_patterns(name, chars):
     assert lens.to_tokens("ROMEO:", prepend_bos=False)[0].tolist() == chars.encode("ROMEO:")
 
 
+@pytest.mark.stock_formula
 @pytest.mark.parametrize("kind", ["gpt2", "bpe"])
 def test_hooked_transformer_takes_strings_through_a_bpe(kind, text):
     """A model of GPT-2's BPE, or of one trained on the corpus, in TransformerLens: its
@@ -523,6 +526,7 @@ def save_for_lens(folder, tok, dataset="tiny", data_root=None, **overrides):
     return model
 
 
+@pytest.mark.stock_formula
 def test_lens_example_on_a_bpe_model_of_one_layer_and_its_refusals(tmp_path, capsys):
     """experiments.lens_example, as docs/export.md gives it, on a GPT-2-BPE model of one
     layer (a KeyError, then a StopIteration, before); a text longer than block_size, a
@@ -552,6 +556,7 @@ def test_lens_example_on_a_bpe_model_of_one_layer_and_its_refusals(tmp_path, cap
     assert not (tmp_path / "no.png").exists()
 
 
+@pytest.mark.stock_formula
 def test_export_exactness_on_a_model_shorter_than_its_prompt(tmp_path, chars, data_root, capsys):
     """experiments.export_exactness on a model of block_size 8, below its 16-token
     prompt: greedy decoding from half the block (a traceback in transformers'
@@ -568,6 +573,7 @@ def test_export_exactness_on_a_model_shorter_than_its_prompt(tmp_path, chars, da
     assert cells[-2] == "equal"  # the round trip
 
 
+@pytest.mark.stock_formula
 @pytest.mark.parametrize("name", ["classic, bias", "15-minute recipe", "grouped-query"])
 def test_processed_as_transformer_lens_does_gives_heads_py_composition_scores(name, chars):
     """TransformerLens's processing (LayerNorm folded, writing weights centred) keeps the
@@ -615,6 +621,7 @@ def test_what_transformer_lens_cannot_hold_is_refused_by_name(name, chars):
         hooked_transformer(tiny(chars, **CONFIGS[name][0]))
 
 
+@pytest.mark.stock_formula
 @pytest.mark.parametrize("name", ["classic, no bias", "rotary alone"])
 def test_transformer_bridge_loads_the_stock_class_folders(name, chars, tmp_path):
     from transformer_lens.model_bridge import TransformerBridge

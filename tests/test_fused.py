@@ -48,6 +48,7 @@ def count_calls(monkeypatch):
     return calls
 
 
+@pytest.mark.stock_formula
 @pytest.mark.parametrize("options", OPTIONS)
 def test_written_attention_gives_the_fused_numbers_on_every_path(options, monkeypatch):
     fused, written = twins(**options)
@@ -73,6 +74,7 @@ def test_written_attention_gives_the_fused_numbers_on_every_path(options, monkey
     )
 
 
+@pytest.mark.stock_formula
 def test_streaming_cache_with_sinks_goes_through_attention(monkeypatch):
     fused, written = twins(seed=1, rope=True)
     prompt = torch.randint(0, 37, (1, 4))
@@ -97,6 +99,7 @@ def train_losses(data_root, out_dir, *extra):
     return [(rec["iter"], rec["train_loss"], rec["val_loss"]) for rec in read_log(out_dir)]
 
 
+@pytest.mark.stock_formula
 def test_an_edit_to_attention_trains_only_with_fused_false(data_root, tmp_path, monkeypatch):
     # n_embd 64 over 2 heads: head size 32, where the missing / sqrt(d) is a 5.7x sharper softmax
     size = ("--n_head=2", "--n_embd=64")

@@ -71,6 +71,7 @@ def test_generate_samples_within_top_k_and_repeats_with_a_seed():
     assert torch.equal(a, b) and a.shape == (1, 13)
 
 
+@pytest.mark.stock_formula
 def test_attention_maps_are_the_fused_forward_written_out():
     model = tiny().eval()
     idx = torch.randint(0, 29, (2, 12))
@@ -86,6 +87,7 @@ def test_attention_maps_are_the_fused_forward_written_out():
     assert all(block.attn.maps is None for block in model.transformer.h)
 
 
+@pytest.mark.stock_formula
 @pytest.mark.skipif(CUT, reason="this is the run against the copy")
 def test_plain_gpt_tests_pass_with_part_two_cut_off(tmp_path):
     """model.py promises that Part I runs alone: cut everything from the Part II marker
@@ -97,8 +99,10 @@ def test_plain_gpt_tests_pass_with_part_two_cut_off(tmp_path):
     (tmp_path / "model.py").write_text(part_one.rstrip() + "\n")
     (tmp_path / "test_plain_gpt.py").write_text(open(__file__).read())
     env = dict(os.environ, PLAIN_GPT_CUT="1")
+    # with no pyproject.toml there, the marker is named on the command line
+    argv = ["-q", "-p", "no:cacheprovider", "-o", "markers=stock_formula", "test_plain_gpt.py"]
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_plain_gpt.py"],
+        [sys.executable, "-m", "pytest", *argv],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -109,6 +113,7 @@ def test_plain_gpt_tests_pass_with_part_two_cut_off(tmp_path):
     assert " passed, 2 skipped in " in done.stdout
 
 
+@pytest.mark.stock_formula
 @pytest.mark.skipif(CUT, reason="the measure lives in experiments/")
 def test_a_plain_gpt_runs_the_first_644_lines_and_at_most_299_code_lines():
     """The goals of the core-first layout, measured by tracing the plain run

@@ -224,6 +224,7 @@ def test_prints_samples_and_summary(runs):
     assert m and m.groups() == ("10", "2", "60")
 
 
+@pytest.mark.stock_formula
 def test_greedy_same_with_and_without_cache_stream_and_file(runs, trained):
     greedy, _ = samples_of(ok(runs["greedy"]).stdout)
     assert len(greedy) == 1 and len(greedy[0]) == len("ROMEO:") + 80
@@ -306,6 +307,7 @@ sys.exit(sample.run(sys.argv[1:]))
 """
 
 
+@pytest.mark.stock_formula
 @pytest.mark.parametrize("stream", [False, True])
 def test_ctrl_c_prints_what_was_generated(trained, tmp_path, repo_root, capsys, stream):
     argv = [f"--out_dir={trained['dir']}", "--prompt=ROMEO:", "--max_new_tokens=40"]
@@ -512,6 +514,7 @@ def options(**changes):
     return sample.Settings(**dict(dict(temperature=1.0, top_k=None, top_p=1.0), **changes))
 
 
+@pytest.mark.stock_formula
 @pytest.mark.parametrize("prompt_len, n_new", [(10, 60), (5, 27), (5, 28), (40, 3)])
 @pytest.mark.parametrize("no_cache", [False, True])
 def test_assembled_maps_equal_a_full_forward(trained, prompt_len, n_new, no_cache):
