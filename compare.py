@@ -28,8 +28,6 @@ with more --pairs, trains only the new runs. Ctrl-C stops and reports the pairs 
 Options are --key=value; `python compare.py --help` lists them.
 """
 
-import support.before_torch  # bfloat16 tried in a child process, before torch loads
-
 import dataclasses
 import json
 import math
@@ -39,9 +37,16 @@ import subprocess
 import sys
 import tempfile
 
-import torch
-
-from support import arms, cli, compare_runs, compare_stats
+from support import arms, compare_runs, compare_stats
+from support.configurator import (
+    BAD_INPUT,
+    FAILED,
+    INTERRUPTED,
+    ConfigError,
+    error,
+    parse_settings,
+    wants_help,
+)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 PROBE = os.path.join(ROOT, "support", "arm_probe.py")
@@ -62,13 +67,17 @@ class Settings:
     seed: int = 1337  # pair i trains with seed + i
     # arm B's seeds shifted by this: unpaired runs, for measuring the command under the null
     seed_offset: int = 0
-    threads: int = 0  # threads of each run (OMP_NUM_THREADS); 0: torch's default here
+    threads: int = 0  # threads of each run (OMP_NUM_THREADS); 0: what torch takes here
     evals: int = 4  # evaluations per run, for the val curves; 0: the recipe's eval_interval
     out_dir: str = "out-compare"  # the kept runs, compare.json and compare.png
 
 
 class CompareError(Exception):
     """Bad input to compare.py; the message is one line saying what to do."""
+
+
+class CompareFailed(Exception):
+    """An arm that failed: its code or its training; the message is one line."""
 
 
 # -----------------------------------------------------------------------------
@@ -116,22 +125,20 @@ def in_arm(words, folder, project):
 
 
 def recipe(cfg, shared):
-    """The settings both arms train with: the recipe, then the command line's."""
+    """(the recipe's config file, or None for the default, which arm A's check picks by
+    the hardware it finds; the settings both arms train with)."""
+    base = None
     if cfg.config:
         base = [cfg.config]
     elif any(not w.startswith("--") for w in shared):
         base = []  # a config file given as a bare word
-    elif torch.cuda.is_available() and not any(w.startswith("--device=cpu") for w in shared):
-        base = GPU_RECIPE
-    else:
-        base = CPU_RECIPE
     timed = []
     if cfg.minutes > 0:
         seconds = round(cfg.minutes * 60, 3)
         # the iters out of reach, so that the clock ends the run and the lr's schedule
         timed = [f"--max_time={seconds}", f"--lr_decay_time={seconds}"]
         timed += ["--max_iters=1000000000", "--lr_decay_iters=1000000000"]
-    return base + shared + timed
+    return base, shared + timed
 
 
 def check(cfg):
@@ -141,7 +148,11 @@ def check(cfg):
         raise CompareError(f"--minutes must be a number >= 0, got {cfg.minutes}")
     if cfg.evals < 0:
         raise CompareError(f"--evals must be >= 0 (0: the recipe's own), got {cfg.evals}")
-    cli.check_threads(cfg.threads)
+    cores = os.cpu_count() or 1
+    if not 0 <= cfg.threads <= cores:
+        raise CompareError(
+            f"--threads must be 0 to {cores} (this machine's cores), got {cfg.threads}"
+        )
     for name in ("a", "b"):
         try:
             shlex.split(getattr(cfg, name) or "")
@@ -199,9 +210,10 @@ def snapshots(cfg, top, project, scratch):
     return a, b, edits
 
 
-def probe(arm, argv, resolve_dtype, threads, cache):
-    """What the arm would train (support/arm_probe.py in its folder), kept in the cache."""
-    request = {"argv": argv, "resolve_dtype": resolve_dtype}
+def probe(arm, argv, threads, cache, resolve_dtype=False, recipes=None):
+    """What the arm would train (support/arm_probe.py in its folder), kept in the cache.
+    threads 0: torch's own choice; recipes: the default recipe by device, for it to pick."""
+    request = {"argv": argv, "resolve_dtype": resolve_dtype, "recipes": recipes}
     key = compare_runs.run_key(arm.code, request, 0, threads)
     path = os.path.join(cache, "probes", f"{key}.json")
     try:
@@ -209,6 +221,9 @@ def probe(arm, argv, resolve_dtype, threads, cache):
             return json.load(f)
     except (OSError, ValueError):
         pass
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
     done = subprocess.run(
         [
             sys.executable,
@@ -218,7 +233,7 @@ def probe(arm, argv, resolve_dtype, threads, cache):
             json.dumps(request),
         ],
         cwd=arm.folder,
-        env=dict(os.environ, OMP_NUM_THREADS=str(threads)),
+        env=env,
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -229,7 +244,7 @@ def probe(arm, argv, resolve_dtype, threads, cache):
         where = f"arm {arm.name}, {arm.label}"
         if done.returncode == 2:
             raise CompareError(f"{where}: {line}")
-        raise cli.Failed(f"{where}, fails before training: {line}")
+        raise CompareFailed(f"{where}, fails before training: {line}")
     found = json.loads(done.stdout.strip().splitlines()[-1])
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
@@ -336,7 +351,7 @@ def run_pairs(cfg, a, b, cache, threads):
                     try:
                         record = compare_runs.train(arm.folder, argv, cache, key, threads)
                     except compare_runs.RunFailed as e:
-                        raise cli.Failed(
+                        raise CompareFailed(
                             f"arm {arm.name}, {arm.label}, failed at seed {seed}: {e.line}; "
                             f"its output is in {e.output}; the runs that finished are kept "
                             f"in {cache}, and the command again trains only the others"
@@ -579,11 +594,10 @@ def write_report(cfg, a, b, pairs, stats, header, cache, interrupted):
 
 def main(cfg, shared):
     check(cfg)
-    threads = cfg.threads or torch.get_num_threads()
     cache = os.path.abspath(cfg.out_dir)
-    cli.output_folder(cache)
+    writable(cache)
     top = arms.repository(ROOT)
-    words = recipe(cfg, shared)
+    base, words = recipe(cfg, shared)
     if not any(w.startswith("--data_root=") for w in words):
         # one prepared dataset for both arms: the project's, not one per snapshot
         words.append(f"--data_root={os.path.join(ROOT, 'data')}")
@@ -601,13 +615,21 @@ def main(cfg, shared):
                 "--a and --b give the same settings on the same code: nothing to compare"
             )
         for arm, own in ((a, cfg.a), (b, cfg.b)):
-            arm.argv = in_arm(words + shlex.split(own or ""), arm.folder, ROOT)
+            arm.argv = in_arm((base or []) + words + shlex.split(own or ""), arm.folder, ROOT)
         forced = arms.written_out_edits(a.folder, b.folder)
         if forced:
             for arm in (a, b):
                 arm.argv = with_keys(arm.argv, fused=False)
-        a.probe = probe(a, a.argv, True, threads, cache)
-        b.probe = probe(b, b.argv, False, threads, cache)
+        # A's check picks the default recipe by the hardware, and the threads torch takes
+        recipes = None
+        if base is None:
+            recipes = {"cpu": CPU_RECIPE, "cuda": GPU_RECIPE}
+        a.probe = probe(a, a.argv, cfg.threads, cache, resolve_dtype=True, recipes=recipes)
+        if base is None:
+            for arm in (a, b):
+                arm.argv = in_arm(a.probe["recipe"], arm.folder, ROOT) + arm.argv
+        threads = cfg.threads or a.probe["threads"]
+        b.probe = probe(b, b.argv, threads, cache)
         header = hold_equal(a, b, forced)
         for arm in (a, b):
             settings = arm.probe["settings"]
@@ -676,11 +698,44 @@ def own_words(words):
     return f" with {words!r}"
 
 
+def writable(folder):
+    """Make the cache folder, or a CompareError before any work is spent."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise CompareError(
+            f"cannot write into {folder} ({e.strerror or e}); pass --out_dir=DIR"
+        ) from None
+
+
 def run(argv):
-    """The command: what `python compare.py ...` exits with (cli.py)."""
+    """The command: what `python compare.py ...` exits with, as every command's (cli.py).
+    It does not import torch, nor the working tree's model.py, which is arm B's code to
+    check in a process of its own: a hack that fails to import is B's one line."""
     own, shared = split_argv(argv)
-    errors = (CompareError, arms.ArmError)
-    return cli.run(lambda cfg: main(cfg, shared), own, __doc__, Settings, errors)
+    if wants_help(own):
+        from support.help import describe_settings, print_help
+
+        print_help(__doc__, describe_settings(Settings))
+        return 0
+    try:
+        main(parse_settings(Settings, own, allow_files=False), shared)
+    except (ConfigError, CompareError, arms.ArmError) as e:
+        error(e)
+        return BAD_INPUT
+    except CompareFailed as e:
+        error(e)
+        return FAILED
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return INTERRUPTED
+    except OSError as e:
+        # the cache or a snapshot that cannot be written after the work began (a full disk)
+        error(f"cannot read or write {e.filename or 'a file'} ({e.strerror or e})")
+        return FAILED
+    return 0
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ failed, and exit code 1. Nothing is trained or saved.
         support/arm_probe.py '{"argv": [...], "resolve_dtype": true}'
 """
 
+import support.before_torch  # the arm's own bfloat16 check, before torch loads
+
 import json
 import os
 import sys
@@ -90,10 +92,17 @@ def model_check(cfg, device, resolve_dtype, dtype, why):
 
 
 def main(request):
-    import support.before_torch  # noqa: F401  (the arm's own bfloat16 check, before torch)
+    argv = request["argv"]
+    recipe = None
+    if request["recipes"]:
+        import torch
 
+        # the default recipe: the baby GPT where a CUDA GPU is found and not declined
+        declined = any(w.startswith("--device=") and "cuda" not in w for w in argv)
+        recipe = request["recipes"]["cuda" if torch.cuda.is_available() and not declined else "cpu"]
+        argv = recipe + argv
     try:
-        cfg, device, dtype, why = settings(request["argv"])
+        cfg, device, dtype, why = settings(argv)
     except Exception as e:
         # ConfigError, ValueError, DeviceError: the arm's one line for a bad setting
         if type(e).__name__ in ("ConfigError", "ValueError", "DeviceError", "DataError"):
@@ -110,6 +119,7 @@ def main(request):
             print(f"error: {e}", file=sys.stderr)
             return BAD_INPUT
         raise
+    report["recipe"] = recipe
     print(json.dumps(report))
     return 0
 

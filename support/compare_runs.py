@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+INTERRUPTED = 130  # train.py's exit code for Ctrl-C before its training began
 RECORD = "record.json"  # a finished run's results, in its folder
 OUTPUT = "train.out"  # its train.py's stdout and stderr
 BUSY_CORES = 0.5  # other processes using more than this many cores make a run "busy"
@@ -183,6 +184,11 @@ def train(folder, argv, cache, key, threads):
             shutil.rmtree(out, ignore_errors=True)
             raise
     machine = watch.result()
+    if child.returncode == INTERRUPTED:
+        # Ctrl-C reached train.py before its training began (this process ignores it when
+        # started in the background): the comparison stops with it
+        shutil.rmtree(out, ignore_errors=True)
+        raise KeyboardInterrupt
     if child.returncode != 0:
         raise RunFailed(last_error_line(output), child.returncode, output)
     try:

@@ -742,6 +742,7 @@ ENTRY_POINTS = [
     "export.py",
     "experiments/export_exactness.py",
     "experiments/lens_example.py",
+    "support/arm_probe.py",
 ]
 
 
