@@ -54,7 +54,11 @@ def given_verdict(monkeypatch, verdict):
 
 def python(code, without=(), **env):
     """Run code in a fresh interpreter from the repo root, in this environment less
-    the variables named in without, plus env: (exit code, stdout, stderr)."""
+    the variables named in without, plus env: (exit code, stdout, stderr). A child
+    that simulates a CPU class is that machine, not this one as its caller capped it:
+    it keeps no ONEDNN_MAX_CPU_ISA or ATEN_CPU_CAPABILITY of the caller's."""
+    if "GPT_SIMULATE_CPU" in env:
+        without = (*without, "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
     kept = {k: v for k, v in os.environ.items() if k not in without}
     r = subprocess.run(
         [sys.executable, "-c", code],
