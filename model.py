@@ -485,7 +485,15 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
         drop[:, 0] = False
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     probs = torch.softmax(logits, dim=-1)  # (B, vocab)
-    return torch.multinomial(probs, num_samples=1, generator=generator)
+    idx = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+    # MPS's multinomial now and then returns a token of probability 0 (pytorch #192577)
+    while probs.device.type in REDRAW_ZEROS_ON and (probs.gather(-1, idx) == 0).any():
+        idx = torch.multinomial(probs, num_samples=1, generator=generator)
+    return idx
+
+
+# the devices whose multinomial can pick a token of probability 0: drawn again there
+REDRAW_ZEROS_ON = ("mps",)
 
 
 # 10. The GPT model ----------

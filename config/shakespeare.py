@@ -70,8 +70,17 @@ if device == "auto" and torch.cuda.is_available():
     note = "config/shakespeare.py: a CUDA GPU was found, so the baby GPT"
 elif device == "auto":
     _here = "mps" if torch.backends.mps.is_available() else "cpu"
-    # None under torchrun, where each process would time for itself: the CPU recipe
-    _iter_s = seconds_per_iter(globals(), _here)
+    _failed = ""
+    try:
+        # None under torchrun, where each process would time for itself: the CPU recipe
+        _iter_s = seconds_per_iter(globals(), _here)
+    except (RuntimeError, NotImplementedError) as _e:
+        if _here != "mps":
+            raise
+        # the timed iter is the baby GPT's first step on MPS; where it fails (an op MPS
+        # lacks, a Mac's setup), the CPU recipe trains on the CPU instead
+        _iter_s = None
+        _failed = f"first step failed on MPS ({type(_e).__name__}: {str(_e).splitlines()[0]})"
     if _iter_s is not None and _iter_s * max_iters <= 3600:
         note = (
             f"config/shakespeare.py: the baby GPT on {_here}: its iters should take "
@@ -81,6 +90,8 @@ elif device == "auto":
         _baby = f"{max_iters:,} iters"
         if _iter_s is not None:
             _baby += f" would take {_iter_s * max_iters / 3600:.1f} h here ({_iter_s:.1f} s each)"
+        if _failed:
+            _baby = _failed
         with open(os.path.join(os.path.dirname(__file__), "shakespeare_cpu_15min.py")) as _f:
             exec(_f.read())
         out_dir = "out-shakespeare-char"
@@ -89,8 +100,15 @@ elif device == "auto":
         # rather than 100 keeps the whole run within 16 minutes (about 1,000 iters on
         # two cores without AVX-512); the final evaluation scores the whole val split
         eval_interval = 250
+        _found = "no GPU found"
+        _anyway = "--device=cpu trains it anyway"
+        if _here == "mps":
+            _found = "no CUDA GPU found"
+            _anyway = "--device=mps trains it there anyway"
+        if _failed:
+            _anyway = "--device=cpu trains it on the CPU anyway"
         note = (
-            f"config/shakespeare.py: no GPU found, so a model sized for the CPU: the "
+            f"config/shakespeare.py: {_found}, so a model sized for the CPU: the "
             f"{max_time / 60:.0f}-minute CPU recipe; "
-            f"the baby GPT's {_baby}; --device=cpu trains it anyway"
+            f"the baby GPT's {_baby}; {_anyway}"
         )
