@@ -32,6 +32,7 @@ import dataclasses
 import json
 import math
 import os
+import platform
 import shlex
 import subprocess
 import sys
@@ -47,6 +48,7 @@ from support.configurator import (
     parse_settings,
     wants_help,
 )
+from support.hardware import FLAG_FIELDS, cpuinfo
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 PROBE = os.path.join(ROOT, "support", "arm_probe.py")
@@ -298,6 +300,19 @@ def describe(a, b, note=""):
 
 # -----------------------------------------------------------------------------
 # The runs
+
+
+def machine(device):
+    """The machine the runs train on, in words: the CPU, its cores and its bfloat16
+    instructions, and the GPU where the runs use one (its name, as arm A's check found it)."""
+    name = cpuinfo(("model name", "Model", "Hardware")) or platform.processor()
+    flags = set(cpuinfo(FLAG_FIELDS).split())
+    native = [flag for flag in ("avx512_bf16", "amx_bf16", "amx_tile") if flag in flags]
+    words = f"{name or platform.machine()}, {os.cpu_count()} cores, bf16 in hardware: "
+    words += ", ".join(native) or "none"
+    if device:
+        words = f"{device}; {words}"
+    return words
 
 
 def busy_now(threads):
@@ -639,6 +654,7 @@ def main(cfg, shared):
             # the loss of record: the whole val split
             arm.argv = with_keys(arm.argv, eval_full_val=True)
         header["threads"] = threads
+        header["machine"] = machine(a.probe.get("device_name"))
         print_header(cfg, a, b, edits, forced, header, threads)
         pairs, interrupted = run_pairs(cfg, a, b, cache, threads)
     if interrupted:
@@ -682,6 +698,7 @@ def print_header(cfg, a, b, edits, forced, header, threads):
         pairs = "1 pair"
     print(f"{pairs}, {seeds}, in the order A1 B1 A2 B2 ...")
     plural = "s" if threads > 1 else ""
+    print(f"machine: {header['machine']}")
     print(
         f"held equal: {threads} thread{plural}, dtype {header['dtype']}, attention "
         f"{header['attention']}, compile {header['compile']}, device {header['device']}"

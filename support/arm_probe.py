@@ -81,6 +81,7 @@ def model_check(cfg, device, resolve_dtype, dtype, why):
             k: v for k, v in vars(cfg).items() if isinstance(v, (str, int, float, bool, type(None)))
         },
         device=device.type,
+        device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         dtype=dtype,
         dtype_why=why,
         compile=compile_on,
