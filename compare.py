@@ -134,6 +134,8 @@ def recipe(cfg, shared):
         base = [cfg.config]
     elif any(not w.startswith("--") for w in shared):
         base = []  # a config file given as a bare word
+    elif all(names_a_file(words) for words in (cfg.a, cfg.b)):
+        base = []  # two config files, one for each arm: each is its arm's recipe
     timed = []
     if cfg.minutes > 0:
         seconds = round(cfg.minutes * 60, 3)
@@ -141,6 +143,11 @@ def recipe(cfg, shared):
         timed = [f"--max_time={seconds}", f"--lr_decay_time={seconds}"]
         timed += ["--max_iters=1000000000", "--lr_decay_iters=1000000000"]
     return base, shared + timed
+
+
+def names_a_file(words):
+    """Whether an arm's own settings (--a, --b) name a config file."""
+    return any(not w.startswith("--") for w in shlex.split(words or ""))
 
 
 def check(cfg):
@@ -315,20 +322,22 @@ def machine(device):
     return words
 
 
-def busy_now(threads):
-    """A line saying the machine is busy before the runs start, or None."""
+def busy_now(watch):
+    """A line saying the machine is busy before the runs start, or None: another train.py,
+    or other processes taking more than BUSY_CORES while the arms were made and checked
+    (watch: a compare_runs.Watch of this process, started then)."""
     others = compare_runs.other_trainers(set())
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    cores = os.cpu_count() or 1
+    taken = watch.result()["other_cores"]
     if others:
         return (
             f"the machine is busy: another train.py is running ({others[0][:100]}); the runs "
             "will be slower and their step times not comparable (their losses are)"
         )
-    if load > cores - threads + 0.5:
+    if taken is not None and taken > compare_runs.BUSY_CORES:
         return (
-            f"the machine is busy: load average {load:.1f} on {cores} cores before any run; "
-            "the step times may not be comparable (the losses are)"
+            f"the machine is busy: other processes took {taken:.1f} of its "
+            f"{os.cpu_count()} cores just now; the step times may not be comparable "
+            "(the losses are)"
         )
     return None
 
@@ -404,6 +413,8 @@ def summary(cfg, a, b, pairs):
     if steps["A"] and steps["B"]:
         ratio = steps["B"] / steps["A"]
     same_batches = [p["A"]["data_generator"] == p["B"]["data_generator"] for p in pairs]
+    iters = {name: sorted(p[name]["iters"] for p in pairs)[len(pairs) // 2] for name in "AB"}
+    seconds = {name: compare_stats.mean([p[name]["seconds"] for p in pairs]) for name in "AB"}
     return {
         "pairs": len(pairs),
         "loss": {"A": loss_a, "B": loss_b},
@@ -416,6 +427,8 @@ def summary(cfg, a, b, pairs):
         "step_ratio": ratio,
         "params": {"A": a.probe["params"], "B": b.probe["params"]},
         "same_batches": same_batches,
+        "iters": iters,
+        "train_seconds": seconds,
         "busy_runs": sum(compare_runs.busy(p[n]) for p in pairs for n in ("A", "B")),
     }
 
@@ -473,21 +486,29 @@ def print_report(cfg, a, b, pairs, stats):
             f"pairing: the paired differences' sd is {d['sd']:.4f}; unpaired runs' "
             f"(B_j - A_i, i != j) {stats['unpaired_sd']:.4f}"
         )
-    print(batches_line(cfg, stats["same_batches"]))
+    print(batches_line(cfg, stats["same_batches"], stats["iters"]))
     if stats["busy_runs"]:
+        spoilt = "their step times are not comparable (their losses are)"
+        if cfg.minutes:
+            spoilt = "their step times are not comparable, nor, in a time budget, their losses"
         print(
             f"busy: {stats['busy_runs']} of {2 * stats['pairs']} runs shared the machine with "
-            "other work: their step times are not comparable (their losses are)"
+            f"other work: {spoilt}"
         )
     print(f"verdict: {stats['verdict']}")
-    speed = speed_line(stats)
+    speed = speed_line(cfg, stats)
     if speed:
         print(speed)
 
 
-def batches_line(cfg, same):
+def batches_line(cfg, same, iters):
     if cfg.seed_offset:
         return f"batches: unpaired (--seed_offset={cfg.seed_offset}): each run drew its own"
+    if cfg.minutes:
+        return (
+            "batches: the same sequence for the two runs of a pair, each to where its time "
+            f"ran out (iters, median: A {iters['A']}, B {iters['B']})"
+        )
     if all(same):
         return (
             "batches: the two runs of each pair drew the same batches "
@@ -500,22 +521,26 @@ def batches_line(cfg, same):
     )
 
 
-def speed_line(stats):
-    """Where the arm that wins per step loses per second, or the other way round."""
+def speed_line(cfg, stats):
+    """Where the arm that wins per step loses per second, or the other way round: the
+    command that compares them at equal time."""
     ratio = stats["step_ratio"]
     d = stats["difference"]
-    if ratio is None or d["p"] is None or d["p"] >= compare_stats.ALPHA:
+    if cfg.minutes or ratio is None or d["p"] is None or d["p"] >= compare_stats.ALPHA:
         return None
+    # A's minutes of training, to the half minute above
+    minutes = max(0.5, math.ceil(stats["train_seconds"]["A"] / 30) / 2)
+    then = f"compare at equal time with --minutes={minutes:g} to find out"
     b_better = d["mean"] < 0
     if b_better and ratio > 1.05:
         return (
-            f"speed: B is better per step but each of its steps takes {ratio:.2f}x A's: at "
-            "equal time it may not be; compare with --minutes=M to find out"
+            f"speed: B is better per step but each of its steps takes {ratio:.2f}x A's: in "
+            f"the same time it trains fewer; {then}"
         )
     if not b_better and ratio < 1 / 1.05:
         return (
             f"speed: B is worse per step but its steps take {ratio:.2f}x A's: in the same time "
-            "it trains more; compare with --minutes=M to find out"
+            f"it trains more; {then}"
         )
     return None
 
@@ -611,6 +636,8 @@ def main(cfg, shared):
     check(cfg)
     cache = os.path.abspath(cfg.out_dir)
     writable(cache)
+    # what other processes take while the arms are made and checked: is the machine busy?
+    watch = compare_runs.Watch(os.getpid())
     top = arms.repository(ROOT)
     base, words = recipe(cfg, shared)
     if not any(w.startswith("--data_root=") for w in words):
@@ -641,8 +668,9 @@ def main(cfg, shared):
             recipes = {"cpu": CPU_RECIPE, "cuda": GPU_RECIPE}
         a.probe = probe(a, a.argv, cfg.threads, cache, resolve_dtype=True, recipes=recipes)
         if base is None:
+            # the default recipe's path is the project's, inside each arm, wherever the user is
             for arm in (a, b):
-                arm.argv = in_arm(a.probe["recipe"], arm.folder, ROOT) + arm.argv
+                arm.argv = a.probe["recipe"] + arm.argv
         threads = cfg.threads or a.probe["threads"]
         b.probe = probe(b, b.argv, threads, cache)
         header = hold_equal(a, b, forced)
@@ -655,7 +683,7 @@ def main(cfg, shared):
             arm.argv = with_keys(arm.argv, eval_full_val=True)
         header["threads"] = threads
         header["machine"] = machine(a.probe.get("device_name"))
-        print_header(cfg, a, b, edits, forced, header, threads)
+        print_header(cfg, a, b, edits, forced, header, threads, watch)
         pairs, interrupted = run_pairs(cfg, a, b, cache, threads)
     if interrupted:
         print(f"\nstopped by Ctrl-C: {len(pairs)} of {cfg.pairs} pairs finished", flush=True)
@@ -671,7 +699,7 @@ def main(cfg, shared):
         print("the same command again trains the pairs not yet finished")
 
 
-def print_header(cfg, a, b, edits, forced, header, threads):
+def print_header(cfg, a, b, edits, forced, header, threads, watch):
     if forced:
         print(
             f"{', '.join(f'{name}()' for name in forced)} differs between the arms: both "
@@ -703,7 +731,7 @@ def print_header(cfg, a, b, edits, forced, header, threads):
         f"held equal: {threads} thread{plural}, dtype {header['dtype']}, attention "
         f"{header['attention']}, compile {header['compile']}, device {header['device']}"
     )
-    busy = busy_now(threads)
+    busy = busy_now(watch)
     if busy:
         print(busy)
     print(flush=True)

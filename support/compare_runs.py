@@ -104,20 +104,26 @@ class Watch:
     def __init__(self, pid):
         self.pid = pid
         self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-        self.start = (time.perf_counter(), cpu_ticks(), process_ticks(pid))
+        self.start = (
+            time.perf_counter(),
+            cpu_ticks(),
+            process_ticks(pid),
+            process_ticks(os.getpid()),
+        )
         self.others = set()
 
     def look(self):
         self.others.update(other_trainers({self.pid}))
 
     def result(self):
-        wall, machine, own = self.start
+        wall, machine, watched, own = self.start
         seconds = time.perf_counter() - wall
         now = cpu_ticks()
         cores = None
         if machine is not None and now is not None and seconds > 0:
-            # process_ticks counts the child's threads; gone, its ticks went to us (cutime)
-            mine = max(process_ticks(self.pid), process_ticks(os.getpid()) - own)
+            # process_ticks counts a child's threads; once it is gone and waited for, its
+            # ticks are this process's (cutime)
+            mine = max(process_ticks(self.pid) - watched, process_ticks(os.getpid()) - own)
             cores = max(0.0, (now - machine - mine) / self.hz / seconds)
         return dict(
             other_cores=None if cores is None else round(cores, 2),
