@@ -131,6 +131,9 @@ class KVCache:
         # one tensor per layer: a compiled step writing into a slice of a shared one copies it all
         self.k = [alloc(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.v = [alloc(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        # the newest position's keys and values before KV shifting (MultiHeadAttention.shift)
+        last = (batch_size, 2 * n_kv_head, 1, head_size)
+        self.last = [torch.zeros(last, device=device, dtype=dtype) for _ in range(n_layer)]
         self.block_size = length
         self.pos = 0
         # advanced in place: a fresh tensor per token would be a host-to-device copy
@@ -181,6 +184,8 @@ class KVCache:
         """Start again at position 0; stale entries past pos are never read."""
         self.pos = 0
         self.at.zero_()
+        for last in self.last:
+            last.zero_()
 
     @property
     def nbytes(self):
@@ -256,12 +261,20 @@ class MultiHeadAttention(nn.Module):
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_size, elementwise_affine=config.qk_gain)
             self.k_norm = RMSNorm(self.head_size, elementwise_affine=config.qk_gain)
+        # KV shifting (Xu et al. 2024, arXiv 2411.19574): per key/value head, the key is
+        # a1 k_i + a2 k_{i-1}, the value b1 v_i + b2 v_{i-1}, from (1, 0), the plain model
+        # (Olsson et al. 2022's smeared keys: keys alone, a1 + a2 = 1). 1-D: AdamW's, not Muon's
+        self.kv_shift = config.kv_shift
+        if config.kv_shift:
+            self.shift_now = nn.Parameter(torch.ones(2 * self.n_kv_head))  # a1 ..., b1 ...
+            self.shift_prev = nn.Parameter(torch.zeros(2 * self.n_kv_head))  # a2 ..., b2 ...
         self.attention = config.attention
         self.window = config.sliding_window
         self.sinks = config.sink_tokens
         self.attn_dropout = config.dropout if config.attn_dropout is None else config.attn_dropout
         self.resid_dropout = Dropout(config.dropout)
-        # False: attention() itself on every path (section 1), slower and the same numbers
+        # False: attention() itself on every path (section 1), slower: the same function,
+        # equal in float32 to rounding, while in bfloat16 they round apart and runs drift
         self.use_fused = config.fused
         # the fused kernel: a seam, GPT.split_context puts ring attention here
         self.sdpa = F.scaled_dot_product_attention
@@ -281,6 +294,9 @@ class MultiHeadAttention(nn.Module):
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_kv_head, hs).transpose(1, 2)  # (B, nkv, T, hs)
         v = v.view(B, T, self.n_kv_head, hs).transpose(1, 2)  # (B, nkv, T, hs)
+        # shift: each key and value mixed with the previous position's
+        if self.kv_shift:
+            k, v = self.shift(k, v, kv_cache, layer)
         # normalise: bounded attention logits let fast recipes use large learning rates
         if self.qk_norm:
             q = self.q_norm(q)
@@ -300,6 +316,20 @@ class MultiHeadAttention(nn.Module):
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         # W_O
         return self.resid_dropout(self.c_proj(y))
+
+    def shift(self, k, v, kv_cache, layer):
+        """k and v (B, nkv, T, hs) mixed with those one position earlier: before the first,
+        the cache's newest (zeros at 0); the cache keeps this call's newest for the next."""
+        kv = torch.cat([k, v], dim=1)  # (B, 2 nkv, T, hs)
+        before = torch.zeros_like(kv[:, :, :1])  # (B, 2 nkv, 1, hs)
+        if kv_cache is not None:
+            before = kv_cache.last[layer].clone().to(kv.dtype)
+            kv_cache.last[layer].copy_(kv[:, :, -1:])
+        previous = torch.cat([before, kv[:, :, :-1]], dim=2)  # (B, 2 nkv, T, hs)
+        now = self.shift_now.to(kv.dtype)[:, None, None]  # (2 nkv, 1, 1)
+        prev = self.shift_prev.to(kv.dtype)[:, None, None]  # (2 nkv, 1, 1)
+        kv = now * kv + prev * previous
+        return kv.split(self.n_kv_head, dim=1)  # (B, nkv, T, hs) each
 
     def attend(self, q, k, v, mask, kv_cache, layer, at):
         """The one place that picks which attention computes y (B, nh, T, hs), for
@@ -410,6 +440,7 @@ class GPTConfig:
     rope: bool = False  # rotary embeddings instead of learned positions
     qk_norm: bool = False  # RMS-normalise queries and keys per head
     qk_gain: bool = False  # and a learned gain per dimension after that norm
+    kv_shift: bool = False  # each key and value mixed with the previous one's (KV shifting)
     activation: str = "gelu"  # "gelu" (tanh approximation) or "relu2"
     attention: str = "softmax"  # or "linear": linear_attention, O(T) and a fixed-size state
     sliding_window: int | None = None  # each query sees its last W positions (itself included)
@@ -552,7 +583,9 @@ class GPT(nn.Module):
             dtype = self.transformer.wte.weight.dtype
         hs = c.n_embd // c.n_head
         if c.attention == "linear":
-            return LinearState(c.n_layer, batch_size, c.n_head, hs, c.context, device, dtype)
+            return LinearState(
+                c.n_layer, batch_size, c.n_head, c.n_kv_head, hs, c.context, device, dtype
+            )
         if window is not None or sinks or c.sliding_window is not None:
             return window_cache(c, batch_size, window, sinks, device, dtype)
         return KVCache(c.n_layer, batch_size, c.n_kv_head, c.block_size, hs, device, dtype, zero)
@@ -975,10 +1008,15 @@ class LinearState:
 
     rotates_keys = False
 
-    def __init__(self, n_layer, batch_size, n_head, head_size, block_size, device, dtype):
+    def __init__(
+        self, n_layer, batch_size, n_head, n_kv_head, head_size, block_size, device, dtype
+    ):
         S = torch.zeros(batch_size, n_head, head_size, head_size, device=device, dtype=dtype)
         z = torch.zeros(batch_size, n_head, head_size, device=device, dtype=dtype)
         self.state = [[S.clone(), z.clone()] for _ in range(n_layer)]
+        # as KVCache.last, for KV shifting
+        last = (batch_size, 2 * n_kv_head, 1, head_size)
+        self.last = [torch.zeros(last, device=device, dtype=dtype) for _ in range(n_layer)]
         self.block_size = block_size
         self.pos = 0
 
@@ -1000,6 +1038,8 @@ class LinearState:
         for S, z in self.state:
             S.zero_()
             z.zero_()
+        for last in self.last:
+            last.zero_()
 
     @property
     def nbytes(self):

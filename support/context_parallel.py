@@ -43,6 +43,11 @@ def check(cfg, world):
     if p == 1:
         return
     check_length(cfg.block_size, p, layout == "zigzag")
+    if cfg.kv_shift:
+        raise ValueError(
+            "context parallelism splits each sequence over processes, and KV shifting mixes "
+            "each key with the one before it; use --kv_shift=False or --context_parallel=1"
+        )
     attn_dropout = cfg.dropout if cfg.attn_dropout is None else cfg.attn_dropout
     if attn_dropout > 0:
         raise ValueError(

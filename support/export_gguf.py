@@ -12,13 +12,13 @@ llama.cpp's convert_hf_to_gguf.py gives GPT-2. export.py --format=gguf writes it
                 model's vocab_size
 
 What GGUF's gpt2 cannot hold is refused in one line (GGUFError): rotary positions,
-QK-norm, grouped-query attention, a window, linear attention and ReLU² (llama.cpp's gpt2
-graph is GPT-2's: learned positions and GELU), and a character vocabulary. GGUF's
-tokenizer models are SentencePiece, byte-level BPE, WordPiece, Unigram and a few others;
-none is a character vocabulary. A byte-level BPE without merges could spell the ASCII
-characters one byte each, but it would hold no character outside ASCII, and llama.cpp
-gives a gpt2 vocabulary without an end-of-text token the id 11 as its start and end,
-which here is a character.
+QK-norm, grouped-query attention, a window, linear attention, KV shifting and ReLU²
+(llama.cpp's gpt2 graph is GPT-2's: learned positions and GELU), and a character
+vocabulary. GGUF's tokenizer models are SentencePiece, byte-level BPE, WordPiece, Unigram
+and a few others; none is a character vocabulary. A byte-level BPE without merges could
+spell the ASCII characters one byte each, but it would hold no character outside ASCII,
+and llama.cpp gives a gpt2 vocabulary without an end-of-text token the id 11 as its start
+and end, which here is a character.
 """
 
 import json
@@ -41,6 +41,7 @@ def refusal(config, tok):
         (c.n_kv_head != c.n_head, "grouped-query attention (n_kv_head)"),
         (c.sliding_window is not None, "a sliding window (sliding_window)"),
         (c.attention != "softmax", "linear attention (attention='linear')"),
+        (c.kv_shift, "KV shifting (kv_shift)"),
         (c.activation != "gelu", "ReLU² (activation='relu2')"),
     ]
     for present, name in features:

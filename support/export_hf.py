@@ -16,6 +16,9 @@ holds the model exactly:
                 linear attention): support/modeling_hackable_gpt.py, copied into the
                 folder and loaded with trust_remote_code=True, with model.py's names.
 
+KV shifting (kv_shift) is refused in one line: no class here mixes a key with the one
+before it, so sample such a model with sample.py.
+
 config.json also carries `gpt_config`, the model's GPTConfig, and `tokenizer_kind`, so that
 reading the folder back gives the model and tokenizer it came from: a model without biases
 comes back without them, unless a fine-tune in transformers has made them non-zero.
@@ -300,6 +303,11 @@ def export(model, tok, target):
     from support.export_tokenizer import end_of_text, tokenizer_files
 
     config = model.config
+    if config.kv_shift:
+        raise ExportError(
+            "no Hugging Face class holds KV shifting (kv_shift): each key there is its "
+            "token's own; sample this model with sample.py"
+        )
     kind = hf_class(config)
     eot = end_of_text(tok)
     state = {key: t.detach().float().cpu() for key, t in model.state_dict().items()}

@@ -31,7 +31,7 @@ What becomes what:
 
 What TransformerLens cannot hold is refused in one line (LensError): attention sinks (its
 local attention is a window alone; its use_attention_sinks are gpt-oss's learned sink
-logits, another idea) and linear attention.
+logits, another idea), linear attention and KV shifting.
 """
 
 import torch
@@ -47,6 +47,8 @@ def refusal(config):
     """Why config cannot be a HookedTransformer, in one line, or None."""
     if config.attention == "linear":
         return "TransformerLens has no linear attention (attention='linear')"
+    if config.kv_shift:
+        return "TransformerLens has no KV shifting (kv_shift): its keys are each token's own"
     if config.sink_tokens:
         return (
             f"TransformerLens has no attention sinks (sink_tokens={config.sink_tokens}): "

@@ -2,8 +2,8 @@
 
 fused=True runs softmax attention in F.scaled_dot_product_attention; fused=False runs
 model.attention() and model.causal_mask() as written, on every path: training, a cache,
-a sliding window, sinks, StreamingLLM's rolling cache. The two give the same numbers, and
-an edit to attention() reaches the training loss only when fused=False."""
+a sliding window, sinks, StreamingLLM's rolling cache. The two agree in float32 to
+rounding, and an edit to attention() reaches the training loss only when fused=False."""
 
 import math
 

@@ -38,11 +38,12 @@ import model
 SIZES = dict(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
 # the configurations that train: GPTConfig's defaults (GPT-2's architecture), the
 # recipes' (config/shakespeare.py: rotary, QK-norm, ReLU², no biases), grouped-query
-# attention, and a sliding window (its rolling cache when decoding)
+# attention, KV shifting, and a sliding window (its rolling cache when decoding)
 CONFIGS = {
     "gpt2": dict(),
     "recipe": dict(rope=True, qk_norm=True, activation="relu2", bias=False),
     "grouped-query": dict(n_kv_head=2, rope=True, qk_norm=True, qk_gain=True),
+    "kv shift": dict(kv_shift=True, n_kv_head=2, rope=True, qk_norm=True),
     "sliding window": dict(sliding_window=5, rope=True),
 }
 # fused=True: the kernel; fused=False: attention() and causal_mask() as written

@@ -44,7 +44,7 @@ CHECKS = {
     "heads": invariants.check_heads,
 }
 # the configurations with a full-attention cache (not the sliding window's rolling one)
-FULL = ("gpt2", "recipe", "grouped-query")
+FULL = ("gpt2", "recipe", "grouped-query", "kv shift")
 # the invariants each edit breaks: (path, check, config), each a name, several, or None
 # for all of them
 BREAKS = {
