@@ -19,7 +19,10 @@ import time
 INTERRUPTED = 130  # train.py's exit code for Ctrl-C before its training began
 RECORD = "record.json"  # a finished run's results, in its folder
 OUTPUT = "train.out"  # its train.py's stdout and stderr
-BUSY_CORES = 0.5  # other processes using more than this many cores make a run "busy"
+# other processes using more than this many cores make a run "busy": with as many threads as
+# cores, 0.27 to 0.4 of a core taken by others made the CPU recipe's step 1.6-1.7x slower on
+# 2 cores (docs/benchmarks.md), and an idle machine's others take about 0.01
+BUSY_CORES = 0.1
 
 
 class RunFailed(Exception):
