@@ -12,7 +12,7 @@ MESSAGE = (
     "this test checks model.py's stock attention (its formula, or a copy of it: the fused "
     "kernel, an export, worked numbers, Part I's length): an edit to attention() or "
     "causal_mask() is expected to fail it. What any attention must keep: "
-    "python -m pytest tests/test_invariants.py"
+    "python -m pytest -n 0 tests/test_invariants.py"
 )
 
 
@@ -33,5 +33,6 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(
             f"{len(stock)} of the {len(failed)} failed tests check model.py's stock attention "
             f"(marked {MARKER}): an edit to attention() or causal_mask() is expected to fail "
-            "them; python -m pytest tests/test_invariants.py checks what any attention must keep"
+            "them; python -m pytest -n 0 tests/test_invariants.py checks what any attention "
+            "must keep"
         )
