@@ -233,6 +233,7 @@ def test_train_sample_and_heads_on_a_linear_checkpoint(data_root, tmp_path, caps
                 "--max_new_tokens=40",
                 "--temperature=0",
                 "--seed=1",
+                "--attn_span=all",  # the whole text, past the block
             ]
         )
         == 0

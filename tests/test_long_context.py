@@ -386,6 +386,7 @@ def test_sample_maps_of_a_windowed_model_past_its_window(tmp_path, capsys, rope)
         "--num_samples=1",
         "--temperature=0",
         f"--attn_dir={tmp_path / 'maps'}",
+        "--attn_span=all",  # the end of the text, past the window
     ]
     assert sample.run(argv) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
@@ -403,6 +404,13 @@ def test_sample_maps_of_a_windowed_model_past_its_window(tmp_path, capsys, rope)
     assert saved.shape == (4, 16, 16)
     np.testing.assert_allclose(saved, maps[0][0].numpy(), atol=1e-6)
     assert np.all(np.triu(saved, 1) == 0) and np.all(np.tril(saved, -4) == 0)
+    # by default, the start: the prompt and the first tokens, one forward over them
+    assert sample.run(argv[:-1]) == 0, capsys.readouterr().err
+    first = np.load(tmp_path / "maps" / "attention.npz")
+    assert first["window_start"] == 0 and first["token_ids"].tolist() == ids[:16].tolist()
+    with torch.no_grad():
+        _, maps = model.attention_maps(ids[:16][None])
+    np.testing.assert_allclose(first["layer_0"], maps[0][0].numpy(), atol=1e-6)
 
 
 @pytest.mark.parametrize(
