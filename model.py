@@ -496,8 +496,10 @@ class GPTConfig:
 
 
 # 9. Sampling the next token ----------
-def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
-    """Pick the next token (B, 1) from the last position's logits (B, vocab)."""
+def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None, redraw=("mps",)):
+    """Pick the next token (B, 1) from the last position's logits (B, vocab). On the device
+    types in redraw, whose multinomial can return a token of probability 0 (MPS: pytorch
+    #192577), such a draw is drawn again."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits.float()
@@ -517,14 +519,9 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     probs = torch.softmax(logits, dim=-1)  # (B, vocab)
     idx = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
-    # MPS's multinomial now and then returns a token of probability 0 (pytorch #192577)
-    while probs.device.type in REDRAW_ZEROS_ON and (probs.gather(-1, idx) == 0).any():
+    while probs.device.type in redraw and (probs.gather(-1, idx) == 0).any():
         idx = torch.multinomial(probs, num_samples=1, generator=generator)
     return idx
-
-
-# the devices whose multinomial can pick a token of probability 0: drawn again there
-REDRAW_ZEROS_ON = ("mps",)
 
 
 # 10. The GPT model ----------

@@ -57,19 +57,6 @@ def pick_device(name, local_rank=0, ddp=False):
     return device
 
 
-def mps_half_error(dtype, device):
-    """A one-line reason why dtype cannot run on MPS, or None. PyTorch's fused causal
-    attention on MPS let queries see later keys in float16 and bfloat16 (pytorch
-    #195910), silently: only float32 is trusted there."""
-    if device.type == "mps" and dtype in ("bfloat16", "float16"):
-        return (
-            f"--dtype={dtype} on MPS: PyTorch's causal attention there has let tokens see "
-            "later ones in half precision (pytorch issue 195910); use --dtype=float32, "
-            "what auto picks on MPS"
-        )
-    return None
-
-
 def training_dtype(name, device):
     """(dtype name, why) of a training run: 'auto' is bfloat16 autocast where the
     hardware has native bfloat16 (hardware.py), float16 needs CUDA, and bfloat16
@@ -77,8 +64,6 @@ def training_dtype(name, device):
     dtype, why = name, "as set"
     if dtype == "auto":
         dtype, why = auto_dtype(device.type)
-    if error := mps_half_error(dtype, device):
-        raise DeviceError(error)
     if dtype == "float16" and device.type != "cuda":
         raise DeviceError("float16 training needs CUDA; use --dtype=bfloat16 or --dtype=float32")
     if dtype == "bfloat16" and (error := bf16_error(device.type)):
@@ -97,8 +82,8 @@ def inference_dtype(name, device):
     dtype = DTYPE_ALIASES.get(name, name)
     if dtype not in ("float32", "bfloat16", "float16"):
         raise DeviceError(f"unknown --dtype {name!r}; use auto, float32, bfloat16 or float16")
-    if error := mps_half_error(dtype, device):
-        raise DeviceError(error)
+    if dtype == "float16" and device.type == "mps":
+        raise DeviceError(bf16_error("mps").replace("bfloat16", "float16", 1))
     if dtype == "bfloat16" and (error := bf16_error(device.type)):
         raise DeviceError(error)
     return getattr(torch, dtype)

@@ -116,7 +116,15 @@ def auto_dtype(device_type):
 
 
 def bf16_error(device_type):
-    """A one-line reason why an explicit bfloat16 cannot run here, or None."""
+    """A one-line reason why an explicit bfloat16 cannot run here, or None. On MPS:
+    PyTorch's fused causal attention there let queries see later keys in float16 and
+    bfloat16 (pytorch #195910), silently, so only float32 is trusted there."""
+    if device_type == "mps":
+        return (
+            "--dtype=bfloat16 on MPS: PyTorch's causal attention there has let tokens see "
+            "later ones in half precision (pytorch issue 195910); use --dtype=float32, "
+            "what auto picks on MPS"
+        )
     if device_type != "cpu":
         return None
     from support import bf16_verdict
