@@ -183,11 +183,11 @@ class Arm:
     probe: dict | None = None  # what arm_probe.py found
 
 
-def snapshots(cfg, top, project, scratch):
+def snapshots(cfg, top, project, scratch, cache):
     """Arms A and B, their code snapshot into scratch."""
     inside = os.path.relpath(project, top)
     tree = os.path.join(scratch, "tree")
-    arms.copy_working_tree(top, tree)
+    arms.copy_working_tree(top, tree, skip=cache)
     tree_files = arms.python_files(tree)
     same_code = (cfg.a is not None or cfg.b is not None) and cfg.ref is None
     if same_code:
@@ -644,7 +644,7 @@ def main(cfg, shared):
         # one prepared dataset for both arms: the project's, not one per snapshot
         words.append(f"--data_root={os.path.join(ROOT, 'data')}")
     with tempfile.TemporaryDirectory(prefix="compare-") as scratch:
-        a, b, edits = snapshots(cfg, top, ROOT, scratch)
+        a, b, edits = snapshots(cfg, top, ROOT, scratch, cache)
         same = a.code == b.code and (cfg.a or "") == (cfg.b or "")
         if same and not cfg.seed_offset:
             if cfg.a is None and cfg.b is None:
@@ -757,8 +757,8 @@ def writable(folder):
 
 def run(argv):
     """The command: what `python compare.py ...` exits with, as every command's (cli.py).
-    It does not import torch, nor the working tree's model.py, which is arm B's code to
-    check in a process of its own: a hack that fails to import is B's one line."""
+    It loads neither torch nor the working tree's model.py, which is arm B's code to check
+    in a process of its own: a hack that fails to import is B's one line."""
     own, shared = split_argv(argv)
     if wants_help(own):
         from support.help import describe_settings, print_help

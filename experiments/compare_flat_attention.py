@@ -24,8 +24,7 @@ import json
 import time
 
 from experiments import ROOT, SCRATCH
-from experiments.comparing import clone, compare, cpu_class, edit
-from support.configurator import BAD_INPUT, ConfigError, error, parse_settings
+from experiments.comparing import clone, command, compare, cpu_class, edit
 
 STOCK = "    scores = q @ k.transpose(-2, -1) / math.sqrt(d)  # (..., Tq, Tk)\n"
 FLAT = "    scores = q @ k.transpose(-2, -1) / math.sqrt(d) * 0  # (..., Tq, Tk)\n"
@@ -66,15 +65,5 @@ def main(cfg):
     )
 
 
-def run(argv):
-    try:
-        cfg = parse_settings(Settings, argv, allow_files=False)
-    except ConfigError as e:
-        error(e)
-        return BAD_INPUT
-    main(cfg)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(run(sys.argv[1:]))
+    sys.exit(command(main, sys.argv[1:], __doc__, Settings))

@@ -28,9 +28,8 @@ import math
 import time
 
 from experiments import ROOT, SCRATCH
-from experiments.comparing import clone, compare, cpu_class
+from experiments.comparing import clone, command, compare, cpu_class
 from support import compare_stats
-from support.configurator import BAD_INPUT, ConfigError, error, parse_settings
 
 
 @dataclasses.dataclass
@@ -93,15 +92,5 @@ def main(cfg):
     )
 
 
-def run(argv):
-    try:
-        cfg = parse_settings(Settings, argv, allow_files=False)
-    except ConfigError as e:
-        error(e)
-        return BAD_INPUT
-    main(cfg)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(run(sys.argv[1:]))
+    sys.exit(command(main, sys.argv[1:], __doc__, Settings))

@@ -14,6 +14,7 @@ import sys
 import time
 
 from experiments import ROOT
+from support.configurator import BAD_INPUT, ConfigError, error, parse_settings, wants_help
 from support.hardware import FLAG_FIELDS, cpuinfo
 
 
@@ -68,3 +69,20 @@ def cpu_class():
     if "avx512f" in flags:
         native.insert(0, "avx512f")
     return f"{name}, {os.cpu_count()} cores ({', '.join(native) or 'AVX2 or less'})"
+
+
+def command(main, argv, doc, settings):
+    """An experiment's command line: --help (its docstring and options), or main(cfg) with
+    the options parsed; a bad one is one line and exit code 2. Returns the exit code."""
+    if wants_help(argv):
+        from support.help import describe_settings, print_help
+
+        print_help(doc, describe_settings(settings))
+        return 0
+    try:
+        cfg = parse_settings(settings, argv, allow_files=False)
+    except ConfigError as e:
+        error(e)
+        return BAD_INPUT
+    main(cfg)
+    return 0

@@ -66,12 +66,20 @@ def working_files(root):
     return [path for path in paths if os.path.lexists(os.path.join(root, path))]
 
 
-def copy_working_tree(root, dest):
-    """The working tree's files (working_files) copied into dest, links as links."""
+def copy_working_tree(root, dest, skip=None):
+    """The working tree's files (working_files) copied into dest, links as links, a
+    submodule's folder whole; those under the folder skip (the comparison's own cache,
+    where it is inside the tree and not ignored) left out."""
     for path in working_files(root):
+        source = os.path.join(root, path)
+        if skip is not None and os.path.abspath(source).startswith(os.path.join(skip, "")):
+            continue
         target = os.path.join(dest, path)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        shutil.copy2(os.path.join(root, path), target, follow_symlinks=False)
+        if os.path.isdir(source) and not os.path.islink(source):
+            shutil.copytree(source, target, symlinks=True)
+        else:
+            shutil.copy2(source, target, follow_symlinks=False)
 
 
 def extract_commit(root, sha, dest):

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -97,6 +98,36 @@ def test_the_unpaired_spread_is_that_of_differences_across_pairs():
     a, b = SAMPLES[0]
     across = [y - x for i, x in enumerate(a) for j, y in enumerate(b) if i != j]
     assert compare_stats.unpaired_sd(a, b) == pytest.approx(np.std(across, ddof=1))
+
+
+# -----------------------------------------------------------------------------
+# What only the written-out attention runs
+
+
+@pytest.mark.parametrize(
+    "old, new, edited",
+    [
+        # the lecture's hack, in attention()'s body
+        (
+            "/ math.sqrt(d)  # (..., Tq, Tk)",
+            "/ d  # (..., Tq, Tk)",
+            ["attention"],
+        ),
+        # the masking rule: causal_mask() calls it, the fused kernel never does
+        ("    causal = j <= i\n", "    causal = j <= i + 1\n", ["visible"]),
+        # a docstring or a comment changes no run
+        ("Attention written out, so", "Attention, written out so", []),
+        ("# dividing by sqrt(d) keeps", "# dividing by the root of d keeps", []),
+        # the MLP runs on both paths: the fused kernel trains it as written
+        ("x = x * x", "x = x * x * 0.5", []),
+    ],
+)
+def test_an_edit_is_found_in_the_functions_the_fused_kernel_never_runs(tmp_path, old, new, edited):
+    for arm in ("a", "b"):
+        os.makedirs(tmp_path / arm)
+        shutil.copy(os.path.join(ROOT, "model.py"), tmp_path / arm / "model.py")
+    edit(str(tmp_path / "b" / "model.py"), old, new)
+    assert arms.written_out_edits(str(tmp_path / "a"), str(tmp_path / "b")) == edited
 
 
 # -----------------------------------------------------------------------------
