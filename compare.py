@@ -188,7 +188,8 @@ def snapshots(cfg, top, project, scratch, cache):
     inside = os.path.relpath(project, top)
     tree = os.path.join(scratch, "tree")
     arms.copy_working_tree(top, tree, skip=cache)
-    tree_files = arms.python_files(tree)
+    # the project's code, where the project is a folder of a larger repository too
+    tree_files = arms.python_files(os.path.join(tree, inside))
     same_code = (cfg.a is not None or cfg.b is not None) and cfg.ref is None
     if same_code:
         folder = os.path.normpath(os.path.join(tree, inside))
@@ -200,7 +201,7 @@ def snapshots(cfg, top, project, scratch, cache):
     sha, short = arms.commit(top, ref)
     base = os.path.join(scratch, "ref")
     arms.extract_commit(top, sha, base)
-    base_files = arms.python_files(base)
+    base_files = arms.python_files(os.path.join(base, inside))
     edits = arms.changed(base_files, tree_files)
     a = Arm(
         "A",
@@ -409,9 +410,18 @@ def summary(cfg, a, b, pairs):
     for name in ("A", "B"):
         times = [p[name]["ms_per_iter"] for p in pairs if p[name]["ms_per_iter"]]
         steps[name] = sorted(times)[len(times) // 2] if times else None
+    # the step time's ratio B/A: its pairs' log ratios, their mean and interval, as for the
+    # loss (a pair's two runs ran one after the other, on the machine as it was then)
+    timed = [p for p in pairs if p["A"]["ms_per_iter"] and p["B"]["ms_per_iter"]]
+    speed = compare_stats.paired(
+        [math.log(p["A"]["ms_per_iter"]) for p in timed],
+        [math.log(p["B"]["ms_per_iter"]) for p in timed],
+    )
     ratio = None
-    if steps["A"] and steps["B"]:
-        ratio = steps["B"] / steps["A"]
+    if timed:
+        ratio = {"ratio": math.exp(speed.mean), "low": None, "high": None}
+    if speed.low is not None:
+        ratio.update(low=math.exp(speed.low), high=math.exp(speed.high))
     same_batches = [p["A"]["data_generator"] == p["B"]["data_generator"] for p in pairs]
     iters = {name: sorted(p[name]["iters"] for p in pairs)[len(pairs) // 2] for name in "AB"}
     seconds = {name: compare_stats.mean([p[name]["seconds"] for p in pairs]) for name in "AB"}
@@ -461,7 +471,7 @@ def print_report(cfg, a, b, pairs, stats):
     rows.append(("parameters", f"{stats['params']['A']:,}", f"{stats['params']['B']:,}", ""))
     ratio = ""
     if stats["step_ratio"]:
-        ratio = f"B/A {stats['step_ratio']:.2f}x"
+        ratio = f"B/A {stats['step_ratio']['ratio']:.2f}x"
     rows.append(
         (
             "ms per iter",
@@ -480,6 +490,12 @@ def print_report(cfg, a, b, pairs, stats):
             f"paired difference B - A: {d['mean']:+.4f} nats, 95% CI {d['low']:+.4f} to "
             f"{d['high']:+.4f}, t = {d['t']:.2f} with {d['n'] - 1} df, p = "
             f"{compare_stats.p_text(d['p'])}"
+        )
+    step = stats["step_ratio"]
+    if step and step["low"] is not None:
+        print(
+            f"step time B/A: {step['ratio']:.2f}x, 95% CI {step['low']:.2f} to "
+            f"{step['high']:.2f} (the pairs' ratios)"
         )
     if stats["unpaired_sd"] is not None and d["sd"] is not None:
         print(
@@ -522,25 +538,27 @@ def batches_line(cfg, same, iters):
 
 
 def speed_line(cfg, stats):
-    """Where the arm that wins per step loses per second, or the other way round: the
-    command that compares them at equal time."""
-    ratio = stats["step_ratio"]
+    """Where the arm that wins per step is slower per step, by an interval that leaves 1
+    out, or the other way round: the command that compares them at equal time."""
+    step = stats["step_ratio"]
     d = stats["difference"]
-    if cfg.minutes or ratio is None or d["p"] is None or d["p"] >= compare_stats.ALPHA:
+    if cfg.minutes or step is None or step["low"] is None:
+        return None
+    if d["p"] is None or d["p"] >= compare_stats.ALPHA:
         return None
     # A's minutes of training, to the half minute above
     minutes = max(0.5, math.ceil(stats["train_seconds"]["A"] / 30) / 2)
     then = f"compare at equal time with --minutes={minutes:g} to find out"
     b_better = d["mean"] < 0
-    if b_better and ratio > 1.05:
+    if b_better and step["low"] > 1:
         return (
-            f"speed: B is better per step but each of its steps takes {ratio:.2f}x A's: in "
-            f"the same time it trains fewer; {then}"
+            f"speed: B is better per step but each of its steps takes {step['ratio']:.2f}x "
+            f"A's: in the same time it trains fewer; {then}"
         )
-    if not b_better and ratio < 1 / 1.05:
+    if not b_better and step["high"] < 1:
         return (
-            f"speed: B is worse per step but its steps take {ratio:.2f}x A's: in the same time "
-            f"it trains more; {then}"
+            f"speed: B is worse per step but its steps take {step['ratio']:.2f}x A's: in the "
+            f"same time it trains more; {then}"
         )
     return None
 

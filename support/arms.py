@@ -100,16 +100,30 @@ def extract_commit(root, sha, dest):
         raise ArmError(f"git archive {sha[:7]} failed (exit code {code})")
 
 
+# files no training run executes: the comparison's own, and the tests. An edit to them
+# alone is nothing to compare, and leaves the kept runs valid.
+NOT_TRAINING = (
+    "compare.py",
+    "support/arms.py",
+    "support/arm_probe.py",
+    "support/compare_runs.py",
+    "support/compare_stats.py",
+)
+
+
 def python_files(folder):
-    """{path relative to folder: SHA-256 of its bytes} for the snapshot's Python files."""
+    """{path relative to folder: SHA-256 of its bytes} for the snapshot's Python files that
+    a training run may execute (all but NOT_TRAINING and tests/)."""
     found = {}
     for top, dirs, files in os.walk(folder):
         dirs[:] = [d for d in dirs if d != "__pycache__"]
         for name in files:
-            if name.endswith(".py"):
-                path = os.path.join(top, name)
+            path = os.path.join(top, name)
+            relative = os.path.relpath(path, folder).replace(os.sep, "/")
+            skipped = relative in NOT_TRAINING or relative.split("/")[0] == "tests"
+            if name.endswith(".py") and not skipped:
                 with open(path, "rb") as f:
-                    found[os.path.relpath(path, folder)] = hashlib.sha256(f.read()).hexdigest()
+                    found[relative] = hashlib.sha256(f.read()).hexdigest()
     return found
 
 
