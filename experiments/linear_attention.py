@@ -591,8 +591,9 @@ of its context, which the other heads largely carry too. This is the missing
 spikiness the Hedgehog paper describes, seen in this model's own maps.
 
 Layer 0 of the linear model over the prompt "ROMEO:" and 58 generated
-characters (`sample.py --seed=1337 --max_new_tokens=58`); the softmax model's
-layer 0 (a model of the half-minute CPU recipe, 3 layers), with its bright diagonals, is [shakespeare_cpu_layer_0.png](shakespeare_cpu_layer_0.png):
+characters (`sample.py --seed=1337 --max_new_tokens=58`); a softmax model's
+layer 0 (the half-minute CPU recipe's, 3 layers), with its bright diagonals,
+is [shakespeare_cpu_layer_0.png](shakespeare_cpu_layer_0.png):
 
 ![layer 0 of the linear model: every row spread evenly over the keys](linear_attention_layer_0.png)
 
