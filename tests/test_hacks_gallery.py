@@ -1,0 +1,174 @@
+"""docs/hacks.md's driver (experiments/hacks_gallery.py): each edit row's patch applies to HEAD's
+model.py and changes only the functions its row names, the command sees those that only the
+written-out attention runs, an edit to attention() computes what F.scaled_dot_product_attention
+does at the scale it says; and the page shows what a real compare.json holds, its interval, p
+and step ratio checked against scipy's paired t test."""
+
+import ast
+import copy
+import importlib.util
+import json
+import math
+import os
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import ROOT
+from scipy import stats
+
+from experiments import hacks_gallery
+from support import arms
+
+EDITS = [hack for hack in hacks_gallery.ROWS if hack.patch]
+# a real `python compare.py` of tiny settings (1 layer, 32 wide, 8 iters, 3 pairs) after
+# experiments/hacks/scores_over_d.patch, in a clone: its compare.json and its output
+STORED = os.path.join(ROOT, "tests", "data", "hacks_tiny_compare.json")
+STORED_OUTPUT = os.path.join(ROOT, "tests", "data", "hacks_tiny_compare.txt")
+
+
+def functions(path):
+    """({qualified name: code} of the module's functions and methods, the module's code with
+    every such function's body emptied: all that lies outside them)."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    found = {}
+    skeleton = copy.deepcopy(tree)
+    for original, hollow in zip(tree.body, skeleton.body):
+        pairs = [(original, hollow, original.name if hasattr(original, "name") else "")]
+        if isinstance(original, ast.ClassDef):
+            pairs = [
+                (inner, empty, f"{original.name}.{getattr(inner, 'name', '')}")
+                for inner, empty in zip(original.body, hollow.body)
+            ]
+        for node, empty, name in pairs:
+            if isinstance(node, ast.FunctionDef):
+                found[name] = ast.dump(node)
+                empty.body = [ast.Pass()]
+    return found, ast.dump(skeleton)
+
+
+@pytest.fixture(scope="module")
+def head_model(tmp_path_factory):
+    """A folder holding HEAD's model.py, as git has it."""
+    folder = tmp_path_factory.mktemp("head")
+    text = subprocess.run(
+        ["git", "-C", ROOT, "show", "HEAD:model.py"], capture_output=True, check=True
+    ).stdout
+    (folder / "model.py").write_bytes(text)
+    return folder
+
+
+def patched(head_model, tmp_path, hack):
+    """A copy of HEAD's model.py with the row's patch applied by git, checked first."""
+    (tmp_path / "model.py").write_bytes((head_model / "model.py").read_bytes())
+    patch = os.path.join(ROOT, hacks_gallery.PATCHES, hack.patch)
+    for args in (["--check"], []):
+        done = subprocess.run(
+            ["git", "apply", *args, patch], cwd=tmp_path, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+    return tmp_path
+
+
+@pytest.mark.parametrize("hack", EDITS, ids=[hack.name for hack in EDITS])
+def test_each_patch_applies_to_head_and_changes_only_its_rows_functions(head_model, tmp_path, hack):
+    folder = patched(head_model, tmp_path, hack)
+    before, outside_before = functions(head_model / "model.py")
+    after, outside_after = functions(folder / "model.py")
+    assert set(after) == set(before)
+    assert [name for name in before if before[name] != after[name]] == list(hack.touches)
+    assert outside_after == outside_before
+    # what the command sees: an edit where only the written-out attention runs, and so
+    # both arms trained with --fused=False
+    written_out = [name for name in arms.WRITTEN_OUT if name in hack.touches]
+    assert arms.written_out_edits(str(head_model), str(folder)) == written_out
+
+
+def load(folder, name):
+    spec = importlib.util.spec_from_file_location(name, folder / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "name, power, causal",
+    [("scores_over_d", 1, True), ("scores_unscaled", 0, True), ("no_causal_mask", 0.5, False)],
+)
+def test_the_attention_edits_compute_what_their_rows_say(head_model, tmp_path, name, power, causal):
+    """attention() with causal_mask() after the patch, against the fused kernel told the
+    scale (scores divided by d ** power) and the masking directly."""
+    hack = next(h for h in EDITS if h.name == name)
+    model = load(patched(head_model, tmp_path, hack), f"model_{name}")
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(3, 2, 4, 7, 16, generator=gen, dtype=torch.float64)
+    factor = q.size(-1) ** -power
+    out, weights = model.attention(q, k, v, model.causal_mask(7, 7))
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=factor)
+    # attention() takes its softmax in float32 whatever the inputs; the scales differ by far more
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    assert bool((weights[..., 0, 1:] > 0).all()) == (not causal)
+
+
+# -----------------------------------------------------------------------------
+# The page, from a stored compare.json
+
+
+@pytest.fixture(scope="module")
+def stored():
+    with open(STORED) as f:
+        report = json.load(f)
+    with open(STORED_OUTPUT) as f:
+        output = f.read()
+    hack = next(h for h in EDITS if h.name == "scores_over_d")
+    row = hacks_gallery.row_result(hack, report, output)
+    row.update(first_wall_s=12.0, date="2026-12-03")
+    result = dict(commit="f" * 40, machine="a test machine", date=row["date"], rows=[row])
+    return report, output, row, hacks_gallery.page(result)
+
+
+def test_a_row_is_the_paired_t_test_of_its_runs(stored):
+    report, output, row, _ = stored
+    a = [pair["A"]["val_loss"] for pair in report["runs"]]
+    b = [pair["B"]["val_loss"] for pair in report["runs"]]
+    oracle = stats.ttest_rel(b, a)
+    interval = oracle.confidence_interval(0.95)
+    assert row["loss"] == {"A": a, "B": b}
+    assert row["difference"]["mean"] == pytest.approx(np.mean(np.subtract(b, a)), rel=1e-12)
+    assert row["difference"]["p"] == pytest.approx(oracle.pvalue, rel=1e-9)
+    assert row["difference"]["low"] == pytest.approx(interval.low, rel=1e-9)
+    assert row["difference"]["high"] == pytest.approx(interval.high, rel=1e-9)
+    # the step ratio: the pairs' ratios of the median step, their geometric mean and interval
+    logs = [
+        math.log(pair["B"]["ms_per_iter"] / pair["A"]["ms_per_iter"]) for pair in report["runs"]
+    ]
+    ratio = stats.ttest_1samp(logs, 0.0).confidence_interval(0.95)
+    assert row["step_ratio"]["ratio"] == pytest.approx(math.exp(np.mean(logs)), rel=1e-9)
+    assert row["step_ratio"]["low"] == pytest.approx(math.exp(ratio.low), rel=1e-9)
+    assert row["step_ratio"]["high"] == pytest.approx(math.exp(ratio.high), rel=1e-9)
+    # the edit inside attention(): both arms written out, as the command's first line said
+    assert row["written_out"]
+    assert row["first_line"] == output.splitlines()[0]
+    assert row["first_line"].startswith("attention() differs between the arms")
+
+
+def test_the_page_shows_the_command_the_edit_and_the_verdict_as_printed(stored):
+    report, output, row, text = stored
+    # the verdict as the command printed it
+    verdict = report["statistics"]["verdict"]
+    assert f"verdict: {verdict}\n" in output
+    assert f"```\n{verdict}\n```" in text
+    assert "git apply experiments/hacks/scores_over_d.patch && python compare.py\n" in text
+    with open(os.path.join(ROOT, "experiments", "hacks", "scores_over_d.patch")) as f:
+        assert f"```diff\n{f.read().rstrip()}\n```" in text
+    d = row["difference"]
+    cells = f"{d['mean']:+.4f} ({d['low']:+.4f} to {d['high']:+.4f})"
+    params = report["statistics"]["params"]
+    line = next(line for line in text.splitlines() if line.startswith("| [scores_over_d]"))
+    assert cells in line and f"{params['A']:,} both" in line
+    assert f"| {row['step_ratio']['ratio']:.2f}x ({row['step_ratio']['low']:.2f} to " in line
+    assert f"> {row['first_line']}" in text
+    assert "--out_dir=docs --commit=" + "f" * 40 in text
