@@ -57,6 +57,7 @@ class Hack:
     b: str | None = None  # arm B's settings (--b)
     patch: str | None = None  # the edit to model.py, experiments/hacks/NAME.patch
     touches: tuple = ()  # the functions of model.py the patch changes, and nothing else
+    more: tuple = ()  # compare.py's other options for the row
     note: str = ""  # what to read into the row, beyond its verdict
 
 
@@ -106,6 +107,19 @@ ROWS = [
         note="B has a learned table of 64 positions x 128 (8,192 parameters more).",
     ),
     Hack("qk_norm_off", "QK-norm off", a="--qk_norm=True", b="--qk_norm=False"),
+    Hack(
+        "qk_norm_off_equal_time",
+        "QK-norm off, at equal time (half a minute of training each)",
+        a="--qk_norm=True",
+        b="--qk_norm=False",
+        more=("--minutes=0.5",),
+        note=(
+            "The row above's speed line asked for it: each run trains 30 s by its own clock, "
+            "the learning rate decaying over that time, so the faster arm takes more steps. "
+            "Under a time budget the losses depend on the machine's speed too: a busy run "
+            "spoils them, not only its step time."
+        ),
+    ),
     Hack("gelu", "GELU against ReLU^2", a="--activation=relu2", b="--activation=gelu"),
     Hack(
         "post_layernorm",
@@ -197,6 +211,7 @@ def command_words(hack, pairs=0):
         words.append(f"--a={hack.a}")
     if hack.b is not None:
         words.append(f"--b={hack.b}")
+    words += hack.more
     if pairs:
         words.append(f"--pairs={pairs}")
     return words
@@ -263,6 +278,8 @@ def row_result(hack, report, text="", pairs=0):
     first_line = None
     if first and "differs between the arms" in first[0]:
         first_line = first[0]
+    # where the better arm per step is the slower, or the worse the faster: the speed line
+    speed = [line for line in text.splitlines() if line.startswith("speed: ")][:1]
     patch = None
     if hack.patch:
         patch = f"{PATCHES}/{hack.patch}"
@@ -281,6 +298,7 @@ def row_result(hack, report, text="", pairs=0):
         mean=stats["mean"],
         difference={key: d[key] for key in ("mean", "sd", "low", "high", "p", "t")},
         verdict=stats["verdict"],
+        speed=speed,
         step_ratio=stats["step_ratio"],
         ms_per_iter=stats["ms_per_iter"],
         params=stats["params"],
@@ -366,7 +384,8 @@ def section(row):
     a = ", ".join(f"{x:.4f}" for x in row["loss"]["A"])
     b = ", ".join(f"{x:.4f}" for x in row["loss"]["B"])
     seeds = f"seeds {row['seeds'][0]}-{row['seeds'][-1]}"
-    lines += ["The verdict, as the command printed it:", "", "```", row["verdict"], "```", ""]
+    said = [f"verdict: {row['verdict']}", *row["speed"]]
+    lines += ["The verdict, as the command printed it:", "", "```", *said, "```", ""]
     step = row["ms_per_iter"]
     busy = ""
     if row["busy_runs"]:

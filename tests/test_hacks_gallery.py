@@ -160,7 +160,7 @@ def test_the_page_shows_the_command_the_edit_and_the_verdict_as_printed(stored):
     # the verdict as the command printed it
     verdict = report["statistics"]["verdict"]
     assert f"verdict: {verdict}\n" in output
-    assert f"```\n{verdict}\n```" in text
+    assert f"```\nverdict: {verdict}\n```" in text
     assert "git apply experiments/hacks/scores_over_d.patch && python compare.py\n" in text
     with open(os.path.join(ROOT, "experiments", "hacks", "scores_over_d.patch")) as f:
         assert f"```diff\n{f.read().rstrip()}\n```" in text
