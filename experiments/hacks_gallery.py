@@ -200,6 +200,54 @@ ROWS = [
 ]
 
 
+# What the runs of one commit showed, read after they ran: a row's verdict alone does not
+# say where it surprises or what would test it further. Numbers in them are that commit's
+# runs, so the page shows them only for that commit (another commit's runs get none).
+FOUND_AT = "1bf917ef2166c82fa11a44bb537d98b5903ee95d"
+FOUND = {
+    "qk_norm_off_equal_time": (
+        "What it measured: B took 369-430 iters in its 30 s and A 314-430, and B still "
+        "ended worse on every seed (+0.014 to +0.091), but the interval includes 0. The "
+        "clock let the machine's speed in: the same recipe's step ranged from 66 to 98 ms "
+        "between runs on the quiet machine, so A's losses spread over 1.697-1.747, eight "
+        "times the 0.0025 of the fixed 200 iters. Per step, the row above resolves "
+        "QK-norm's effect; at equal time, 4 pairs here cannot, and about 9 would resolve "
+        "+/-0.027."
+    ),
+    "sliding_window": (
+        "The one row where a restriction helped, and the weakest claim of the page: with "
+        "16 rows, about one claim at p < 0.05 is expected by chance even if no change did "
+        "anything, and this row's p = 0.017 is the nearest to that line. Read it as a lead: "
+        "most heads of the models in docs/heads.md look at the last few characters, which "
+        "a window of 32 does not cut. What would test it: the same command with --pairs=12 "
+        "(it keeps these 8 runs and trains 16 more), then the 15-minute recipe, whose "
+        "context of 256 a window of 32 cuts far more."
+    ),
+    "one_head": (
+        "One head of 128 spread its seeds the most of any row (1.824 to 1.851, sd 0.011 "
+        "against A's 0.0025), so pairing bought nothing here (paired sd 0.0108, unpaired "
+        "0.0106): the interval is wide because B is erratic, not because the arms agree."
+    ),
+    "no_causal_mask": (
+        "What it measured: 0.042 nats on every seed, where the recipe reaches 1.83, with "
+        "the most certain verdict of the page (p = 1.6e-09). The most confident "
+        '"better" is a bug.'
+    ),
+    "kv_shift": (
+        "At 200 iters of a 3-layer model KV shifting is not resolved from the plain model "
+        "(4 pairs resolve +/-0.010). Its paper reports its gains on induction tasks "
+        "and on far larger models trained far longer; a 15-minute run is where to look "
+        "next, at equal time, as B's step (1.18x, interval 0.96 to 1.45) may cost it iters."
+    ),
+    "smeared_keys": (
+        "Not resolved either, though these 4 pairs resolve +/-0.0024 nats, the narrowest "
+        "interval of the page: at this size, smearing the keys neither helps nor hurts by "
+        "more than about 0.002 nats. In Olsson et al. it lets a one-layer-deep model form "
+        "induction heads; config/induction.py's task is where that would show."
+    ),
+}
+
+
 # -----------------------------------------------------------------------------
 # One row: the command in a clone
 
@@ -402,6 +450,8 @@ def section(row):
     )
     if row["note"]:
         lines += ["", row["note"]]
+    if row.get("found"):
+        lines += ["", row["found"]]
     lines.append("")
     return lines
 
@@ -415,6 +465,8 @@ def step_text(step):
 def page(result):
     """docs/hacks.md from hacks.json's data."""
     rows = result["rows"]
+    if result["commit"] == FOUND_AT:
+        rows = [dict(row, found=FOUND.get(row["name"], "")) for row in rows]
     first = rows[0]
     held = first["held_equal"]
     runs = sum(2 * row["pairs"] for row in rows)
@@ -455,7 +507,9 @@ def page(result):
         "interval reads `no difference detected`, with the number of pairs that would "
         "resolve half that width: that is a limit of the measurement, not a finding that the "
         "change does nothing. Each verdict is what the command measured, not tuned; where "
-        "one surprises, its note says what would test it further.",
+        "one surprises, its note says what would test it further. With "
+        f"{len(rows)} rows, {0.05 * len(rows):.1f} claims at p < 0.05 are expected by chance "
+        "alone, where no change did anything.",
         "",
         *table(rows),
         "",

@@ -172,3 +172,45 @@ def test_the_page_shows_the_command_the_edit_and_the_verdict_as_printed(stored):
     assert f"| {row['step_ratio']['ratio']:.2f}x ({row['step_ratio']['low']:.2f} to " in line
     assert f"> {row['first_line']}" in text
     assert "--out_dir=docs --commit=" + "f" * 40 in text
+
+
+def shipped():
+    with open(os.path.join(ROOT, "docs", "hacks.json")) as f:
+        return json.load(f)
+
+
+def test_the_shipped_page_is_written_from_its_rows():
+    # docs/hacks.md is the driver's page of docs/hacks.json, not text edited by hand
+    with open(os.path.join(ROOT, "docs", "hacks.md")) as f:
+        assert f.read() == hacks_gallery.page(shipped())
+
+
+def test_each_shipped_row_is_the_paired_t_test_of_its_losses():
+    result = shipped()
+    assert {row["name"] for row in result["rows"]} == {hack.name for hack in hacks_gallery.ROWS}
+    for row in result["rows"]:
+        a, b = row["loss"]["A"], row["loss"]["B"]
+        oracle = stats.ttest_rel(b, a)
+        interval = oracle.confidence_interval(0.95)
+        d = row["difference"]
+        assert d["mean"] == pytest.approx(np.mean(np.subtract(b, a)), rel=1e-9), row["name"]
+        assert d["p"] == pytest.approx(oracle.pvalue, rel=1e-6), row["name"]
+        assert (d["low"], d["high"]) == pytest.approx((interval.low, interval.high), rel=1e-6)
+        # a claim only where the interval leaves 0 out, with the sign of the difference
+        if d["p"] < 0.05:
+            assert row["verdict"].startswith("B is better" if d["mean"] < 0 else "B is worse")
+        else:
+            assert row["verdict"].startswith("no difference detected")
+
+
+def test_what_the_runs_showed_is_shown_only_with_the_commit_they_ran_at():
+    result = shipped()
+    assert result["commit"] == hacks_gallery.FOUND_AT
+    text = hacks_gallery.page(result)
+    assert set(hacks_gallery.FOUND) <= {row["name"] for row in result["rows"]}
+    for reading in hacks_gallery.FOUND.values():
+        assert reading in text
+    other = dict(result, commit="0" * 40)
+    text = hacks_gallery.page(other)
+    for reading in hacks_gallery.FOUND.values():
+        assert reading not in text
