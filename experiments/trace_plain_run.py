@@ -61,8 +61,12 @@ def traced_child(argv, report):
         filename = frame.f_code.co_filename
         if filename not in lines:
             path = os.path.abspath(filename)
-            # "<frozen posixpath>", "<string>": no file of the project
+            # "<frozen posixpath>", "<string>": no file of the project; nor the installed
+            # packages of a virtual environment made inside the clone (venv/, .venv/)
             in_project = not filename.startswith("<") and path.startswith(ROOT + os.sep)
+            installed = {"site-packages", "dist-packages"} & set(path.split(os.sep))
+            if installed:
+                return None
             if not in_project or path == me:
                 return None
             lines[filename] = set()

@@ -63,7 +63,15 @@ def working_files(root):
     ones not ignored; paths relative to root."""
     listed = git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
     paths = sorted({path for path in listed.decode().split("\0") if path})
-    return [path for path in paths if os.path.lexists(os.path.join(root, path))]
+    # a virtual environment made inside the clone (venv/, .venv/, any name: its
+    # pyvenv.cfg says what it is) is not the project's code, though git may not ignore it
+    envs = [os.path.dirname(path) for path in paths if os.path.basename(path) == "pyvenv.cfg"]
+    envs = tuple(os.path.join(env, "") for env in envs if env)
+    return [
+        path
+        for path in paths
+        if not path.startswith(envs) and os.path.lexists(os.path.join(root, path))
+    ]
 
 
 def copy_working_tree(root, dest, skip=None):

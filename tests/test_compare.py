@@ -431,3 +431,31 @@ def test_an_arm_that_fails_says_its_last_line_and_the_other_arms_runs_are_kept(p
     assert run_lines(done.stdout) == [("A1 seed 1337", "kept")]
     a1 = compared["report"]["runs"][0]["A"]["key"]
     assert os.path.exists(os.path.join(cache, "runs", a1, "record.json"))
+
+
+def test_a_virtual_environment_inside_the_tree_is_not_the_projects_code(tmp_path):
+    # a new user often makes the venv in the clone, under any name; git may not ignore it
+    repo = str(tmp_path)
+    subprocess.run(GIT + ["init", "-q"], cwd=repo, check=True)
+    files = {
+        "model.py": "x = 1\n",
+        "new_idea.py": "y = 2\n",
+        "myenv/pyvenv.cfg": "home = /usr/bin\n",
+        "myenv/lib/python3.11/site-packages/torch/__init__.py": "",
+        "tools/env2/pyvenv.cfg": "home = /usr/bin\n",
+        "tools/env2/bin/python": "",
+        "tools/helper.py": "z = 3\n",
+    }
+    for path, text in files.items():
+        os.makedirs(os.path.dirname(os.path.join(repo, path)), exist_ok=True)
+        with open(os.path.join(repo, path), "w") as f:
+            f.write(text)
+    subprocess.run(GIT + ["add", "model.py"], cwd=repo, check=True)
+    assert arms.working_files(repo) == ["model.py", "new_idea.py", "tools/helper.py"]
+    copy = tmp_path / "copy"
+    arms.copy_working_tree(repo, str(copy))
+    assert sorted(str(p.relative_to(copy)) for p in copy.rglob("*") if p.is_file()) == [
+        "model.py",
+        "new_idea.py",
+        "tools/helper.py",
+    ]
