@@ -6,6 +6,8 @@ Imported only when help is asked for (configurator.wants_help).
 
 import dataclasses
 import inspect
+import os
+import sys
 
 
 def describe_settings(cls, keys=None):
@@ -54,4 +56,9 @@ def _field_lines(klass, defaults, described):
 def print_help(doc, options):
     """The command's docstring, then its options, one a line with its default and
     comment (describe_settings)."""
-    print(doc.strip() + "\n\noptions (defaults):\n" + options)
+    try:
+        print(doc.strip() + "\n\noptions (defaults):\n" + options, flush=True)
+    except BrokenPipeError:
+        # the reader has stopped (`--help | head`) and wants no more. Python flushes stdout
+        # again at exit, which would fail the same way: its descriptor goes to /dev/null
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -425,3 +425,21 @@ def test_the_cpu_running_out_of_memory_is_one_line(capsys):
     # any other RuntimeError is a bug, and keeps its traceback
     with pytest.raises(RuntimeError, match="shape"):
         cli.run(lambda cfg: torch.zeros(2).view(3), [], "doc", Sizes)
+
+
+@pytest.mark.parametrize("script", ["train.py", "heads.py", "compare.py"])
+def test_help_into_a_reader_that_stopped_is_quiet(script):
+    """`python train.py --help | head`: the reader has gone before the help is written (its
+    end of the pipe closed first, as head's is once it has its lines). The command ends as
+    --help does, with no traceback of the broken pipe."""
+    proc = subprocess.Popen(
+        [sys.executable, script, "--help"],
+        cwd=ROOT,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=60) == 0 and stderr == "", stderr[-2000:]
