@@ -327,13 +327,20 @@ def test_a_tokenizer_process_killed_is_one_line_and_no_dataset(tmp_path, documen
         stderr=subprocess.PIPE,
         text=True,
     )
-    workers = []
+    # Each tokenizer process is stopped as soon as it appears, then all are
+    # killed: had one been killed alone before it claimed a task, the other
+    # would have tokenized all of them, and the dataset would rightly be whole.
+    stopped = set()
     deadline = time.time() + 60
-    while len(workers) < 2 and time.time() < deadline:
+    while len(stopped) < 2 and time.time() < deadline:
         with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
-            workers = f.read().split()
-        time.sleep(0.01)
-    os.kill(int(workers[1]), signal.SIGKILL)
+            workers = set(f.read().split())
+        for pid in workers - stopped:
+            os.kill(int(pid), signal.SIGSTOP)
+        stopped |= workers
+        time.sleep(0.001)
+    for pid in stopped:
+        os.kill(int(pid), signal.SIGKILL)
     _, stderr = proc.communicate(timeout=120)
     line = assert_one_line_error(subprocess.CompletedProcess([], proc.returncode, "", stderr))
     assert "a tokenizer process ended without its tokens (exit code -9" in line
