@@ -8,6 +8,7 @@ import datetime
 import functools
 import inspect
 import os
+import random
 import subprocess
 import sys
 import types
@@ -501,17 +502,21 @@ def test_ddp_compiled_with_no_sync_matches_one_process(data_root, tmp_path, core
 
 # a child compiles a layer norm as train.py's CPU path does, twice (dynamo's own
 # memory of the first cleared between them), and says how many graphs it had found in
-# inductor's cache after each: the second finds the first's, the cache is on
+# inductor's cache after each: the second finds the first's, the cache is on. The
+# scale (argv[1]) makes the graph one that no other test has put in the cache.
 WIDTH_CHILD = """
+import sys
+
 import torch
 from torch._dynamo.utils import counters
 
 from support.device import pin_cpu_vector_width
 
 pin_cpu_vector_width()
+scale = float(sys.argv[1])
 hits = []
 for _ in range(2):
-    norm = torch.compile(lambda x: torch.nn.functional.layer_norm(x, (32,)) * 2)
+    norm = torch.compile(lambda x: torch.nn.functional.layer_norm(x, (32,)) * scale)
     norm(torch.randn(4, 32, 32))
     hits.append(counters["inductor"]["fxgraph_cache_hit"])
     torch._dynamo.reset()
@@ -519,7 +524,7 @@ print(*hits)
 """
 
 
-def test_a_graph_cached_under_the_avx2_cap_is_not_read_back_at_full_width(tmp_path):
+def test_a_graph_cached_under_the_avx2_cap_is_not_read_back_at_full_width():
     """A graph compiled with ATEN_CPU_CAPABILITY=avx2 steps by 8 floats; read back by
     an AVX-512 process, whose kernels are built with 16-float vectors, its stores
     write past their buffers (heap corruption). The width must part the cache."""
@@ -527,13 +532,17 @@ def test_a_graph_cached_under_the_avx2_cap_is_not_read_back_at_full_width(tmp_pa
 
     if pick_vec_isa().bit_width() <= 256:
         pytest.skip("this CPU's vectors are no wider than AVX2's: the cap changes nothing")
-    full = child_env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
+    # the session's kernel cache (tests/conftest.py), where inductor's probes of the
+    # CPU's vector ISAs are already built (some 15 s in a new cache), with a graph
+    # of this run's own
+    full = child_env()
     full.pop("ATEN_CPU_CAPABILITY", None)
     capped = dict(full, ATEN_CPU_CAPABILITY="avx2")
+    scale = str(2 + random.random())
     hits = []
     for env in (capped, full):
         r = subprocess.run(
-            [sys.executable, "-c", WIDTH_CHILD],
+            [sys.executable, "-c", WIDTH_CHILD, scale],
             cwd=REPO,
             env=env,
             capture_output=True,
