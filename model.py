@@ -118,6 +118,8 @@ class KVCache:
 
     # whether the cache turns its keys by rotary itself, when they are read (section 15's does)
     rotates_keys = False
+    # the newest position's token embedding, (B, 1, C), for token shift (GPT.make_kv_cache)
+    last_embedding = None
 
     def __init__(
         self, n_layer, batch_size, n_kv_head, length, head_size, device=None, dtype=None, zero=False
@@ -186,6 +188,8 @@ class KVCache:
         self.at.zero_()
         for last in self.last:
             last.zero_()
+        if self.last_embedding is not None:
+            self.last_embedding.zero_()
 
     @property
     def nbytes(self):
@@ -441,6 +445,7 @@ class GPTConfig:
     qk_norm: bool = False  # RMS-normalise queries and keys per head
     qk_gain: bool = False  # and a learned gain per dimension after that norm
     kv_shift: bool = False  # each key and value mixed with the previous one's (KV shifting)
+    token_shift: bool = False  # each token's embedding plus a gain times the previous one's
     activation: str = "gelu"  # "gelu" (tanh approximation) or "relu2"
     attention: str = "softmax"  # or "linear": linear_attention, O(T) and a fixed-size state
     sliding_window: int | None = None  # each query sees its last W positions (itself included)
@@ -546,6 +551,11 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # weight tying: reading a token in and writing it out share one matrix
         self.lm_head.weight = self.transformer.wte.weight
+        # token shift (RWKV's time shift, here a learned gain per channel; modded-nanogpt's
+        # smear gate computes its gain from the token): x_t + g * x_{t-1}, the token embeddings
+        # before the position's is added, g from 0, the plain model. 1-D: AdamW's, not Muon's
+        if config.token_shift:
+            self.shift_gain = nn.Parameter(torch.zeros(config.n_embd))
         # a seam: None, or what split_context plugs in to split each sequence over processes
         self.context_parallel = None
 
@@ -580,12 +590,19 @@ class GPT(nn.Module):
             dtype = self.transformer.wte.weight.dtype
         hs = c.n_embd // c.n_head
         if c.attention == "linear":
-            return LinearState(
+            cache = LinearState(
                 c.n_layer, batch_size, c.n_head, c.n_kv_head, hs, c.context, device, dtype
             )
-        if window is not None or sinks or c.sliding_window is not None:
-            return window_cache(c, batch_size, window, sinks, device, dtype)
-        return KVCache(c.n_layer, batch_size, c.n_kv_head, c.block_size, hs, device, dtype, zero)
+        elif window is not None or sinks or c.sliding_window is not None:
+            cache = window_cache(c, batch_size, window, sinks, device, dtype)
+        else:
+            cache = KVCache(
+                c.n_layer, batch_size, c.n_kv_head, c.block_size, hs, device, dtype, zero
+            )
+        if c.token_shift:
+            # what token shift reads before a call's first token: the newest embedding
+            cache.last_embedding = torch.zeros(batch_size, 1, c.n_embd, device=device, dtype=dtype)
+        return cache
 
     def check_whole(self):
         """Attention maps and a KV cache need each sequence whole, in one process."""
@@ -615,21 +632,34 @@ class GPT(nn.Module):
             return self.context_parallel.positions(T, idx.device)
         return torch.arange(T, device=idx.device)
 
-    def embed(self, idx, pos):
-        """Token embeddings (B, T, C) of idx at positions pos (T,): plus the learned
-        position embeddings, or with rope, returned with the rotary tables at pos."""
+    def embed(self, idx, pos, kv_cache=None):
+        """Token embeddings (B, T, C) of idx at positions pos (T,), token-shifted with the
+        cache's newest before the first: plus the learned position embeddings, or with rope,
+        returned with the rotary tables at pos."""
         x = self.transformer.wte(idx)  # (B, T, C)
+        if self.config.token_shift:
+            x = self.token_shift(x, kv_cache)
         if self.config.rope:
             rotary = rotary_tables(self.config.n_embd // self.config.n_head, pos)  # (T, hs/2) each
             return x, rotary
         x = x + self.transformer.wpe(pos)  # (T, C) broadcast over B
         return x, None
 
+    def token_shift(self, x, kv_cache=None):
+        """x (B, T, C) plus shift_gain times the embedding one position earlier: before the
+        first, the cache's newest (zeros at 0); the cache keeps this call's newest."""
+        before = torch.zeros_like(x[:, :1])  # (B, 1, C)
+        if kv_cache is not None:
+            before = kv_cache.last_embedding.clone().to(x.dtype)
+            kv_cache.last_embedding.copy_(x[:, -1:])
+        previous = torch.cat([before, x[:, :-1]], dim=1)  # (B, T, C)
+        return x + self.shift_gain.to(x.dtype) * previous
+
     def forward(self, idx, targets=None, kv_cache=None, last_only=False):
         """idx (B, T) token ids -> (logits (B, T, vocab), loss or None). kv_cache (a KVCache,
         or a LinearState): attend over its positions plus idx, add idx's to it, advance it.
         last_only: the last position's logits alone (what generation needs)."""
-        x, rotary = self.embed(idx, self.positions(idx, kv_cache))
+        x, rotary = self.embed(idx, self.positions(idx, kv_cache), kv_cache)
         x = self.transformer.drop(x)
         for layer, block in enumerate(self.transformer.h):
             x = block(x, kv_cache, layer, rotary)
@@ -701,7 +731,7 @@ class GPT(nn.Module):
         1-element long tensor), through a zeroed cache read whole with the positions past `at`
         masked: fixed shapes, so that support/engine.py compiles it once (a CUDA graph on
         CUDA). The caller advances the cache."""
-        x, rotary = self.embed(idx, at)
+        x, rotary = self.embed(idx, at, kv_cache)
         for layer, block in enumerate(self.transformer.h):
             x = block(x, kv_cache, layer, rotary, at)
         x = self.transformer.ln_f(x)
@@ -1004,6 +1034,7 @@ class LinearState:
     generation treats both alike."""
 
     rotates_keys = False
+    last_embedding = None  # as KVCache's, for token shift
 
     def __init__(
         self, n_layer, batch_size, n_head, n_kv_head, head_size, block_size, device, dtype
@@ -1037,6 +1068,8 @@ class LinearState:
             z.zero_()
         for last in self.last:
             last.zero_()
+        if self.last_embedding is not None:
+            self.last_embedding.zero_()
 
     @property
     def nbytes(self):

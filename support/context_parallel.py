@@ -48,6 +48,12 @@ def check(cfg, world):
             "context parallelism splits each sequence over processes, and KV shifting mixes "
             "each key with the one before it; use --kv_shift=False or --context_parallel=1"
         )
+    if cfg.token_shift:
+        raise ValueError(
+            "context parallelism splits each sequence over processes, and token shift mixes "
+            "each embedding with the one before it; use --token_shift=False or "
+            "--context_parallel=1"
+        )
     attn_dropout = cfg.dropout if cfg.attn_dropout is None else cfg.attn_dropout
     if attn_dropout > 0:
         raise ValueError(

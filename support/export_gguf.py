@@ -42,6 +42,7 @@ def refusal(config, tok):
         (c.sliding_window is not None, "a sliding window (sliding_window)"),
         (c.attention != "softmax", "linear attention (attention='linear')"),
         (c.kv_shift, "KV shifting (kv_shift)"),
+        (c.token_shift, "token shift (token_shift)"),
         (c.activation != "gelu", "ReLU² (activation='relu2')"),
     ]
     for present, name in features:

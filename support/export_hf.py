@@ -16,8 +16,8 @@ holds the model exactly:
                 linear attention): support/modeling_hackable_gpt.py, copied into the
                 folder and loaded with trust_remote_code=True, with model.py's names.
 
-KV shifting (kv_shift) is refused in one line: no class here mixes a key with the one
-before it, so sample such a model with sample.py.
+KV shifting (kv_shift) and token shift (token_shift) are refused in one line: no class here
+mixes a key or an embedding with the one before it, so sample such a model with sample.py.
 
 config.json also carries `gpt_config`, the model's GPTConfig, and `tokenizer_kind`, so that
 reading the folder back gives the model and tokenizer it came from: a model without biases
@@ -307,6 +307,11 @@ def export(model, tok, target):
         raise ExportError(
             "no Hugging Face class holds KV shifting (kv_shift): each key there is its "
             "token's own; sample this model with sample.py"
+        )
+    if config.token_shift:
+        raise ExportError(
+            "no Hugging Face class holds token shift (token_shift): each embedding there is "
+            "its token's own; sample this model with sample.py"
         )
     kind = hf_class(config)
     eot = end_of_text(tok)

@@ -49,6 +49,10 @@ def refusal(config):
         return "TransformerLens has no linear attention (attention='linear')"
     if config.kv_shift:
         return "TransformerLens has no KV shifting (kv_shift): its keys are each token's own"
+    if config.token_shift:
+        return (
+            "TransformerLens has no token shift (token_shift): its embeddings are each token's own"
+        )
     if config.sink_tokens:
         return (
             f"TransformerLens has no attention sinks (sink_tokens={config.sink_tokens}): "

@@ -214,38 +214,3 @@ def test_what_the_runs_showed_is_shown_only_with_the_commit_they_ran_at():
     text = hacks_gallery.page(other)
     for reading in hacks_gallery.FOUND.values():
         assert reading not in text
-
-
-# -----------------------------------------------------------------------------
-# The recipe's trial patches (docs/benchmarks.md, ideas for a ten-minute recipe)
-
-
-def test_token_shift_patch_starts_as_the_plain_model_and_learns_its_gain(head_model, tmp_path):
-    """experiments/hacks/token_shift.patch applies to HEAD and touches GPT.__init__ and
-    GPT.embed alone; its gain starts at 0, where the model is HEAD's bit for bit (the same
-    seed, the same weights, the same loss), and its gradient is the previous position's
-    embedding against the loss's gradient at each position, summed (a computation done by
-    hand from the embeddings)."""
-    folder = patched(
-        head_model, tmp_path, hacks_gallery.Hack("token_shift", "", patch="token_shift.patch")
-    )
-    before, outside_before = functions(head_model / "model.py")
-    after, outside_after = functions(folder / "model.py")
-    assert [name for name in before if before[name] != after[name]] == ["GPT.__init__", "GPT.embed"]
-    assert outside_after == outside_before
-    plain, shifted = load(head_model, "plain_model"), load(folder, "shifted_model")
-    kw = dict(block_size=16, vocab_size=37, n_layer=2, n_head=2, n_embd=32, dropout=0.0)
-    torch.manual_seed(3)
-    a = plain.GPT(plain.GPTConfig(**kw))
-    torch.manual_seed(3)
-    b = shifted.GPT(shifted.GPTConfig(**kw))
-    idx = torch.randint(0, 37, (2, 16))
-    loss_a = a(idx, idx)[1]
-    x = b.transformer.wte(idx).detach().requires_grad_()  # the embeddings, to read dL/dx
-    b.transformer.wte.register_forward_hook(lambda module, args, out: x)
-    loss_b = b(idx, idx)[1]
-    assert torch.equal(loss_a, loss_b) and torch.equal(b.shift_gain, torch.zeros(32))
-    loss_b.backward()
-    by_hand = (x.grad[:, 1:] * x[:, :-1]).sum((0, 1))  # position t sees t - 1's embedding
-    torch.testing.assert_close(b.shift_gain.grad, by_hand)
-    assert b.shift_gain.grad.abs().sum() > 0
