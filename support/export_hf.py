@@ -13,11 +13,12 @@ holds the model exactly:
                 query_key_value holds each head's query, key and value side by side, and
                 it too always has biases.
   hackable_gpt  everything else (QK-norm, grouped-query attention, a window and its sinks,
-                linear attention): support/modeling_hackable_gpt.py, copied into the
-                folder and loaded with trust_remote_code=True, with model.py's names.
+                linear attention, token shift): support/modeling_hackable_gpt.py, copied
+                into the folder and loaded with trust_remote_code=True, with model.py's
+                names.
 
-KV shifting (kv_shift) and token shift (token_shift) are refused in one line: no class here
-mixes a key or an embedding with the one before it, so sample such a model with sample.py.
+KV shifting (kv_shift) is refused in one line: no class here mixes a key with the one
+before it, so sample such a model with sample.py.
 
 config.json also carries `gpt_config`, the model's GPTConfig, and `tokenizer_kind`, so that
 reading the folder back gives the model and tokenizer it came from: a model without biases
@@ -79,6 +80,7 @@ def hf_class(config):
         and not config.qk_norm
         and config.n_kv_head == config.n_head
         and config.sliding_window is None
+        and not config.token_shift
     )
     if plain and not config.rope:
         return "gpt2"
@@ -307,11 +309,6 @@ def export(model, tok, target):
         raise ExportError(
             "no Hugging Face class holds KV shifting (kv_shift): each key there is its "
             "token's own; sample this model with sample.py"
-        )
-    if config.token_shift:
-        raise ExportError(
-            "no Hugging Face class holds token shift (token_shift): each embedding there is "
-            "its token's own; sample this model with sample.py"
         )
     kind = hf_class(config)
     eot = end_of_text(tok)

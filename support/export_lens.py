@@ -31,7 +31,8 @@ What becomes what:
 
 What TransformerLens cannot hold is refused in one line (LensError): attention sinks (its
 local attention is a window alone; its use_attention_sinks are gpt-oss's learned sink
-logits, another idea), linear attention and KV shifting.
+logits, another idea), linear attention, KV shifting and token shift (its embeddings are
+each token's own).
 """
 
 import torch

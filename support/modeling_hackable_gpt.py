@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import DynamicCache, DynamicLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 # the name of the cache in a causal LM's arguments and output, in this transformers
@@ -66,6 +66,7 @@ class HackableGPTConfig(PreTrainedConfig):
     attention: str = "softmax"
     sliding_window: int | None = None
     sink_tokens: int = 0
+    token_shift: bool = False
     rope_base: float = 10000.0
     layer_norm_eps: float = 1e-5
     tie_word_embeddings: bool = True
@@ -205,8 +206,9 @@ class Block(nn.Module):
 
 
 class HackableGPTForCausalLM(PreTrainedModel, GenerationMixin):
-    """model.py's GPT: token (and position) embeddings, the blocks, the final LayerNorm,
-    and the LM head tied to the token embedding."""
+    """model.py's GPT: token embeddings (token-shifted where the model learned a shift) and
+    position embeddings, the blocks, the final LayerNorm, and the LM head tied to the token
+    embedding."""
 
     config_class = HackableGPTConfig
     base_model_prefix = "transformer"
@@ -224,6 +226,8 @@ class HackableGPTForCausalLM(PreTrainedModel, GenerationMixin):
         )
         if not config.rope:
             self.transformer["wpe"] = nn.Embedding(config.block_size, config.n_embd)
+        if config.token_shift:
+            self.shift_gain = nn.Parameter(torch.zeros(config.n_embd))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.post_init()
 
@@ -273,6 +277,30 @@ class HackableGPTForCausalLM(PreTrainedModel, GenerationMixin):
         mask = mask | ~mask.any(-1, keepdim=True)
         return mask[:, None]
 
+    def token_shift(self, x, attention_mask, cache):
+        """model.py's token shift: x (B, T, C) plus shift_gain times the embedding of the
+        token before, zeros before the first real token (padding is no token).
+
+        The embeddings ride in the cache as one more layer after the blocks', (B, 1, T, C)
+        as its keys and values, so that transformers keeps them with the blocks' keys and
+        values wherever it moves those: beam search reorders them, assisted decoding crops
+        them. A cache that transformers sized for the blocks alone gets that layer here."""
+        c = self.config
+        embeddings = x  # (B, T, C)
+        if cache is not None:
+            while len(cache.layers) <= c.n_layer:
+                cache.layers.append(DynamicLayer())
+            embeddings, _ = cache.update(x[:, None], x[:, None], c.n_layer)
+            embeddings = embeddings[:, 0]  # (B, Tk, C)
+        B, Tk, _ = embeddings.shape
+        real = torch.ones(B, Tk, dtype=torch.bool, device=x.device)
+        if attention_mask is not None:
+            real = attention_mask[:, -Tk:].bool()
+        previous = embeddings[:, :-1] * real[:, :-1, None].to(x.dtype)  # (B, Tk-1, C)
+        previous = torch.cat([torch.zeros_like(embeddings[:, :1]), previous], dim=1)
+        T = x.size(1)
+        return x + self.shift_gain.to(x.dtype) * previous[:, -T:]
+
     def forward(
         self,
         input_ids=None,
@@ -304,6 +332,8 @@ class HackableGPTForCausalLM(PreTrainedModel, GenerationMixin):
         if position_ids is None:
             position_ids = torch.arange(past, past + T, device=device)[None]  # (1, T)
         x = inputs_embeds
+        if c.token_shift:
+            x = self.token_shift(x, attention_mask, cache)
         rotary = None
         if c.rope:
             cos, sin = rotary_tables(c.n_embd // c.n_head, position_ids, c.rope_base)

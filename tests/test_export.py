@@ -43,6 +43,7 @@ CONFIGS = {
     "rotary alone": (dict(bias=False, rope=True), "GPTNeoXForCausalLM"),
     "cpu recipe": (RECIPE, "HackableGPTForCausalLM"),
     "15-minute recipe": (dict(RECIPE, qk_gain=True), "HackableGPTForCausalLM"),
+    "token shift": (dict(RECIPE, qk_gain=True, token_shift=True), "HackableGPTForCausalLM"),
     "grouped-query": (dict(RECIPE, n_kv_head=2), "HackableGPTForCausalLM"),
     "sliding window": (dict(RECIPE, sliding_window=8), "HackableGPTForCausalLM"),
     "window and sinks": (dict(RECIPE, sliding_window=8, sink_tokens=2), "HackableGPTForCausalLM"),
@@ -52,7 +53,11 @@ CONFIGS = {
     ),
 }
 # what TransformerLens cannot hold, and the words its refusal must say
-NOT_IN_LENS = {"window and sinks": "attention sinks", "linear attention": "linear attention"}
+NOT_IN_LENS = {
+    "window and sinks": "attention sinks",
+    "linear attention": "linear attention",
+    "token shift": "token shift",
+}
 BLOCK = 32
 
 
@@ -126,10 +131,12 @@ def test_transformers_gives_model_py_logits_and_greedy_tokens(name, chars, tmp_p
     assert torch.equal(greedy, model.generate(prompt, n, temperature=0))
 
 
-def test_generate_with_left_padding_gives_each_prompts_own_tokens(chars, tmp_path):
+@pytest.mark.parametrize("options", [dict(sliding_window=8, sink_tokens=2), dict(token_shift=True)])
+def test_generate_with_left_padding_gives_each_prompts_own_tokens(options, chars, tmp_path):
     """A batch of prompts of two lengths, the shorter padded on the left: the folder's code
-    puts positions and the window's sinks where the tokens are, not where the padding is."""
-    model = tiny(chars, **RECIPE, sliding_window=8, sink_tokens=2)
+    puts positions and the window's sinks where the tokens are, not where the padding is,
+    and the first real token's shift sees no token before it, not the padding."""
+    model = tiny(chars, **RECIPE, **options)
     export(model, chars, str(tmp_path / "hf"))
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         str(tmp_path / "hf"), trust_remote_code=True
@@ -143,6 +150,26 @@ def test_generate_with_left_padding_gives_each_prompts_own_tokens(chars, tmp_pat
         )
     assert torch.equal(out[0], model.generate(long[None], 20, temperature=0)[0])
     assert torch.equal(out[1, 3:], model.generate(short[None], 20, temperature=0)[0])
+
+
+def test_beam_search_reorders_the_shifted_embeddings_with_the_keys(chars, tmp_path):
+    """Beam search through transformers' cache, which reorders every layer's keys and
+    values as beams overtake one another, against the same search recomputing each whole
+    sequence without a cache: token shift's embeddings ride in that cache, and are
+    reordered with it."""
+    model = tiny(chars, **CONFIGS["token shift"][0])
+    export(model, chars, str(tmp_path / "hf"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path / "hf"), trust_remote_code=True
+    )
+    prompt = tokens(5, chars.vocab_size)[:1]
+    search = dict(num_beams=3, num_return_sequences=3, do_sample=False, max_new_tokens=20)
+    with torch.no_grad():
+        cached = hf.generate(prompt, use_cache=True, min_new_tokens=20, **search)
+        whole = hf.generate(prompt, use_cache=False, min_new_tokens=20, **search)
+    assert torch.equal(cached, whole)
+    # the beams differ, so that a beam read from another's embeddings would show
+    assert len({tuple(row.tolist()) for row in cached}) == 3
 
 
 @pytest.mark.stock_formula

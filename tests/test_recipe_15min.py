@@ -52,6 +52,9 @@ def test_the_recipe_trains_at_a_tiny_size(repo_root, data_root, tmp_path):
     assert ckpt["model_args"]["qk_gain"] is True
     gain = ckpt["model"]["transformer.h.0.attn.q_norm.weight"]
     assert gain.shape == (8,) and not torch.equal(gain, torch.ones(8))
+    # token shift's gain, saved and moved off its 0
+    assert ckpt["model_args"]["token_shift"] is True
+    assert ckpt["model"]["shift_gain"].abs().max() > 0
 
 
 def test_loss_at_reads_the_last_evaluation_by_then():
