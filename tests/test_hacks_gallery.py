@@ -214,3 +214,69 @@ def test_what_the_runs_showed_is_shown_only_with_the_commit_they_ran_at():
     text = hacks_gallery.page(other)
     for reading in hacks_gallery.FOUND.values():
         assert reading not in text
+
+
+# -----------------------------------------------------------------------------
+# The recipe's trial patches (docs/benchmarks.md, ideas for a ten-minute recipe)
+
+
+def test_value_embeddings_patch_starts_as_the_plain_model_and_learns_each_tokens_row(
+    head_model, tmp_path
+):
+    """experiments/hacks/value_embeds.patch applies to HEAD and touches the attention's,
+    the block's and the model's forward and GPT.__init__ alone. Its tables start at zeros,
+    drawing nothing from the RNG: the model is HEAD's bit for bit (the same loss, the same
+    RNG state after it is built). A table row's gradient is the sum of the values' gradients
+    at the positions holding that token (a scatter done by hand from c_attn's output), and
+    with tables that are not zero, decoding through the KV cache gives the full forward's
+    logits."""
+    hack = hacks_gallery.Hack("value_embeds", "", patch="value_embeds.patch")
+    folder = patched(head_model, tmp_path, hack)
+    before, outside_before = functions(head_model / "model.py")
+    after, outside_after = functions(folder / "model.py")
+    changed = [name for name in before if before[name] != after[name]]
+    assert changed == ["MultiHeadAttention.forward", "Block.forward", "GPT.__init__", "GPT.forward"]
+    # outside the bodies, two signatures gain a last argument, ve=None, and nothing else changes
+    assert outside_after != outside_before
+    assert outside_after == outside_before.replace(
+        "arg(arg='mask')], kwonlyargs=[], kw_defaults=[], defaults=[Constant(value=None), "
+        "Constant(value=0), Constant(value=None), Constant(value=None), Constant(value=None)]",
+        "arg(arg='mask'), arg(arg='ve')], kwonlyargs=[], kw_defaults=[], defaults=["
+        "Constant(value=None), Constant(value=0), Constant(value=None), Constant(value=None), "
+        "Constant(value=None), Constant(value=None)]",
+    )
+    plain, patched_model = load(head_model, "plain_model_ve"), load(folder, "value_model")
+    kw = dict(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_kv_head=2, n_embd=32)
+    kw.update(rope=True, qk_norm=True, token_shift=True, dropout=0.0)
+    torch.manual_seed(3)
+    a = plain.GPT(plain.GPTConfig(**kw))
+    after_a = torch.randn(4)
+    torch.manual_seed(3)
+    b = patched_model.GPT(patched_model.GPTConfig(**kw))
+    after_b = torch.randn(4)
+    assert torch.equal(after_a, after_b)
+    idx = torch.randint(0, 37, (2, 16))
+    loss_a = a(idx, idx)[1]
+    # the values' gradient: the last n_kv_head * head_size columns of c_attn's output
+    outputs = []
+    hook = b.transformer.h[1].attn.c_attn.register_forward_hook(
+        lambda module, args, out: outputs.append(out.retain_grad() or out)
+    )
+    loss_b = b(idx, idx)[1]
+    hook.remove()
+    assert torch.equal(loss_a, loss_b)
+    loss_b.backward()
+    dv = outputs[0].grad[..., -16:]  # (B, T, nkv hs): 2 key/value heads of 8
+    by_hand = torch.zeros(37, 16).index_add_(0, idx.flatten(), dv.reshape(-1, 16))
+    torch.testing.assert_close(b.value_embeds[1].weight.grad, by_hand)
+    assert by_hand.abs().sum() > 0
+    b.eval()
+    with torch.no_grad():
+        for table in b.value_embeds:
+            table.weight.normal_(generator=torch.Generator().manual_seed(5))
+        full = b(idx)[0]
+        cache = b.make_kv_cache(2)
+        first = b(idx[:, :11], kv_cache=cache)[0]
+        rest = b(idx[:, 11:], kv_cache=cache)[0]
+    torch.testing.assert_close(torch.cat([first, rest], dim=1), full)
+    assert not torch.allclose(full, a.eval()(idx)[0])
