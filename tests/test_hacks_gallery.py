@@ -259,9 +259,12 @@ def test_value_embeddings_patch_starts_as_the_plain_model_and_learns_each_tokens
     loss_a = a(idx, idx)[1]
     # the values' gradient: the last n_kv_head * head_size columns of c_attn's output
     outputs = []
-    hook = b.transformer.h[1].attn.c_attn.register_forward_hook(
-        lambda module, args, out: outputs.append(out.retain_grad() or out)
-    )
+
+    def keep_with_its_grad(module, args, out):
+        out.retain_grad()
+        outputs.append(out)
+
+    hook = b.transformer.h[1].attn.c_attn.register_forward_hook(keep_with_its_grad)
     loss_b = b(idx, idx)[1]
     hook.remove()
     assert torch.equal(loss_a, loss_b)
