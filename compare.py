@@ -663,6 +663,10 @@ def main(cfg, shared):
         words.append(f"--data_root={os.path.join(ROOT, 'data')}")
     with tempfile.TemporaryDirectory(prefix="compare-") as scratch:
         a, b, edits = snapshots(cfg, top, ROOT, scratch, cache)
+        # each arm named with its own settings too: two arms of the same code are told
+        # apart in the header, the table, the figure and compare.json alike
+        a.label += own_words(cfg.a)
+        b.label += own_words(cfg.b)
         same = a.code == b.code and (cfg.a or "") == (cfg.b or "")
         if same and not cfg.seed_offset:
             if cfg.a is None and cfg.b is None:
@@ -727,8 +731,8 @@ def print_header(cfg, a, b, edits, forced, header, threads, watch):
     code = ""
     if a.code != b.code:
         code = f": {', '.join(edits[:4])}{' ...' if len(edits) > 4 else ''} changed"
-    print(f"A: {a.label}{own_words(cfg.a)}")
-    print(f"B: {b.label}{own_words(cfg.b)}{code}")
+    print(f"A: {a.label}")
+    print(f"B: {b.label}{code}")
     shared = " ".join(shlex.quote(w) for w in a.argv if not w.startswith("--data_root="))
     print(f"A trains: python train.py {shared}")
     if b.argv != a.argv:

@@ -425,7 +425,9 @@ def test_an_arm_that_fails_says_its_last_line_and_the_other_arms_runs_are_kept(p
     done = compare(project, "--ref=HEAD", "--b=--learning_rate=1e9", *compared["argv"])
     assert done.returncode == 1
     line = error_line(done)
-    assert line.startswith("error: arm B, the working tree, failed at seed 1337: the loss is nan")
+    # the arm named with its own settings, as in the report's table and figure
+    said = "error: arm B, the working tree with '--learning_rate=1e9', failed at seed 1337: "
+    assert line.startswith(said + "the loss is nan")
     assert "training diverged; try a lower --learning_rate" in line
     assert f"the runs that finished are kept in {cache}" in line
     assert run_lines(done.stdout) == [("A1 seed 1337", "kept")]
