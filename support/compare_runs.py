@@ -81,22 +81,46 @@ def process_ticks(pid):
     return sum(int(v) for v in fields[11:15])
 
 
+def parent(pid):
+    """The pid of process pid's parent, or None where /proc cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    # state ppid ...: field 4 of proc(5), 1 after the name
+    return int(fields[1])
+
+
+def descends(pid, ancestors):
+    """Whether process pid is one of ancestors (pids) or runs under one of them."""
+    seen = set()
+    while pid and pid not in seen:
+        if pid in ancestors:
+            return True
+        seen.add(pid)
+        pid = parent(pid)
+    return False
+
+
 def other_trainers(own):
-    """The command lines of train.py processes running that are not in own (pids)."""
+    """The command lines of train.py processes running that are neither in own (pids),
+    nor this process, nor under one of them: a process a run forks carries the run's
+    command line until it execs, and is the run, not another."""
     found = []
+    mine = set(own) | {os.getpid()}
     try:
         pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
     except OSError:
         return found
     for pid in pids:
-        if pid in own or pid == os.getpid():
-            continue
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 words = f.read().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if any(os.path.basename(word) == "train.py" for word in words):
+        trains = any(os.path.basename(word) == "train.py" for word in words)
+        if trains and not descends(pid, mine):
             found.append(" ".join(w for w in words if w))
     return found
 

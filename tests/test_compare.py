@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -23,7 +24,7 @@ from conftest import ROOT, child_env, error_line
 from scipy import special, stats
 
 from data.dataset import load_meta, load_split, step_batches
-from support import arms, compare_stats
+from support import arms, compare_runs, compare_stats
 
 # -----------------------------------------------------------------------------
 # The statistics, against scipy
@@ -98,6 +99,76 @@ def test_the_unpaired_spread_is_that_of_differences_across_pairs():
     a, b = SAMPLES[0]
     across = [y - x for i, x in enumerate(a) for j, y in enumerate(b) if i != j]
     assert compare_stats.unpaired_sd(a, b) == pytest.approx(np.std(across, ddof=1))
+
+
+# -----------------------------------------------------------------------------
+# Another train.py on the machine, told from a run's own processes
+
+
+def sleeper(marker):
+    """A Python process whose command line names train.py, with marker to find it by."""
+    return [sys.executable, "-c", "import time; time.sleep(60)", "train.py", marker]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads Linux's /proc")
+def test_a_process_the_run_forks_is_the_run_and_an_unrelated_train_py_is_another():
+    """A run's child carries the run's command line until it execs (inductor's compile
+    workers, any subprocess): it is the run. A train.py started apart from the run, whose
+    parent has exited, is another trainer."""
+    tag = f"{os.getpid()}-{time.monotonic_ns()}"
+    # the run: a process named train.py that forks a child, which keeps its command line
+    forking = "import os, time\nif os.fork() == 0:\n    time.sleep(60)\ntime.sleep(60)"
+    run = subprocess.Popen([sys.executable, "-c", forking, "train.py", "run-" + tag])
+    # an unrelated one: started by a shell that exits at once, so no parent of ours
+    shell = subprocess.run(
+        ["sh", "-c", shlex.join(sleeper("apart-" + tag)) + " >/dev/null 2>&1 & echo $!"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    apart = int(shell.stdout.split()[-1])
+    try:
+        # until the fork has happened and the shell's child has become the sleeper
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (children(run.pid) and named(apart)):
+            time.sleep(0.05)
+        forked = children(run.pid)
+        assert forked and named(apart), "the processes did not start"
+        assert compare_runs.descends(forked[0], {run.pid})
+        assert not compare_runs.descends(apart, {os.getpid()})
+        found = compare_runs.other_trainers({run.pid})
+        assert [line for line in found if "apart-" + tag in line], found
+        assert not [line for line in found if "run-" + tag in line], found
+        watch = compare_runs.Watch(run.pid)
+        watch.look()
+        marked = [line for line in watch.result()["other_trainers"] if tag in line]
+        assert marked == [" ".join(sleeper("apart-" + tag))]
+    finally:
+        for pid in [apart, *children(run.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        run.kill()
+        run.wait()
+
+
+def named(pid):
+    """Whether process pid's command line names train.py."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"train.py" in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def children(pid):
+    """The pids whose parent is pid."""
+    return [
+        int(name)
+        for name in os.listdir("/proc")
+        if name.isdigit() and compare_runs.parent(int(name)) == pid
+    ]
 
 
 # -----------------------------------------------------------------------------
