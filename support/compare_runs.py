@@ -70,12 +70,20 @@ def cpu_ticks():
     return sum(values) - values[3] - values[4]
 
 
-def process_ticks(pid):
-    """The clock ticks process pid has used (its threads and waited-for children), or 0."""
+def stat_fields(pid):
+    """The fields of /proc/<pid>/stat after the process's name (proc(5)'s field 3 on), or
+    None where /proc cannot tell."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+            return f.read().rsplit(")", 1)[1].split()
     except OSError:
+        return None
+
+
+def process_ticks(pid):
+    """The clock ticks process pid has used (its threads and waited-for children), or 0."""
+    fields = stat_fields(pid)
+    if fields is None:
         return 0
     # utime stime cutime cstime: fields 14-17 of proc(5), 12-15 after the name
     return sum(int(v) for v in fields[11:15])
@@ -83,10 +91,8 @@ def process_ticks(pid):
 
 def parent(pid):
     """The pid of process pid's parent, or None where /proc cannot tell."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
+    fields = stat_fields(pid)
+    if fields is None:
         return None
     # state ppid ...: field 4 of proc(5), 1 after the name
     return int(fields[1])
