@@ -283,3 +283,61 @@ def test_value_embeddings_patch_starts_as_the_plain_model_and_learns_each_tokens
         rest = b(idx[:, 11:], kv_cache=cache)[0]
     torch.testing.assert_close(torch.cat([first, rest], dim=1), full)
     assert not torch.allclose(full, a.eval()(idx)[0])
+
+
+def test_smear_gate_patch_starts_as_token_shift_and_gates_by_the_token(head_model, tmp_path):
+    """experiments/hacks/smear_gate.patch applies to HEAD and touches GPT.__init__ and
+    GPT.token_shift alone. Its gate starts at w = 0, a factor 2 sigmoid(0) = 1, drawing nothing
+    from the RNG: the model is HEAD's bit for bit. With w and the gain not zero, the shift is
+    x_t + g * 2 sigmoid(w . x_t) * x_(t-1), written out position by position here, w's gradient
+    is the chain rule's sum done by hand, and decoding through the KV cache gives the full
+    forward's logits."""
+    hack = hacks_gallery.Hack("smear_gate", "", patch="smear_gate.patch")
+    folder = patched(head_model, tmp_path, hack)
+    before, outside_before = functions(head_model / "model.py")
+    after, outside_after = functions(folder / "model.py")
+    assert [name for name in before if before[name] != after[name]] == [
+        "GPT.__init__",
+        "GPT.token_shift",
+    ]
+    assert outside_after == outside_before
+    plain, patched_model = load(head_model, "plain_model_sg"), load(folder, "smear_model")
+    kw = dict(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
+    kw.update(rope=True, qk_norm=True, token_shift=True)
+    torch.manual_seed(3)
+    a = plain.GPT(plain.GPTConfig(**kw))
+    after_a = torch.randn(4)
+    torch.manual_seed(3)
+    b = patched_model.GPT(patched_model.GPTConfig(**kw))
+    after_b = torch.randn(4)
+    assert torch.equal(after_a, after_b)
+    idx = torch.randint(0, 37, (2, 16))
+    assert torch.equal(a(idx, idx)[1], b(idx, idx)[1])
+
+    g = torch.randn(32, generator=torch.Generator().manual_seed(6))
+    w = torch.randn(32, generator=torch.Generator().manual_seed(7)) / 4
+    with torch.no_grad():
+        b.shift_gain.copy_(g)
+        b.shift_gate.copy_(w)
+    x = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(8))
+    y = b.token_shift(x)
+    for t in range(16):
+        previous = x[:, t - 1] if t > 0 else torch.zeros(2, 32)
+        gate = 2 * torch.sigmoid(x[:, t] @ w)  # (B,)
+        torch.testing.assert_close(y[:, t], x[:, t] + g * gate[:, None] * previous)
+    r = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(9))
+    (y * r).sum().backward()
+    s = torch.sigmoid(x @ w)  # (B, T)
+    previous = torch.cat([torch.zeros(2, 1, 32), x[:, :-1]], dim=1)
+    # d/dw of sum_t r_t . (g 2 s_t x_(t-1)) = sum_t (r_t . g x_(t-1)) 2 s_t (1 - s_t) x_t
+    by_hand = (((r * g * previous).sum(-1) * 2 * s * (1 - s))[..., None] * x).sum((0, 1))
+    torch.testing.assert_close(b.shift_gate.grad, by_hand)
+    assert by_hand.abs().sum() > 0
+    b.eval()
+    with torch.no_grad():
+        full = b(idx)[0]
+        cache = b.make_kv_cache(2)
+        first = b(idx[:, :11], kv_cache=cache)[0]
+        rest = b(idx[:, 11:], kv_cache=cache)[0]
+    torch.testing.assert_close(torch.cat([first, rest], dim=1), full)
+    assert not torch.allclose(full, a.eval()(idx)[0])
