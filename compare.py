@@ -14,7 +14,8 @@ ignored ones (outputs, datasets) left out, copied likewise: the tree itself is o
 --a or --b and no --ref both arms run the working tree's code, each with its own settings.
 Every run is a real `python train.py` of the recipe (config/shakespeare_cpu.py on a CPU, a
 short baby GPT on a GPU; any --key=value that is not compare.py's own goes to both arms),
-one at a time, in the order A1 B1 A2 B2 ..., the two runs of a pair with the same seed: the
+one at a time, in the order A1 B1 B2 A2 A3 B3 ... (a machine that speeds up or slows down
+through the runs favours neither arm), the two runs of a pair with the same seed: the
 same batches, and the same initialisation where the shapes agree. Held equal and printed:
 the threads, the dtype ('auto' resolved once, for A's model), the attention path and compile.
 An edit inside attention() or causal_mask() changes nothing while the fused kernel trains:
@@ -360,13 +361,19 @@ def run_line(arm, i, seed, record, trained):
 
 
 def run_pairs(cfg, a, b, cache, threads):
-    """The pairs, A1 B1 A2 B2 ..., each run kept or trained. Returns (the pairs finished,
-    whether Ctrl-C stopped it)."""
+    """The pairs, A1 B1 B2 A2 A3 B3 ..., each run kept or trained. Returns (the pairs
+    finished, whether Ctrl-C stopped it)."""
     pairs = []
     try:
         for i in range(cfg.pairs):
             pair = {}
-            for arm, offset in ((a, 0), (b, cfg.seed_offset)):
+            order = ((a, 0), (b, cfg.seed_offset))
+            # every other pair runs B first: where the machine's speed drifts through the
+            # runs, a clock-bound run's iters drift with it, and the second run of every pair
+            # would gain (or lose) them; alternating cancels a steady drift over two pairs
+            if i % 2 == 1:
+                order = order[::-1]
+            for arm, offset in order:
                 seed = cfg.seed + i + offset
                 argv = with_keys(arm.argv, seed=seed)
                 key = compare_runs.run_key(arm.code, argv, seed, threads)
@@ -746,7 +753,7 @@ def print_header(cfg, a, b, edits, forced, header, threads, watch):
     pairs = f"{cfg.pairs} pairs"
     if cfg.pairs == 1:
         pairs = "1 pair"
-    print(f"{pairs}, {seeds}, in the order A1 B1 A2 B2 ...")
+    print(f"{pairs}, {seeds}, in the order A1 B1 B2 A2 A3 B3 ...")
     plural = "s" if threads > 1 else ""
     print(f"machine: {header['machine']}")
     print(
