@@ -220,6 +220,23 @@ def test_what_the_runs_showed_is_shown_only_with_the_commit_they_ran_at():
 # The recipe's trial patches (docs/benchmarks.md, ideas for a ten-minute recipe)
 
 
+def built_alike(head_model, folder, name, **extra):
+    """HEAD's GPT and the patched one, built from one seed with token shift (a small model
+    for the recipe's trial patches); a patch that draws nothing more from the RNG leaves it
+    where HEAD's build left it."""
+    plain, patched_model = load(head_model, f"plain_{name}"), load(folder, f"patched_{name}")
+    kw = dict(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
+    kw.update(rope=True, qk_norm=True, token_shift=True, **extra)
+    torch.manual_seed(3)
+    a = plain.GPT(plain.GPTConfig(**kw))
+    after_a = torch.randn(4)
+    torch.manual_seed(3)
+    b = patched_model.GPT(patched_model.GPTConfig(**kw))
+    after_b = torch.randn(4)
+    assert torch.equal(after_a, after_b)
+    return a, b
+
+
 def test_value_embeddings_patch_starts_as_the_plain_model_and_learns_each_tokens_row(
     head_model, tmp_path
 ):
@@ -245,16 +262,7 @@ def test_value_embeddings_patch_starts_as_the_plain_model_and_learns_each_tokens
         "Constant(value=None), Constant(value=0), Constant(value=None), Constant(value=None), "
         "Constant(value=None), Constant(value=None)]",
     )
-    plain, patched_model = load(head_model, "plain_model_ve"), load(folder, "value_model")
-    kw = dict(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_kv_head=2, n_embd=32)
-    kw.update(rope=True, qk_norm=True, token_shift=True, dropout=0.0)
-    torch.manual_seed(3)
-    a = plain.GPT(plain.GPTConfig(**kw))
-    after_a = torch.randn(4)
-    torch.manual_seed(3)
-    b = patched_model.GPT(patched_model.GPTConfig(**kw))
-    after_b = torch.randn(4)
-    assert torch.equal(after_a, after_b)
+    a, b = built_alike(head_model, folder, "value_embeds", n_kv_head=2)
     idx = torch.randint(0, 37, (2, 16))
     loss_a = a(idx, idx)[1]
     # the values' gradient: the last n_kv_head * head_size columns of c_attn's output
@@ -301,16 +309,7 @@ def test_smear_gate_patch_starts_as_token_shift_and_gates_by_the_token(head_mode
         "GPT.token_shift",
     ]
     assert outside_after == outside_before
-    plain, patched_model = load(head_model, "plain_model_sg"), load(folder, "smear_model")
-    kw = dict(block_size=16, vocab_size=37, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
-    kw.update(rope=True, qk_norm=True, token_shift=True)
-    torch.manual_seed(3)
-    a = plain.GPT(plain.GPTConfig(**kw))
-    after_a = torch.randn(4)
-    torch.manual_seed(3)
-    b = patched_model.GPT(patched_model.GPTConfig(**kw))
-    after_b = torch.randn(4)
-    assert torch.equal(after_a, after_b)
+    a, b = built_alike(head_model, folder, "smear_gate")
     idx = torch.randint(0, 37, (2, 16))
     assert torch.equal(a(idx, idx)[1], b(idx, idx)[1])
 
