@@ -24,6 +24,7 @@ import os
 import sys
 import types
 import typing
+import warnings
 
 BAD_INPUT = 2
 FAILED = 1
@@ -78,7 +79,11 @@ def coerce(key, value, kind, default):
 def parse_value(text):
     """A command-line value as a Python literal; anything else is the raw string."""
     try:
-        return ast.literal_eval(text)
+        # a path such as /tmp/run-1if/out is no literal, but the parser warns about
+        # "1if" before it gives up: the value is the raw string, with no warning
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)
+            return ast.literal_eval(text)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return text
 

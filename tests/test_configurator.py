@@ -1,6 +1,10 @@
 """configurator.py: config files, typed overrides, and errors that name the key."""
 
 import dataclasses
+import os
+import subprocess
+import sys
+import warnings
 
 import pytest
 from hypothesis import given, settings
@@ -8,6 +12,8 @@ from hypothesis import strategies as st
 
 from support.configurator import ConfigError, parse_settings
 from support.help import describe_settings
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DEFAULTS = dict(
     batch_size=12,
@@ -134,6 +140,22 @@ def test_overrides_are_literals_never_evaluated(tmp_path):
     with pytest.raises(ConfigError):
         parse_args(DEFAULTS, [f"--batch_size={payload}"])
     assert not marker.exists()
+
+
+def test_a_path_the_parser_warns_about_is_the_raw_string_in_silence():
+    """ "run-1if" tokenizes as a number run into a keyword, which Python's parser warns
+    about (SyntaxWarning) before it refuses the text; the value is the path as given."""
+    paths = ["/tmp/run-1if/out", "runs/0x1for", "3in"]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for path in paths:
+            assert parse_args(DEFAULTS, [f"--out_dir={path}"])["out_dir"] == path
+    assert [str(w.message) for w in seen] == []
+    # the command's stderr: train.py's one line, no warning before it
+    cmd = [sys.executable, "train.py", "--out_dir=/tmp/run-1if/out", "--max_iter=4"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr == "error: unknown config key 'max_iter'; did you mean 'max_iters'?\n"
 
 
 def test_files_refused_where_not_allowed():
