@@ -66,13 +66,18 @@ def head_model(tmp_path_factory):
 def patched(head_model, tmp_path, hack):
     """A copy of HEAD's model.py with the row's patch applied by git, checked first."""
     (tmp_path / "model.py").write_bytes((head_model / "model.py").read_bytes())
-    patch = os.path.join(ROOT, hacks_gallery.PATCHES, hack.patch)
+    apply_patch(tmp_path, hack.patch)
+    return tmp_path
+
+
+def apply_patch(folder, name):
+    """experiments/hacks/<name> applied by git in folder, checked first."""
+    patch = os.path.join(ROOT, hacks_gallery.PATCHES, name)
     for args in (["--check"], []):
         done = subprocess.run(
-            ["git", "apply", *args, patch], cwd=tmp_path, capture_output=True, text=True
+            ["git", "apply", *args, patch], cwd=folder, capture_output=True, text=True
         )
         assert done.returncode == 0, done.stderr
-    return tmp_path
 
 
 @pytest.mark.parametrize("hack", EDITS, ids=[hack.name for hack in EDITS])
@@ -354,12 +359,7 @@ def test_sequence_length_warmup_patch_cuts_the_same_tokens_into_shorter_sequence
     by one; an untimed run is never cut."""
     with open(os.path.join(ROOT, "train.py"), "rb") as f:
         (tmp_path / "train.py").write_bytes(f.read())
-    patch = os.path.join(ROOT, hacks_gallery.PATCHES, "seq_warmup.patch")
-    for args in (["--check"], []):
-        done = subprocess.run(
-            ["git", "apply", *args, patch], cwd=tmp_path, capture_output=True, text=True
-        )
-        assert done.returncode == 0, done.stderr
+    apply_patch(tmp_path, "seq_warmup.patch")
     before, outside_before = functions(os.path.join(ROOT, "train.py"))
     after, outside_after = functions(tmp_path / "train.py")
     assert [name for name in before if before[name] != after[name]] == ["setup", "next_batch"]
