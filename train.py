@@ -62,7 +62,7 @@ from support.device import (
     precision_context,
     training_dtype,
 )
-from support.optim import get_lr, make_optimizers
+from support.optim import get_lr, make_optimizers, seq_warmup_cut
 from support.run_log import LogError, log_evaluation, log_record, start_log, start_wandb
 from support.settings import MODEL_KEYS, Settings, check, model_args
 
@@ -428,11 +428,17 @@ class Clock:
 
 def next_batch(run):
     """This process's (x, y) for one iter: (gradient_accumulation_steps / dp_world,
-    batch_size, block_size) each, its part of every sequence under context parallelism."""
-    batches = step_batches(
+    batch_size, block_size) each, its part of every sequence under context parallelism;
+    early in a run with seq_warmup, the same tokens as 2 or 4 times the sequences."""
+    x, y = step_batches(
         run.splits["train"], run.data_gen, run.cfg, run.dp_rank, run.dp_world, run.device
     )
-    return tuple(map(run.split, batches))
+    # sequence-length warmup (seq_warmup): the same tokens as more, shorter sequences
+    cut = seq_warmup_cut(run.cfg, run.seconds)
+    n, B, T = x.shape
+    x = x.reshape(n, B * cut, T // cut)  # (n, B cut, T / cut)
+    y = y.reshape(n, B * cut, T // cut)  # (n, B cut, T / cut)
+    return run.split(x), run.split(y)
 
 
 def forward_backward(run, x, y, before):

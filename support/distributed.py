@@ -57,7 +57,9 @@ def wrap_model(raw, device, world, use_compile):
     pass."""
     if use_compile and device.type == "cpu":
         pin_cpu_vector_width()
-    model = torch.compile(raw) if use_compile else raw
+    # dynamic=False: a graph compiled for each shape trained on (seq_warmup's three), where
+    # the second shape would otherwise bring one recompiled for any shape
+    model = torch.compile(raw, dynamic=False) if use_compile else raw
     if world == 1:
         return model
     device_ids = [device.index] if device.type == "cuda" else None

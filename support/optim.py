@@ -107,3 +107,17 @@ def get_lr(it, cfg, seconds=0.0):
         progress = max(progress, min(seconds / cfg.lr_decay_time, 1.0))
     coeff = 0.5 * (1.0 + math.cos(math.pi * progress))  # 1 -> 0
     return cfg.min_lr + coeff * (cfg.learning_rate - cfg.min_lr)
+
+
+def seq_warmup_cut(cfg, seconds):
+    """Into how many pieces each sequence is cut after seconds of training: 4 in the
+    first quarter of lr_decay_time, 2 in the second, then 1 (always 1 without seq_warmup).
+    By seconds, as the lr decays, so that a slow machine and a fast one warm up over
+    the same share of their run."""
+    if not cfg.seq_warmup:
+        return 1
+    if seconds < cfg.lr_decay_time / 4:
+        return 4
+    if seconds < cfg.lr_decay_time / 2:
+        return 2
+    return 1

@@ -40,6 +40,7 @@ RUN_SETTINGS = (
     "muon_ns_steps",
     "decay_lr",
     "warmup_iters",
+    "seq_warmup",
     "lr_decay_iters",
     "lr_decay_time",
     "min_lr",

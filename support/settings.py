@@ -81,6 +81,11 @@ class Settings(ModelSettings):
     # timed in minutes ends at min_lr on a slow machine and a fast one alike
     lr_decay_time: float = 0.0
     min_lr: float = 6e-5
+    # sequence-length warmup: the first quarter of lr_decay_time trains on each sequence
+    # cut into four (the same tokens, four times the sequences), the second quarter on
+    # halves, the rest on the whole block_size; a short sequence's step is cheaper, as
+    # attention's cost grows with the context (docs/benchmarks.md)
+    seq_warmup: bool = False
     # seconds of training after which to evaluate, save and stop, a resumed run's
     # checkpoint's included (as max_iters counts its iters); 0: no limit
     max_time: float = 0.0
@@ -157,5 +162,27 @@ def check(cfg):
             "sliding_window and sink_tokens shape softmax attention; linear attention keeps "
             "the whole past in its state: drop them, or train --attention=softmax"
         )
+    if cfg.seq_warmup:
+        check_seq_warmup(cfg)
     if cfg.init_from == "scratch":
         GPTConfig(**model_args(cfg, vocab_size=1))  # raises on bad model sizes
+
+
+def check_seq_warmup(cfg):
+    """The warmup's quarters are of lr_decay_time, and its shortest sequences a
+    quarter of block_size, each process holding whole ones."""
+    if cfg.lr_decay_time == 0:
+        raise ValueError(
+            "seq_warmup warms up over lr_decay_time, which is 0: give --lr_decay_time "
+            "(with --max_time, the seconds the run trains), or --seq_warmup=False"
+        )
+    if cfg.block_size % 4:
+        raise ValueError(
+            f"seq_warmup cuts each sequence into four, and block_size {cfg.block_size} is "
+            "not a multiple of 4: give a block_size that is, or --seq_warmup=False"
+        )
+    if cfg.context_parallel > 1:
+        raise ValueError(
+            "seq_warmup cuts the sequences that context parallelism shares between "
+            "processes: give --context_parallel=1, or --seq_warmup=False"
+        )

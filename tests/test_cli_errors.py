@@ -53,6 +53,18 @@ BAD_INPUT = {
         "negative learning_rate": (["--learning_rate=-1e-3"], ["learning_rate must be"]),
         "infinite learning_rate": (["--learning_rate=1e999"], ["learning_rate must be a finite"]),
         "lr_decay_time=-60": (["--lr_decay_time=-60"], ["lr_decay_time must be a finite number"]),
+        "seq_warmup without lr_decay_time": (
+            ["--seq_warmup=True"],
+            ["seq_warmup warms up over lr_decay_time, which is 0", "--lr_decay_time"],
+        ),
+        "seq_warmup with a block_size not a multiple of 4": (
+            ["--seq_warmup=True", "--lr_decay_time=60", "--block_size=18"],
+            ["block_size 18 is not a multiple of 4"],
+        ),
+        "seq_warmup with context parallelism": (
+            ["--seq_warmup=True", "--lr_decay_time=60", "--context_parallel=2"],
+            ["seq_warmup cuts the sequences", "--context_parallel=1"],
+        ),
         "beta2=1": (["--beta2=1.0"], ["beta2 must be in [0, 1)"]),
         "dropout=1.5": (["--dropout=1.5"], ["dropout must be in [0, 1)"]),
         "attn_dropout=2": (["--attn_dropout=2"], ["attn_dropout must be None or in [0, 1)"]),

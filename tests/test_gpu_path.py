@@ -426,7 +426,7 @@ def test_ddp_splits_the_compiled_graph_at_its_buckets(tmp_path, monkeypatch):
 
     counter, compile_ = CompileCounter(), torch.compile
     monkeypatch.setattr(
-        torch, "compile", lambda m: compile_(m, backend=counter)
+        torch, "compile", lambda m, **keys: compile_(m, backend=counter, **keys)
     )  # graphs counted, not built
     monkeypatch.setattr(
         distributed, "DDP", functools.partial(DistributedDataParallel, bucket_cap_mb=1)

@@ -6,7 +6,6 @@ and step ratio checked against scipy's paired t test."""
 
 import ast
 import copy
-import dataclasses
 import importlib.util
 import json
 import math
@@ -17,10 +16,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ROOT, tiny_run
+from conftest import ROOT
 from scipy import stats
 
-import train
 from experiments import hacks_gallery
 from support import arms
 
@@ -347,46 +345,3 @@ def test_smear_gate_patch_starts_as_token_shift_and_gates_by_the_token(head_mode
         rest = b(idx[:, 11:], kv_cache=cache)[0]
     torch.testing.assert_close(torch.cat([first, rest], dim=1), full)
     assert not torch.allclose(full, a.eval()(idx)[0])
-
-
-def test_sequence_length_warmup_patch_cuts_the_same_tokens_into_shorter_sequences(
-    data_root, tmp_path
-):
-    """experiments/hacks/seq_warmup.patch applies to HEAD's train.py and touches next_batch and
-    setup alone. In a run timed by max_time, an iter in its first quarter trains on each of
-    HEAD's sequences cut into four, in its second quarter into two, then whole: the batch is
-    HEAD's (the same draws, the same tokens) reshaped, each piece's targets its inputs shifted
-    by one; an untimed run is never cut."""
-    with open(os.path.join(ROOT, "train.py"), "rb") as f:
-        (tmp_path / "train.py").write_bytes(f.read())
-    apply_patch(tmp_path, "seq_warmup.patch")
-    before, outside_before = functions(os.path.join(ROOT, "train.py"))
-    after, outside_after = functions(tmp_path / "train.py")
-    assert [name for name in before if before[name] != after[name]] == ["setup", "next_batch"]
-    assert outside_after == outside_before
-    spec = importlib.util.spec_from_file_location("train_seq_warmup", tmp_path / "train.py")
-    patched_train = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(patched_train)
-
-    argv = tiny_run(
-        data_root,
-        tmp_path / "out",
-        "--max_time=100",
-        "--block_size=16",
-        "--gradient_accumulation_steps=2",
-    )
-    cfg = train.get_config(argv)
-    r = train.setup(cfg)
-    for seconds, cut in [(0.0, 4), (24.9, 4), (25.0, 2), (49.9, 2), (50.0, 1), (99.0, 1)]:
-        r.seconds = seconds
-        state = r.data_gen.get_state()
-        x, y = patched_train.next_batch(r)
-        r.data_gen.set_state(state)
-        x_head, y_head = train.next_batch(r)
-        assert x.shape == y.shape == (2, 8 * cut, 16 // cut)
-        assert torch.equal(x.reshape(x_head.shape), x_head)
-        assert torch.equal(y.reshape(y_head.shape), y_head)
-        assert torch.equal(y[..., :-1], x[..., 1:])
-    untimed = train.setup(dataclasses.replace(cfg, max_time=0.0, out_dir=str(tmp_path / "u")))
-    untimed.seconds = 0.0
-    assert patched_train.next_batch(untimed)[0].shape == (2, 8, 16)
