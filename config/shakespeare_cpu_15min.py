@@ -4,7 +4,8 @@
 # recipe (config/shakespeare_cpu.py: rotary positions, RMS-normed queries and
 # keys, ReLU-squared MLPs, no biases, Muon, lr 6e-3) one layer deeper, with
 # nanoGPT's 256-character context, a learned gain after QK-norm, token shift on
-# the embeddings and dropout 0.1 on the residual stream, compiled, trained for 15
+# the embeddings and dropout 0.1 on the residual stream, the first half of its time
+# on shorter sequences (seq_warmup, below), compiled, trained for 15
 # minutes by the clock: the lr decays by seconds of training (lr_decay_time) to 0
 # at max_time, so that a slower machine trains fewer iters and a faster one more,
 # each ending at the bottom of its schedule. Before token shift, on a 2-core Intel
