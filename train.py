@@ -268,6 +268,8 @@ def setup(cfg):
 
     # what steps take: raw, compiled if compile is on, in DDP with several processes
     run.ddp_model = run.raw
+    run.compiled = use_compile
+    run.cut = None  # seq_warmup's pieces per sequence in the last batch
     if distributed is not None:
         run.ddp_model = distributed.wrap_model(run.raw, run.device, run.world, use_compile)
     # in all processes together
@@ -435,6 +437,12 @@ def next_batch(run):
     )
     # sequence-length warmup (seq_warmup): the same tokens as more, shorter sequences
     cut = seq_warmup_cut(run.cfg, run.seconds)
+    # a new shape: drop the graphs compiled for the earlier ones. Kept, they made each
+    # full-length step some 1.1x slower on two CPU cores (docs/benchmarks.md, "Sequence-length
+    # warmup on the AVX2 class")
+    if run.compiled and run.cut is not None and cut != run.cut:
+        torch.compiler.reset()
+    run.cut = cut
     n, B, T = x.shape
     x = x.reshape(n, B * cut, T // cut)  # (n, B cut, T / cut)
     y = y.reshape(n, B * cut, T // cut)  # (n, B cut, T / cut)
