@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from data import DataError
 from data.dataset import ensure_dataset, get_batch, load_meta, load_split, step_batches
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, MultiHeadAttention
 from support.checkpoint import (
     CheckpointError,
     checkpoint_path,
@@ -62,7 +62,7 @@ from support.device import (
     precision_context,
     training_dtype,
 )
-from support.optim import get_lr, make_optimizers, seq_warmup_cut
+from support.optim import get_lr, late_dropout_on, make_optimizers, seq_warmup_cut
 from support.run_log import LogError, log_evaluation, log_record, start_log, start_wandb
 from support.settings import MODEL_KEYS, Settings, check, model_args
 
@@ -270,6 +270,7 @@ def setup(cfg):
     run.ddp_model = run.raw
     run.compiled = use_compile
     run.cut = None  # seq_warmup's pieces per sequence in the last batch
+    run.dropout_on = None  # with late_dropout, whether the last step's dropout was on
     if distributed is not None:
         run.ddp_model = distributed.wrap_model(run.raw, run.device, run.world, use_compile)
     # in all processes together
@@ -338,6 +339,7 @@ def train(run):
 
                 # the learning rate of this iter
                 lr = get_lr(iter_num, cfg, run.seconds)
+                set_late_dropout(run, iter_num)
                 # the batch: gradient_accumulation_steps micro-batches of batch_size
                 # sequences; the random state before it undoes a step cut short
                 before = rng_state(run.device), run.data_gen.get_state()
@@ -426,6 +428,25 @@ class Clock:
         dt = (seconds - self.last_log[1]) / (iter_num - self.last_log[0])
         self.last_log = (iter_num, seconds)
         return dt
+
+
+def set_late_dropout(run, iter_num):
+    """With late_dropout, every dropout of the model off early in the run and the
+    config's after. A compiled model drops its graphs when that changes, as it does at
+    each new shape of seq_warmup (next_batch)."""
+    cfg = run.cfg
+    on = late_dropout_on(cfg, iter_num, run.seconds)
+    if cfg.late_dropout == 0 or on == run.dropout_on:
+        return
+    if run.compiled and run.dropout_on is not None:
+        torch.compiler.reset()
+    run.dropout_on = on
+    attn_dropout = cfg.dropout if cfg.attn_dropout is None else cfg.attn_dropout
+    for module in run.raw.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = cfg.dropout if on else 0.0
+        if isinstance(module, MultiHeadAttention):
+            module.attn_dropout = attn_dropout if on else 0.0
 
 
 def next_batch(run):

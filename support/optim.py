@@ -121,3 +121,13 @@ def seq_warmup_cut(cfg, seconds):
     if seconds < cfg.lr_decay_time / 2:
         return 2
     return 1
+
+
+def late_dropout_on(cfg, it, seconds):
+    """Whether dropout is on at iter it, after seconds of training: off for the first
+    late_dropout of the schedule (by iters, or by lr_decay_time, whichever is further
+    along, as the lr decays), on after it (always on without late_dropout)."""
+    progress = it / cfg.lr_decay_iters
+    if cfg.lr_decay_time > 0:
+        progress = max(progress, seconds / cfg.lr_decay_time)
+    return progress >= cfg.late_dropout

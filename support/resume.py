@@ -41,6 +41,7 @@ RUN_SETTINGS = (
     "decay_lr",
     "warmup_iters",
     "seq_warmup",
+    "late_dropout",
     "lr_decay_iters",
     "lr_decay_time",
     "min_lr",

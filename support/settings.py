@@ -86,6 +86,10 @@ class Settings(ModelSettings):
     # halves, the rest on the whole block_size; a short sequence's step is cheaper, as
     # attention's cost grows with the context (docs/benchmarks.md)
     seq_warmup: bool = False
+    # late dropout (Liu et al. 2023, "Dropout Reduces Underfitting"): the share of the lr
+    # schedule (by iters, or by lr_decay_time's seconds, whichever is further along) trained
+    # with every dropout off, the model's dropout on after it; 0: dropout on throughout
+    late_dropout: float = 0.0
     # seconds of training after which to evaluate, save and stop, a resumed run's
     # checkpoint's included (as max_iters counts its iters); 0: no limit
     max_time: float = 0.0
@@ -164,6 +168,15 @@ def check(cfg):
         )
     if cfg.seq_warmup:
         check_seq_warmup(cfg)
+    if not 0.0 <= cfg.late_dropout <= 1.0:
+        raise ValueError(
+            f"late_dropout is a share of the lr schedule, in [0, 1]; got {cfg.late_dropout!r}"
+        )
+    if cfg.late_dropout > 0 and cfg.dropout == 0 and not cfg.attn_dropout:
+        raise ValueError(
+            "late_dropout turns dropout on late in the run, and dropout is 0: give --dropout "
+            "(e.g. 0.1), or --late_dropout=0"
+        )
     if cfg.init_from == "scratch":
         GPTConfig(**model_args(cfg, vocab_size=1))  # raises on bad model sizes
 
