@@ -339,7 +339,8 @@ def train(run):
 
                 # the learning rate of this iter
                 lr = get_lr(iter_num, cfg, run.seconds)
-                set_late_dropout(run, iter_num)
+                if cfg.late_dropout:
+                    set_late_dropout(run, iter_num)
                 # the batch: gradient_accumulation_steps micro-batches of batch_size
                 # sequences; the random state before it undoes a step cut short
                 before = rng_state(run.device), run.data_gen.get_state()
@@ -436,7 +437,7 @@ def set_late_dropout(run, iter_num):
     each new shape of seq_warmup (next_batch)."""
     cfg = run.cfg
     on = late_dropout_on(cfg, iter_num, run.seconds)
-    if cfg.late_dropout == 0 or on == run.dropout_on:
+    if on == run.dropout_on:
         return
     if run.compiled and run.dropout_on is not None:
         torch.compiler.reset()

@@ -168,17 +168,22 @@ def check(cfg):
         )
     if cfg.seq_warmup:
         check_seq_warmup(cfg)
+    if cfg.late_dropout:
+        check_late_dropout(cfg)
+    if cfg.init_from == "scratch":
+        GPTConfig(**model_args(cfg, vocab_size=1))  # raises on bad model sizes
+
+
+def check_late_dropout(cfg):
     if not 0.0 <= cfg.late_dropout <= 1.0:
         raise ValueError(
             f"late_dropout is a share of the lr schedule, in [0, 1]; got {cfg.late_dropout!r}"
         )
-    if cfg.late_dropout > 0 and cfg.dropout == 0 and not cfg.attn_dropout:
+    if cfg.dropout == 0 and not cfg.attn_dropout:
         raise ValueError(
             "late_dropout turns dropout on late in the run, and dropout is 0: give --dropout "
             "(e.g. 0.1), or --late_dropout=0"
         )
-    if cfg.init_from == "scratch":
-        GPTConfig(**model_args(cfg, vocab_size=1))  # raises on bad model sizes
 
 
 def check_seq_warmup(cfg):
