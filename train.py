@@ -15,7 +15,8 @@ to out_dir/log.jsonl; out_dir/ckpt.pt holds what resuming or sampling needs.
 
 The file reads top to bottom: the settings, the setup (where the features a setting
 turns on are imported, and only there), the training loop with its evaluation and
-its stop signals, saving, then the command.
+what a stop signal does (the signals are caught in support/stop_signals.py, the
+progress bar drawn in support/run_log.py), saving, then the command.
 """
 
 import support.before_torch  # bfloat16 tried in a child process, before torch loads
@@ -24,9 +25,7 @@ import contextlib
 import dataclasses
 import math
 import os
-import signal
 import sys
-import threading
 import time
 
 import torch
@@ -63,8 +62,18 @@ from support.device import (
     training_dtype,
 )
 from support.optim import get_lr, late_dropout_on, make_optimizers, seq_warmup_cut
-from support.run_log import LogError, log_evaluation, log_record, start_log, start_wandb
+from support.run_log import (
+    LogError,
+    advance,
+    log_evaluation,
+    log_record,
+    progress,
+    progress_bar,
+    start_log,
+    start_wandb,
+)
 from support.settings import MODEL_KEYS, Settings, check, model_args
+from support.stop_signals import Stopped, StopSignals, stop_requested
 
 # what the user can fix: a bad option, file, dataset or checkpoint (the settings' checks,
 # the device's, the tokenizer's, the head probe's and a model's loading raise ValueError)
@@ -520,44 +529,6 @@ def optimizer_step(run, lr):
     return grad_norm
 
 
-def progress_bar(cfg, iter_num, seconds, master):
-    """The bar to what ends the run: max_iters, or the seconds of max_time where it is
-    set, since a timed run's max_iters is only a bound and an ETA for it would be
-    wrong. Either starts where a resumed run stood. The timed bar's ETA is in wall
-    time, evaluations included."""
-    if cfg.max_time > 0:
-        # it counts the seconds of training (evaluations are off the clock)
-        timed_bar = "{l_bar}{bar}| {n:.0f}/{total:g}s of training [{elapsed}<{remaining}{postfix}]"
-        return tqdm(
-            total=cfg.max_time,
-            initial=min(seconds, cfg.max_time),
-            bar_format=timed_bar,
-            dynamic_ncols=True,
-            disable=not master,
-        )
-    return tqdm(total=cfg.max_iters, initial=iter_num, dynamic_ncols=True, disable=not master)
-
-
-def advance(bar, cfg, seconds):
-    """The bar after one more iter: one iter, or up to the seconds of training."""
-    if cfg.max_time > 0:
-        bar.update(min(seconds, cfg.max_time) - bar.n)
-    else:
-        bar.update()
-
-
-# how the progress bar writes a measurement; any other shows 4 significant digits
-FORMATS = dict(iter="d", loss=".4f", lr=".2e", grad_norm=".2f", tok_per_s=",.0f", mfu=".1%")
-
-
-def progress(step, timed=False):
-    """The progress bar's text: every measurement of the step but its iter, which the
-    bar counts; a timed bar counts seconds, so its text begins with the iter (the
-    step's first key)."""
-    shown = {key: value for key, value in step.items() if timed or key != "iter"}
-    return ", ".join(f"{key} {value:{FORMATS.get(key, '.4g')}}" for key, value in shown.items())
-
-
 def finished(run, iter_num, best, seconds, max_time):
     steps = iter_num - run.start_iter
     why = " (max_time reached)" if max_time else ""
@@ -685,57 +656,6 @@ def evaluate_only(run):
         except Stopped:
             if run.master:
                 print(f"stopped by {signals.cause} during the evaluation; nothing was saved")
-
-
-# -----------------------------------------------------------------------------
-# Stop signals: SIGINT and SIGTERM ask a training run to stop and save, rather than
-# die with its work since the last checkpoint
-
-
-class Stopped(Exception):
-    """A stop signal arrived during an evaluation or between micro-steps."""
-
-
-class StopSignals:
-    """SIGINT and SIGTERM ask training to stop: after the current step, or inside
-    an evaluation or between micro-steps (Stopped); a second signal stops at once."""
-
-    def __init__(self):
-        self.name = None  # the first signal's name, once one has arrived
-        self.saved = {}  # the handlers this one replaced, put back on exit
-
-    @property
-    def cause(self):
-        """What stopped the run: under torchrun the signal may have reached another
-        process only (the processes agree on stopping, not on which signal)."""
-        return self.name or "a signal to another process"
-
-    def handle(self, signum, frame):
-        self.name = signal.Signals(signum).name
-        signal.signal(signum, self.saved[signum] or signal.SIG_DFL)
-
-    def __enter__(self):
-        # signals reach the main thread only
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self.saved[sig] = signal.signal(sig, self.handle)
-        return self
-
-    def __exit__(self, *exc):
-        for sig, handler in self.saved.items():
-            signal.signal(sig, handler or signal.SIG_DFL)
-
-
-def stop_requested(signals, world, device, agree=False):
-    """Whether SIGINT or SIGTERM has arrived (signals is None outside training).
-    With agree, whether it has in any process: a collective, so every process
-    must ask at the same point."""
-    asked = signals is not None and signals.name is not None
-    if agree and world > 1:
-        t = torch.tensor([float(asked)], device=device)
-        dist.all_reduce(t)
-        return t.item() > 0
-    return asked
 
 
 # -----------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """
 Where a training run records its evaluations and its steps' measurements: one
 JSON line each in out_dir/log.jsonl, and in wandb when wandb_log is on. An
-evaluation's line has a val_loss; a step's (every log_interval) has none.
+evaluation's line has a val_loss; a step's (every log_interval) has none. And the
+progress bar on the terminal, which shows the same measurements.
 """
 
 import dataclasses
@@ -151,3 +152,45 @@ def read_evaluations_or_fail(out_dir, error, advice):
     except (OSError, ValueError) as e:
         path = os.path.join(out_dir, "log.jsonl")
         raise error(f"cannot read {path} ({type(e).__name__}); {advice}") from None
+
+
+# -----------------------------------------------------------------------------
+# The progress bar: what a step's measurements look like on the terminal
+
+
+def progress_bar(cfg, iter_num, seconds, master):
+    """The bar to what ends the run: max_iters, or the seconds of max_time where it is
+    set, since a timed run's max_iters is only a bound and an ETA for it would be
+    wrong. Either starts where a resumed run stood. The timed bar's ETA is in wall
+    time, evaluations included."""
+    if cfg.max_time > 0:
+        # it counts the seconds of training (evaluations are off the clock)
+        timed_bar = "{l_bar}{bar}| {n:.0f}/{total:g}s of training [{elapsed}<{remaining}{postfix}]"
+        return tqdm(
+            total=cfg.max_time,
+            initial=min(seconds, cfg.max_time),
+            bar_format=timed_bar,
+            dynamic_ncols=True,
+            disable=not master,
+        )
+    return tqdm(total=cfg.max_iters, initial=iter_num, dynamic_ncols=True, disable=not master)
+
+
+def advance(bar, cfg, seconds):
+    """The bar after one more iter: one iter, or up to the seconds of training."""
+    if cfg.max_time > 0:
+        bar.update(min(seconds, cfg.max_time) - bar.n)
+    else:
+        bar.update()
+
+
+# how the progress bar writes a measurement; any other shows 4 significant digits
+FORMATS = dict(iter="d", loss=".4f", lr=".2e", grad_norm=".2f", tok_per_s=",.0f", mfu=".1%")
+
+
+def progress(step, timed=False):
+    """The progress bar's text: every measurement of the step but its iter, which the
+    bar counts; a timed bar counts seconds, so its text begins with the iter (the
+    step's first key)."""
+    shown = {key: value for key, value in step.items() if timed or key != "iter"}
+    return ", ".join(f"{key} {value:{FORMATS.get(key, '.4g')}}" for key, value in shown.items())
