@@ -93,7 +93,8 @@ def make_optimizers(model, cfg, device_type, dtype):
 
 
 def get_lr(it, cfg, seconds=0.0):
-    """Linear warmup, then cosine decay to min_lr at lr_decay_iters, then min_lr.
+    """Linear warmup, then cosine decay (or with lr_cooldown, a plateau and a straight
+    line) to min_lr at lr_decay_iters, then min_lr.
     seconds: of training so far; with lr_decay_time the decay is also by time,
     whichever of the two is further along."""
     if not cfg.decay_lr:
@@ -105,7 +106,13 @@ def get_lr(it, cfg, seconds=0.0):
     progress = (it - cfg.warmup_iters) / (cfg.lr_decay_iters - cfg.warmup_iters)  # 0 -> 1
     if cfg.lr_decay_time > 0:
         progress = max(progress, min(seconds / cfg.lr_decay_time, 1.0))
-    coeff = 0.5 * (1.0 + math.cos(math.pi * progress))  # 1 -> 0
+    if cfg.lr_cooldown:
+        # warmup-stable-decay (Hu et al. 2024; Hagele et al. 2024): the peak lr until the
+        # last lr_cooldown of the schedule, then a straight line down to min_lr; with 1.0
+        # the line runs from the warmup's end (linear decay to zero, Bergsma et al. 2025)
+        coeff = min(1.0, (1.0 - progress) / cfg.lr_cooldown)
+    else:
+        coeff = 0.5 * (1.0 + math.cos(math.pi * progress))  # 1 -> 0
     return cfg.min_lr + coeff * (cfg.learning_rate - cfg.min_lr)
 
 

@@ -45,6 +45,7 @@ RUN_SETTINGS = (
     "lr_decay_iters",
     "lr_decay_time",
     "min_lr",
+    "lr_cooldown",
     "dropout",
     "attn_dropout",
     "seed",

@@ -72,7 +72,7 @@ class Settings(ModelSettings):
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0  # grad_clip 0: no clipping
-    # learning rate: linear warmup, then cosine decay to min_lr
+    # learning rate: linear warmup, then cosine decay to min_lr (or lr_cooldown's line)
     decay_lr: bool = True
     warmup_iters: int = 2000
     lr_decay_iters: int = 600000
@@ -81,6 +81,9 @@ class Settings(ModelSettings):
     # timed in minutes ends at min_lr on a slow machine and a fast one alike
     lr_decay_time: float = 0.0
     min_lr: float = 6e-5
+    # the share of the schedule at its end over which the lr falls in a straight line
+    # to min_lr, after a plateau at learning_rate (warmup-stable-decay); 0: the cosine
+    lr_cooldown: float = 0.0
     # sequence-length warmup: the first quarter of lr_decay_time trains on each sequence
     # cut into four (the same tokens, four times the sequences), the second quarter on
     # halves, the rest on the whole block_size; a short sequence's step is cheaper, as
@@ -170,6 +173,11 @@ def check(cfg):
         check_seq_warmup(cfg)
     if cfg.late_dropout:
         check_late_dropout(cfg)
+    if cfg.lr_cooldown and not 0.0 < cfg.lr_cooldown <= 1.0:
+        raise ValueError(
+            f"lr_cooldown is a share of the lr schedule, in (0, 1]; got {cfg.lr_cooldown!r} "
+            "(0: the cosine)"
+        )
     if cfg.init_from == "scratch":
         GPTConfig(**model_args(cfg, vocab_size=1))  # raises on bad model sizes
 

@@ -38,6 +38,45 @@ def test_warmup_comes_first():
     assert get_lr(1, cfg, 100.0) == pytest.approx(LR * 2 / 5)
 
 
+def test_lr_cooldown_holds_the_peak_then_falls_in_a_straight_line():
+    cfg = tiny_settings(
+        learning_rate=LR, min_lr=MIN_LR, warmup_iters=0, lr_decay_iters=1000, lr_cooldown=0.4
+    )
+    # the plateau: the peak lr for the first 60% of the schedule
+    assert get_lr(0, cfg) == LR
+    assert get_lr(600, cfg) == pytest.approx(LR)
+    # a quarter of the way into the cooldown, a quarter of the way down
+    assert get_lr(700, cfg) == pytest.approx(LR - (LR - MIN_LR) / 4)
+    assert get_lr(1000, cfg) == pytest.approx(MIN_LR)
+    # by seconds too, whichever is further along: 8 of 10 s is halfway down
+    timed = tiny_settings(
+        learning_rate=LR,
+        min_lr=MIN_LR,
+        warmup_iters=0,
+        lr_decay_iters=1000,
+        lr_decay_time=10.0,
+        lr_cooldown=0.4,
+    )
+    assert get_lr(0, timed, 8.0) == pytest.approx((LR + MIN_LR) / 2)
+    # 1.0: one straight line from the warmup's end down to min_lr
+    line = tiny_settings(
+        learning_rate=LR, min_lr=0.0, warmup_iters=100, lr_decay_iters=1100, lr_cooldown=1.0
+    )
+    assert get_lr(100, line) == LR
+    assert get_lr(600, line) == pytest.approx(LR / 2)
+    assert get_lr(850, line) == pytest.approx(LR / 4)
+
+
+def test_an_lr_cooldown_outside_the_schedule_is_refused_in_one_line(data_root, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        run_in_process(tiny_run(data_root, tmp_path / "out", "--lr_cooldown=1.5"))
+    assert stop.value.code == BAD_INPUT
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said == [
+        "error: lr_cooldown is a share of the lr schedule, in (0, 1]; got 1.5 (0: the cosine)"
+    ]
+
+
 def steps(out_dir):
     """The training steps in out_dir/log.jsonl (the records with an lr and no val loss)."""
     with open(out_dir / "log.jsonl") as f:
