@@ -56,9 +56,9 @@ token_shift = True
 optimizer = "muon"
 muon_ns_steps = 4
 learning_rate = 6e-3
-# 15 minutes of training (evaluations and saves do not count), and the lr's cosine
-# over those seconds; the iters are a bound out of two cores' reach (some 2,700 in
-# float32 on a Xeon), so that the clock ends the run wherever it runs
+# 15 minutes of training (evaluations and saves do not count), and the lr's schedule
+# over those seconds (lr_cooldown, below); the iters are a bound out of two cores'
+# reach (some 2,700 in float32 on a Xeon), so that the clock ends the run wherever it runs
 max_time = 900
 lr_decay_time = 900
 max_iters = 10000
