@@ -57,6 +57,26 @@ def test_the_recipe_trains_at_a_tiny_size(repo_root, data_root, tmp_path):
     assert ckpt["model"]["shift_gain"].abs().max() > 0
 
 
+def test_the_10_minute_recipe_is_the_15_minute_one_cut_to_its_time(repo_root):
+    """config/shakespeare_cpu_10min.py, which the main command trains without a GPU: the
+    15-minute recipe read whole, its clock and lr schedule at 600 s, late dropout halved,
+    its own out_dir; nothing else differs."""
+    ten = parse_settings(
+        Settings, [os.path.join(repo_root, "config", "shakespeare_cpu_10min.py")], allow_files=True
+    )
+    fifteen = parse_settings(
+        Settings, [os.path.join(repo_root, "config", "shakespeare_cpu_15min.py")], allow_files=True
+    )
+    differ = {key for key in vars(ten) if getattr(ten, key) != getattr(fifteen, key)}
+    assert differ == {"out_dir", "max_time", "lr_decay_time", "dropout"}
+    assert ten.max_time == ten.lr_decay_time == 600 and fifteen.max_time == 900
+    assert (ten.dropout, fifteen.dropout) == (0.05, 0.1)
+    assert ten.out_dir == "out-shakespeare-char-10min" and ten.late_dropout == 0.5
+    assert recipes.schedule_args(
+        os.path.join(repo_root, "config", "shakespeare_cpu_10min.py"), 5
+    ) == ["--lr_decay_time=300"]
+
+
 def test_loss_at_reads_the_last_evaluation_by_then():
     curve = [[0.0, 4.2], [60.0, 2.5], [125.5, 2.0]]
     assert recipes.loss_at(curve, 59.9) == 4.2

@@ -722,7 +722,7 @@ def test_a_gpu_config_without_a_gpu_says_so_estimates_and_stops_in_an_evaluation
 
 
 def test_the_main_config_sizes_the_model_for_the_machine(monkeypatch):
-    """config/shakespeare.py without a GPU: the 15-minute CPU recipe in the main out_dir,
+    """config/shakespeare.py without a GPU: the 10-minute CPU recipe in the main out_dir,
     which sample.py reads by default, and a note that says why; --device=cpu: the baby GPT."""
     import sample
 
@@ -733,12 +733,12 @@ def test_the_main_config_sizes_the_model_for_the_machine(monkeypatch):
     assert baby.eval_iters * baby.batch_size * baby.block_size < 4 * 111_540  # the val split
 
     sized = train.get_config(["config/shakespeare.py"])
-    recipe = train.get_config(["config/shakespeare_cpu_15min.py"])  # named, it is as it was
-    assert recipe.out_dir == "out-shakespeare-char-15min"
+    recipe = train.get_config(["config/shakespeare_cpu_10min.py"])  # named, it is as it was
+    assert recipe.out_dir == "out-shakespeare-char-10min"
     named = dict(out_dir=recipe.out_dir, note="", wandb_project="gpt", wandb_run_name=None)
-    named["eval_interval"] = recipe.eval_interval  # evaluations: fewer, to fit 16 minutes
+    named["eval_interval"] = recipe.eval_interval  # evaluations: fewer, to fit 11 minutes
     assert dataclasses.replace(sized, **named) == recipe
-    assert sized.wandb_run_name == "cpu-15min"
+    assert sized.wandb_run_name == "cpu-10min"
     assert sized.out_dir == baby.out_dir == sample.Settings().out_dir == "out-shakespeare-char"
     hours = re.search(r"the baby GPT's 2,500 iters would take ([\d.]+) h here", sized.note)
     assert sized.note.startswith("config/shakespeare.py: no GPU found") and hours, sized.note
@@ -746,7 +746,7 @@ def test_the_main_config_sizes_the_model_for_the_machine(monkeypatch):
 
     # the command line has the last word, over the recipe the config chose
     small = train.get_config(["config/shakespeare.py", "--max_iters=50000", "--n_layer=2"])
-    assert small.n_layer == 2 and small.max_iters == 50000 and small.max_time == 900
+    assert small.n_layer == 2 and small.max_iters == 50000 and small.max_time == 600
     assert small.note == sized.note  # the baby GPT timed as the config writes it, once
 
     # under torchrun every process would time for itself: none does, all take the recipe
